@@ -1,0 +1,271 @@
+"""Name every metric the exporter publishes, once.
+
+This module is the single source of metric names, types, units, labels and help texts. The
+exporter's collector, the OTLP bridge, the generated recording/alert rules, the dashboards and
+the runbook all import these definitions; no metric name is typed anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BASE_LABELS",
+    "COLLECTIVE_BUCKETS",
+    "MetricDef",
+    "METRICS",
+    "PHASES",
+    "STEP_BUCKETS",
+    "ERROR_WHERE",
+    "RANK_INFO",
+    "STEPS",
+    "STEP_DURATION",
+    "STEP_PHASE",
+    "COLLECTIVE_DURATION",
+    "COLLECTIVE_BYTES",
+    "LAST_ENQUEUED_SEQ",
+    "LAST_COMPLETED_SEQ",
+    "INFLIGHT_AGE",
+    "COLLECTIVE_TIMEOUT",
+    "HEARTBEAT",
+    "PEER_HEARTBEAT_AGE",
+    "GPU_MEM_ALLOCATED",
+    "GPU_MEM_RESERVED",
+    "GPU_MEM_PEAK",
+    "GPU_MEM_TOTAL",
+    "HOST_MEM_RESIDENT",
+    "EXPORTER_ERRORS",
+    "series_per_rank",
+]
+
+#: Labels on every series the exporter publishes: the run keeps concurrent jobs apart.
+BASE_LABELS: tuple[str, ...] = ("run", "rank")
+
+#: Step phases; they add up to the step duration.
+PHASES: tuple[str, ...] = ("data", "compute", "comm_wait", "optimizer")
+
+#: Places where an exporter error can happen (bounded label set of ddp_exporter_errors_total).
+ERROR_WHERE: tuple[str, ...] = (
+    "comm_hook",
+    "dataloader",
+    "optimizer",
+    "step",
+    "flight_recorder",
+    "heartbeat",
+    "memory",
+    "collect",
+)
+
+#: Histogram bounds (seconds) for whole training steps.
+STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: Histogram bounds (seconds) for one collective (a DDP bucket's allreduce).
+COLLECTIVE_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    5.0,
+    30.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """Describe one metric family: its exposition name, type, extra labels, unit and help."""
+
+    name: str
+    type: str  # "gauge" | "counter" | "histogram" | "summary" | "info"
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        """Return the labels of a sample, base labels first."""
+        return BASE_LABELS + self.labels
+
+    @property
+    def family(self) -> str:
+        """Return the family name prometheus_client expects (counters without ``_total``)."""
+        if self.type == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        if self.type == "info" and self.name.endswith("_info"):
+            return self.name[: -len("_info")]
+        return self.name
+
+
+RANK_INFO = MetricDef(
+    "ddp_rank_info",
+    "info",
+    "Static facts about this rank; value is always 1.",
+    (
+        "local_rank",
+        "node",
+        "world_size",
+        "backend",
+        "device",
+        "torch_version",
+        "exporter_version",
+        "inflight_source",
+    ),
+)
+STEPS = MetricDef("ddp_steps_total", "counter", "Training steps completed by this rank.")
+STEP_DURATION = MetricDef(
+    "ddp_step_duration_seconds",
+    "histogram",
+    "Wall time of one training step on this rank.",
+    unit="seconds",
+    buckets=STEP_BUCKETS,
+)
+STEP_PHASE = MetricDef(
+    "ddp_step_phase_seconds",
+    "summary",
+    "Time spent per step phase: data (DataLoader wait), compute (everything not otherwise "
+    "attributed), comm_wait (communication the training thread waited for), optimizer.",
+    ("phase",),
+    unit="seconds",
+)
+COLLECTIVE_DURATION = MetricDef(
+    "ddp_collective_duration_seconds",
+    "histogram",
+    "Latency of one DDP gradient bucket collective from launch to completion on this rank. "
+    "A straggler shows the SHORTEST latency: its peers wait for it inside the collective.",
+    ("op", "pg"),
+    unit="seconds",
+    buckets=COLLECTIVE_BUCKETS,
+)
+COLLECTIVE_BYTES = MetricDef(
+    "ddp_collective_bytes_total",
+    "counter",
+    "Payload bytes of DDP gradient bucket collectives launched by this rank.",
+    ("op", "pg"),
+    unit="bytes",
+)
+LAST_ENQUEUED_SEQ = MetricDef(
+    "ddp_collective_last_enqueued_seq",
+    "gauge",
+    "Sequence number of the last collective this rank entered in the process group.",
+    ("pg",),
+)
+LAST_COMPLETED_SEQ = MetricDef(
+    "ddp_collective_last_completed_seq",
+    "gauge",
+    "Sequence number of the last collective completed by this rank in the process group.",
+    ("pg",),
+)
+INFLIGHT_AGE = MetricDef(
+    "ddp_collective_inflight_age_seconds",
+    "gauge",
+    "Age of the oldest incomplete collective of the process group on this rank (0 when none).",
+    ("pg",),
+    unit="seconds",
+)
+COLLECTIVE_TIMEOUT = MetricDef(
+    "ddp_collective_timeout_seconds",
+    "gauge",
+    "Configured collective timeout of the process group (the watchdog's budget).",
+    ("pg",),
+    unit="seconds",
+)
+HEARTBEAT = MetricDef(
+    "ddp_heartbeat_timestamp_seconds",
+    "gauge",
+    "Unix time of this rank's last training progress (a step, a bucket, a batch).",
+    unit="seconds",
+)
+PEER_HEARTBEAT_AGE = MetricDef(
+    "ddp_peer_heartbeat_age_seconds",
+    "gauge",
+    "Seconds since the monitoring rank last saw each peer's c10d-store heartbeat change. "
+    "Published by the monitoring rank only; survives a peer whose own endpoint is unreachable.",
+    ("peer_rank",),
+    unit="seconds",
+)
+GPU_MEM_ALLOCATED = MetricDef(
+    "ddp_gpu_memory_allocated_bytes",
+    "gauge",
+    "GPU memory held by tensors on this rank's device.",
+    unit="bytes",
+)
+GPU_MEM_RESERVED = MetricDef(
+    "ddp_gpu_memory_reserved_bytes",
+    "gauge",
+    "GPU memory reserved by the caching allocator on this rank's device.",
+    unit="bytes",
+)
+GPU_MEM_PEAK = MetricDef(
+    "ddp_gpu_memory_peak_bytes",
+    "gauge",
+    "Peak GPU memory held by tensors on this rank's device since start.",
+    unit="bytes",
+)
+GPU_MEM_TOTAL = MetricDef(
+    "ddp_gpu_memory_total_bytes",
+    "gauge",
+    "Total memory of this rank's GPU.",
+    unit="bytes",
+)
+HOST_MEM_RESIDENT = MetricDef(
+    "ddp_process_resident_memory_bytes",
+    "gauge",
+    "Resident set size of this rank's process (host memory).",
+    unit="bytes",
+)
+EXPORTER_ERRORS = MetricDef(
+    "ddp_exporter_errors_total",
+    "counter",
+    "Errors inside the exporter, caught so that training goes on, by place.",
+    ("where",),
+)
+
+#: Every metric family, in exposition order.
+METRICS: tuple[MetricDef, ...] = (
+    RANK_INFO,
+    STEPS,
+    STEP_DURATION,
+    STEP_PHASE,
+    COLLECTIVE_DURATION,
+    COLLECTIVE_BYTES,
+    LAST_ENQUEUED_SEQ,
+    LAST_COMPLETED_SEQ,
+    INFLIGHT_AGE,
+    COLLECTIVE_TIMEOUT,
+    HEARTBEAT,
+    PEER_HEARTBEAT_AGE,
+    GPU_MEM_ALLOCATED,
+    GPU_MEM_RESERVED,
+    GPU_MEM_PEAK,
+    GPU_MEM_TOTAL,
+    HOST_MEM_RESIDENT,
+    EXPORTER_ERRORS,
+)
+
+
+def series_per_rank(
+    *, process_groups: int = 1, gpu: bool = False, monitor: bool = False, world_size: int = 1
+) -> int:
+    """Return how many series one rank exposes by default.
+
+    Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
+    + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
+    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + (4 GPU memory gauges on CUDA, else 1 host
+    RSS) + world_size peer ages on the monitoring rank. The in-flight gauges cover every process
+    group the Flight Recorder reports; the collective histogram covers the DDP process group.
+    """
+    n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
+    n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
+    n += 4 * process_groups
+    n += 4 if gpu else 1
+    if monitor:
+        n += world_size
+    return n

@@ -1,0 +1,58 @@
+"""Name the environment variables the exporter reads, in one place.
+
+Every setting of :func:`exporter.instrument` that is not passed as a keyword can come from the
+environment, so a launcher can configure jobs it does not own. A keyword always wins over the
+environment; the environment wins over the default.
+
+==============================  =====================================================  =========
+Variable                        Meaning                                                Default
+==============================  =====================================================  =========
+``DDP_EXPORTER_PORT``           Base port; each rank serves ``port + LOCAL_RANK``.     19400
+                                ``0`` picks a free port.
+``DDP_EXPORTER_ADDR``           Bind address of the metrics endpoint.                  0.0.0.0
+``DDP_EXPORTER_RUN``            ``run`` label value; else ``TORCHELASTIC_RUN_ID``.     see below
+``DDP_EXPORTER_DISABLE``        ``1`` turns :func:`instrument` into a no-op handle.    unset
+``DDP_EXPORTER_HEARTBEAT_S``    Seconds between c10d-store heartbeats.                 5
+``DDP_EXPORTER_MONITOR_RANK``   Rank that publishes peer heartbeat ages; ``-1`` none.  0
+``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
+                                bookkeeping only).
+==============================  =====================================================  =========
+
+The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
+``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between concurrent
+jobs), then to ``local``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PORT",
+    "ADDR",
+    "RUN",
+    "DISABLE",
+    "HEARTBEAT_S",
+    "MONITOR_RANK",
+    "FLIGHT_RECORDER",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+]
+
+PORT = "DDP_EXPORTER_PORT"
+ADDR = "DDP_EXPORTER_ADDR"
+RUN = "DDP_EXPORTER_RUN"
+DISABLE = "DDP_EXPORTER_DISABLE"
+HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
+MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
+FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+
+# Set by torchrun (torch.distributed.run); read, never written.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
