@@ -1,0 +1,140 @@
+"""Hold every tunable of the monitoring mixin in one frozen dataclass.
+
+Thresholds, ``for`` durations, rate windows, label selectors and URLs live here; the rule,
+dashboard, alerting and stack generators read them and nothing else. :data:`DEFAULT` is what the
+committed files are rendered from. :data:`FAST` renders the SAME expressions with shorter
+windows and ``for`` durations so that unit tests and fault drills finish in seconds.
+Users with other collective timeouts or step times regenerate with their own instance, e.g.
+``dataclasses.replace(DEFAULT, stalled_for="5m")``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT", "FAST", "MixinConfig", "duration_seconds"]
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def duration_seconds(text: str) -> int:
+    """Return the seconds of a Prometheus duration such as ``1m30s`` (h, m, s units only)."""
+    match = _DURATION.match(text)
+    if not text or match is None:
+        raise ValueError(f"not a duration of h/m/s units: {text!r}")
+    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+@dataclass(frozen=True)
+class MixinConfig:
+    """Describe thresholds, durations and deployment settings of the generated monitoring."""
+
+    # --- where the data comes from -------------------------------------------------------------
+    #: Prometheus job name of the exporter's scrape targets (also used in ``up`` selectors).
+    job: str = "ddp"
+    #: Extra label matchers added to every exporter selector, e.g. ``'cluster="a"'``; empty = none.
+    selector: str = ""
+
+    # --- rate windows (also part of recording-rule names) ---------------------------------------
+    #: Window of per-step means and step rates.
+    rate_window: str = "1m"
+    #: Window of the "normal" collective latency a stall is compared with.
+    latency_window: str = "5m"
+    #: How far back "recent past" reaches (throughput baseline, normal latency, vanished ranks).
+    baseline_window: str = "30m"
+
+    # --- thresholds ----------------------------------------------------------------------------
+    #: A rank is a straggler when its compute (or data) time per step exceeds this multiple of
+    #: the run's median over ranks ...
+    straggler_ratio: float = 1.5
+    #: ... and exceeds the median by at least this many seconds per step (ignores tiny phases).
+    straggler_min_excess_seconds: float = 0.02
+    #: Share of a rank's step spent waiting for data that makes it input-bound.
+    input_bound_share: float = 0.4
+    #: In-flight age above this multiple of the run's normal collective latency is a stall ...
+    stall_latency_factor: float = 20.0
+    #: ... provided it also exceeds this many seconds (and this is the bound when no latency
+    #: baseline exists yet).
+    stall_min_seconds: float = 30.0
+    #: In-flight age as a fraction of the collective timeout: warning and critical levels.
+    timeout_warning_ratio: float = 0.5
+    timeout_critical_ratio: float = 0.8
+    #: Peer heartbeat age (seen by the monitoring rank) after which a rank counts as down.
+    heartbeat_stale_seconds: float = 60.0
+    #: GPU reserved memory as a fraction of total that raises DDPGPUMemoryNearLimit.
+    gpu_memory_ratio: float = 0.92
+    #: Steps/s below this fraction of the rank's average over ``baseline_window`` is a drop.
+    throughput_drop_ratio: float = 0.5
+
+    # --- for durations -------------------------------------------------------------------------
+    straggler_for: str = "5m"
+    input_bound_for: str = "10m"
+    stalled_for: str = "1m"
+    timeout_for: str = "15s"
+    rank_down_for: str = "1m"
+    training_stalled_for: str = "5m"
+    gpu_memory_for: str = "5m"
+    throughput_for: str = "10m"
+
+    # --- evaluation and deployment -------------------------------------------------------------
+    #: Scrape and rule evaluation interval of the generated Prometheus config.
+    scrape_interval: str = "5s"
+    evaluation_interval: str = "5s"
+    #: Base URL of the generated runbook; each alert links to ``<base>#<anchor>``.
+    runbook_base_url: str = "https://github.com/ddp-exporter/ddp-exporter/blob/main/docs/runbook.md"
+    #: Default Alertmanager webhook receiver.
+    webhook_url: str = "http://127.0.0.1:5001/ddp-alerts"
+    #: Fixed uid of the Prometheus datasource, so provisioned dashboards resolve it.
+    datasource_uid: str = "ddp-prometheus"
+    #: Grafana dashboard refresh interval.
+    dashboard_refresh: str = "10s"
+
+    def __post_init__(self) -> None:
+        """Reject malformed durations and inverted timeout levels early."""
+        for name in (
+            "rate_window",
+            "latency_window",
+            "baseline_window",
+            "scrape_interval",
+            "evaluation_interval",
+        ):
+            if duration_seconds(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in (
+            "straggler_for",
+            "input_bound_for",
+            "stalled_for",
+            "timeout_for",
+            "rank_down_for",
+            "training_stalled_for",
+            "gpu_memory_for",
+            "throughput_for",
+        ):
+            duration_seconds(getattr(self, name))
+        if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
+            raise ValueError("need 0 < timeout_warning_ratio < timeout_critical_ratio <= 1")
+
+
+#: What the committed files are generated from.
+DEFAULT = MixinConfig()
+
+#: Same expressions, shorter windows and ``for`` durations: for promtool tests and drills.
+FAST = MixinConfig(
+    rate_window="20s",
+    latency_window="1m",
+    baseline_window="5m",
+    stall_min_seconds=10.0,
+    heartbeat_stale_seconds=15.0,
+    straggler_for="30s",
+    input_bound_for="30s",
+    stalled_for="10s",
+    timeout_for="0s",
+    rank_down_for="10s",
+    training_stalled_for="30s",
+    gpu_memory_for="30s",
+    throughput_for="30s",
+    scrape_interval="1s",
+    evaluation_interval="1s",
+)

@@ -1,0 +1,476 @@
+"""Build the Prometheus recording and alerting rules from the metric catalog.
+
+Recording rules follow ``level:metric:operations``: the level names the labels kept (``run_rank``
+keeps run and rank), the metric is a catalog name, the operations say what was done, newest
+first, with the rate window in the name (``mean_rate1m``).
+
+Two design truths shape the alerts. A straggler shows the SHORTEST collective latency because
+its peers wait for it inside the allreduce, so stragglers are blamed by compute and data time per
+step, never by collective latency. A hung rank is the one whose collective sequence number stops
+advancing, so timeouts name the ranks whose ``last_enqueued_seq`` is behind the run's maximum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import catalog
+
+from .config import DEFAULT, MixinConfig, duration_seconds
+from .render import dump_yaml
+
+__all__ = [
+    "ALERT_NAMES",
+    "Alert",
+    "Recorded",
+    "alerts",
+    "recorded",
+    "recording_rules",
+    "render_rules",
+    "rule_groups",
+    "selector",
+]
+
+#: Every alert the mixin defines, in the order of the runbook.
+ALERT_NAMES: tuple[str, ...] = (
+    "DDPRankDown",
+    "DDPTrainingStalled",
+    "DDPCollectiveTimeoutImminent",
+    "DDPCollectiveStalled",
+    "DDPRankStraggler",
+    "DDPInputBound",
+    "DDPThroughputDrop",
+    "DDPGPUMemoryNearLimit",
+)
+
+#: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
+BLAME_PHASES: tuple[str, ...] = ("compute", "data")
+
+
+def selector(cfg: MixinConfig, metric: str, *matchers: str) -> str:
+    """Return ``metric{...}`` with the configured selector and ``matchers`` (empty ones dropped)."""
+    parts = [m for m in (cfg.selector, *matchers) if m]
+    return f"{metric}{{{', '.join(parts)}}}" if parts else metric
+
+
+def _base(metric: catalog.MetricDef) -> str:
+    """Return the metric part of a recording-rule name (counters lose ``_total``)."""
+    return metric.family if metric.type == "counter" else metric.name
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Name the recorded series of one configuration (windows are part of the names)."""
+
+    steps_rate: str
+    step_mean: str
+    phase_mean: str
+    phase_median: str
+    phase_ratio: str
+    phase_share: str
+    straggler_score: str
+    coll_mean_rank: str
+    coll_mean_run: str
+    coll_bytes_rate: str
+    seq_behind: str
+    inflight_max_run: str
+    inflight_ratio_rank: str
+    inflight_ratio_run: str
+    heartbeat_age: str
+    peer_heartbeat_age: str
+    gpu_reserved_ratio: str
+
+
+def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
+    """Return the recording-rule names for ``cfg``."""
+    w, lat = cfg.rate_window, cfg.latency_window
+    phase = catalog.STEP_PHASE.name
+    coll = catalog.COLLECTIVE_DURATION.name
+    inflight = catalog.INFLIGHT_AGE.name
+    return Recorded(
+        steps_rate=f"run_rank:{_base(catalog.STEPS)}:rate{w}",
+        step_mean=f"run_rank:{catalog.STEP_DURATION.name}:mean_rate{w}",
+        phase_mean=f"run_rank:{phase}:mean_rate{w}",
+        phase_median=f"run:{phase}:median_mean_rate{w}",
+        phase_ratio=f"run_rank:{phase}:ratio_median_mean_rate{w}",
+        phase_share=f"run_rank:{phase}:share_mean_rate{w}",
+        straggler_score=f"run_rank:{phase}:straggler_score_rate{w}",
+        coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
+        coll_mean_run=f"run_pg:{coll}:mean_rate{lat}",
+        coll_bytes_rate=f"run_rank_pg:{_base(catalog.COLLECTIVE_BYTES)}:rate{w}",
+        seq_behind=f"run_rank_pg:{catalog.LAST_ENQUEUED_SEQ.name}:behind_max",
+        inflight_max_run=f"run_pg:{inflight}:max",
+        inflight_ratio_rank=f"run_rank_pg:{inflight}:ratio_timeout",
+        inflight_ratio_run=f"run_pg:{inflight}:ratio_timeout",
+        heartbeat_age=f"run_rank:{catalog.HEARTBEAT.name}:age",
+        peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
+        gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
+    )
+
+
+def _mean_rate(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> str:
+    """Return the mean of a histogram or summary per event over ``window``, kept ``by`` labels."""
+    s = selector(cfg, metric.name + "_sum")
+    c = selector(cfg, metric.name + "_count")
+    return f"sum by ({by}) (rate({s}[{window}]))\n/\nsum by ({by}) (rate({c}[{window}]))"
+
+
+def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
+    """Return the recording rules, dependencies before dependants."""
+    r = recorded(cfg)
+    w = cfg.rate_window
+    blame = "|".join(BLAME_PHASES)
+
+    def sel(metric: catalog.MetricDef) -> str:
+        """Return the configured selector of ``metric``."""
+        return selector(cfg, metric.name)
+
+    work = f'sum by (run, rank) ({r.phase_mean}{{phase=~"{blame}"}})'
+    return [
+        {"record": r.steps_rate, "expr": f"sum by (run, rank) (rate({sel(catalog.STEPS)}[{w}]))"},
+        {"record": r.step_mean, "expr": _mean_rate(cfg, catalog.STEP_DURATION, "run, rank", w)},
+        {
+            "record": r.phase_mean,
+            "expr": _mean_rate(cfg, catalog.STEP_PHASE, "run, rank, phase", w),
+        },
+        {"record": r.phase_median, "expr": f"quantile by (run, phase) (0.5, {r.phase_mean})"},
+        {
+            "record": r.phase_ratio,
+            "expr": f"{r.phase_mean}\n/ on (run, phase) group_left\n{r.phase_median}",
+        },
+        {
+            "record": r.phase_share,
+            "expr": (
+                f"{r.phase_mean}\n/ on (run, rank) group_left\nsum by (run, rank) ({r.phase_mean})"
+            ),
+        },
+        {
+            "record": r.straggler_score,
+            "expr": f"{work}\n/ on (run) group_left\nquantile by (run) (0.5, {work})",
+        },
+        {
+            "record": r.coll_mean_rank,
+            "expr": _mean_rate(
+                cfg, catalog.COLLECTIVE_DURATION, "run, rank, op, pg", cfg.latency_window
+            ),
+        },
+        {
+            "record": r.coll_mean_run,
+            "expr": _mean_rate(cfg, catalog.COLLECTIVE_DURATION, "run, pg", cfg.latency_window),
+        },
+        {
+            "record": r.coll_bytes_rate,
+            "expr": f"sum by (run, rank, op, pg) (rate({sel(catalog.COLLECTIVE_BYTES)}[{w}]))",
+        },
+        {
+            "record": r.seq_behind,
+            "expr": (
+                f"max by (run, pg) ({sel(catalog.LAST_ENQUEUED_SEQ)})\n- on (run, pg) group_right\n"
+                f"max by (run, rank, pg) ({sel(catalog.LAST_ENQUEUED_SEQ)})"
+            ),
+        },
+        {"record": r.inflight_max_run, "expr": f"max by (run, pg) ({sel(catalog.INFLIGHT_AGE)})"},
+        {
+            "record": r.inflight_ratio_rank,
+            "expr": (
+                f"max by (run, rank, pg) ({sel(catalog.INFLIGHT_AGE)})\n/ on (run, rank, pg)\n"
+                f"(max by (run, rank, pg) ({sel(catalog.COLLECTIVE_TIMEOUT)}) > 0)"
+            ),
+        },
+        {"record": r.inflight_ratio_run, "expr": f"max by (run, pg) ({r.inflight_ratio_rank})"},
+        {
+            "record": r.heartbeat_age,
+            "expr": f"time() - max by (run, rank) ({sel(catalog.HEARTBEAT)})",
+        },
+        {
+            "record": r.peer_heartbeat_age,
+            "expr": (
+                "max by (run, rank) (\n  label_replace("
+                f'{sel(catalog.PEER_HEARTBEAT_AGE)}, "rank", "$1", "peer_rank", "(.*)")\n)'
+            ),
+        },
+        {
+            "record": r.gpu_reserved_ratio,
+            "expr": (
+                f"max by (run, rank) ({sel(catalog.GPU_MEM_RESERVED)})\n/ on (run, rank)\n"
+                f"(max by (run, rank) ({sel(catalog.GPU_MEM_TOTAL)}) > 0)"
+            ),
+        },
+    ]
+
+
+@dataclass(frozen=True)
+class Alert:
+    """Describe one alerting rule and the runbook text that goes with it."""
+
+    name: str
+    severity: str
+    expr: str
+    for_: str
+    summary: str
+    description: str
+    meaning: str
+    confirm: str
+    action: str
+
+    @property
+    def anchor(self) -> str:
+        """Return the runbook section anchor of this alert (severity-qualified when split)."""
+        return self.name.lower()
+
+    def rule(self, cfg: MixinConfig) -> dict[str, Any]:
+        """Return the Prometheus rule dict of this alert."""
+        out: dict[str, Any] = {"alert": self.name, "expr": self.expr}
+        if duration_seconds(self.for_) > 0:
+            out["for"] = self.for_
+        out["labels"] = {"severity": self.severity}
+        out["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{cfg.runbook_base_url}#{self.anchor}",
+        }
+        return out
+
+
+def _role(expr: str, role: str) -> str:
+    """Return ``expr`` with a constant ``role`` label (behind = never entered, waiting = stuck)."""
+    return f'label_replace(\n{expr},\n"role", "{role}", "run", ".*")'
+
+
+def _name_collective_ranks(r: Recorded, run_pg_condition: str, rank_condition: str) -> str:
+    """Return an expr naming ranks of a stuck (run, pg): those behind, else those waiting.
+
+    ``run_pg_condition`` is a (run, pg) vector whose value is carried over; ``rank_condition`` a
+    (run, rank, pg) vector used only when no rank of the (run, pg) is behind (e.g. it died).
+    """
+    behind = f"({r.seq_behind} > 0) * 0\n+ on (run, pg) group_left ()\n({run_pg_condition})"
+    waiting = f"({rank_condition})\nunless on (run, pg)\n({r.seq_behind} > 0)"
+    return f"{_role(behind, 'behind')}\nor\n{_role(waiting, 'waiting')}"
+
+
+def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
+    """Return every alert of ``cfg``, grouped by alert name in :data:`ALERT_NAMES` order."""
+    r = recorded(cfg)
+    up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
+    hb = selector(cfg, catalog.HEARTBEAT.name)
+    inflight = selector(cfg, catalog.INFLIGHT_AGE.name)
+    blame = "|".join(BLAME_PHASES)
+    stall_bound = (
+        f"clamp_min(\n  {cfg.stall_latency_factor:g} * (max by (run, pg) "
+        f"(max_over_time({r.coll_mean_run}[{cfg.baseline_window}])) > 0),\n"
+        f"  {cfg.stall_min_seconds:g}\n)\nor on (run, pg)\n"
+        f"(0 * {r.inflight_max_run} + {cfg.stall_min_seconds:g})"
+    )
+    where = "rank {{ $labels.rank }} of run {{ $labels.run }}"
+    stale = f"{cfg.heartbeat_stale_seconds:g}"
+    out = [
+        Alert(
+            "DDPRankDown",
+            "critical",
+            (
+                f"max by (run, rank) ({up} == 0)\nor\n"
+                f"max by (run, rank) ({r.peer_heartbeat_age} > {stale})\nor\n"
+                "max by (run, rank) (\n"
+                f"  (max by (run, rank) (last_over_time({hb}[{cfg.baseline_window}]))"
+                f"\n   unless on (run, rank) max by (run, rank) ({hb}))\n"
+                f"  and on (run) max by (run) ({hb})\n)"
+            ),
+            cfg.rank_down_for,
+            "A training rank is down: its endpoint is unreachable, its heartbeat is stale, "
+            "or it vanished.",
+            (
+                f"{where.capitalize()} is down: its scrape target is down, the monitoring rank "
+                "has not "
+                f"seen its heartbeat for over {cfg.heartbeat_stale_seconds:g}s, or its series "
+                "disappeared while the rest of the run still reports."
+            ),
+            "The rank's process died, its host is gone, or it stopped heartbeating (hard hang). "
+            "DDP cannot make progress without it; the other ranks will block in their next "
+            "collective until the collective timeout kills the job.",
+            "Liveness dashboard: `up` per rank, heartbeat age, and peer heartbeat ages published "
+            "by rank 0 (they keep counting for a rank whose endpoint is gone).",
+            "Check the rank's process and host (OOM killer, node failure, `dmesg`, the launcher "
+            "log). If the process is alive but stuck, take a stack dump (`py-spy dump`). Restart "
+            "the job from the last checkpoint once the node is healthy.",
+        ),
+        Alert(
+            "DDPTrainingStalled",
+            "critical",
+            f"{r.steps_rate} == 0",
+            cfg.training_stalled_for,
+            "Training made no step progress although the rank is still reporting.",
+            (
+                f"{where.capitalize()} completed no training step in the last {cfg.rate_window} "
+                f"for {cfg.training_stalled_for}, while its exporter is still scraped."
+            ),
+            "No rank advances: a hung collective, a dead peer, a stuck data loader, a long "
+            "checkpoint or evaluation. Every rank of the run shows it; the cause is usually named "
+            "by DDPCollectiveTimeoutImminent or DDPRankDown for the same run.",
+            "Overview dashboard: steps/s per rank is flat at zero. Collectives dashboard: "
+            "in-flight age and sequence-number lag show whether a collective is stuck and which "
+            "rank is behind.",
+            "Look for a concurrent DDPCollectiveTimeoutImminent / DDPRankDown naming a rank and "
+            "follow that runbook. Otherwise take stack dumps of all ranks (`py-spy dump`).",
+        ),
+    ]
+    for severity, ratio in (
+        ("warning", cfg.timeout_warning_ratio),
+        ("critical", cfg.timeout_critical_ratio),
+    ):
+        out.append(
+            Alert(
+                "DDPCollectiveTimeoutImminent",
+                severity,
+                _name_collective_ranks(
+                    r, f"{r.inflight_ratio_run} > {ratio:g}", f"{r.inflight_ratio_rank} > {ratio:g}"
+                ),
+                cfg.timeout_for,
+                f"A collective has used over {ratio:.0%} of its timeout; the job will be killed "
+                "soon.",
+                (
+                    "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} "
+                    "has been in flight for {{ $value | humanizePercentage }} of its timeout. "
+                    'Rank {{ $labels.rank }} is {{ $labels.role }}: "behind" means its '
+                    "last enqueued sequence number is below the run's maximum, so it never entered "
+                    'the collective (the hung rank); "waiting" means no rank is visibly behind and '
+                    "this rank is stuck inside the collective."
+                ),
+                "A collective (DDP's gradient allreduce) is not completing. The rank labelled "
+                "role=behind stopped advancing its collective sequence number: it is the hung one; "
+                "the others wait for it. When the watchdog's timeout expires, the job dies.",
+                "Collectives dashboard: in-flight age against the timeout budget, and the "
+                "sequence-number lag per rank; the hung rank's lag is above zero.",
+                "Take a stack dump of the rank named by the alert (`py-spy dump --pid`), check its "
+                "data loader, its host and its GPU (`nvidia-smi`, Xid errors). Kill and restart "
+                "from the last checkpoint if it does not recover; raise the timeout only if the "
+                "work legitimately takes longer.",
+            )
+        )
+    out += [
+        Alert(
+            "DDPCollectiveStalled",
+            "warning",
+            _name_collective_ranks(
+                r,
+                f"{r.inflight_max_run}\n> on (run, pg)\n({stall_bound})",
+                f"max by (run, rank, pg) ({inflight})\n> on (run, pg) group_left ()\n"
+                f"({stall_bound})",
+            ),
+            cfg.stalled_for,
+            "A collective has been in flight far longer than this run's normal collective latency.",
+            (
+                "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} has been "
+                "in flight for {{ $value | humanizeDuration }}, over "
+                f"{cfg.stall_latency_factor:g}x the run's normal latency (and at least "
+                f"{cfg.stall_min_seconds:g}s). "
+                "Rank {{ $labels.rank }} is {{ $labels.role }} "
+                "(behind = never entered the collective; waiting = stuck inside it)."
+            ),
+            "Collective latency normally stays near its recent mean; an in-flight age many times "
+            "that mean means a rank has not joined (role=behind names it) or the network stalled.",
+            "Collectives dashboard: in-flight age against the mean latency and the timeout; "
+            "sequence-number lag per rank.",
+            "Treat as an early DDPCollectiveTimeoutImminent: inspect the rank labelled behind "
+            "(stack dump, data loader, host, GPU). With role=waiting on all ranks, check the "
+            "network fabric (NCCL_DEBUG=INFO logs, link errors).",
+        ),
+        Alert(
+            "DDPRankStraggler",
+            "warning",
+            (
+                "max by (run, rank, cause) (\n  label_replace(\n"
+                f'    ({r.phase_ratio}{{phase=~"{blame}"}} > {cfg.straggler_ratio:g})\n'
+                "    and on (run, rank, phase)\n"
+                f"    ({r.phase_mean} - on (run, phase) group_left {r.phase_median}"
+                f" > {cfg.straggler_min_excess_seconds:g}),\n"
+                '    "cause", "$1", "phase", "(.*)"\n  )\n)'
+            ),
+            cfg.straggler_for,
+            "One rank is slower than its peers and holds the whole job back.",
+            (
+                f'{where.capitalize()} spends {{{{ $value | printf "%.2f" }}}}x the run\'s median '
+                "{{ $labels.cause }} time per step. Its peers wait for it inside the gradient "
+                "allreduce, so they, not it, show long collective latency."
+            ),
+            "In DDP every step ends in an allreduce, so the slowest rank sets the pace. The slow "
+            "rank is the one with more compute (cause=compute) or data-loading (cause=data) time "
+            "per step than the median rank. Its collective latency is the SHORTEST: the healthy "
+            "ranks wait for it inside the allreduce, so never blame by collective latency.",
+            "Stragglers dashboard: phase split per rank (the straggler's compute or data bar is "
+            "taller; the others' comm_wait is taller). Overview: straggler score per rank.",
+            "cause=compute: check that GPU for thermal or power throttling, ECC errors, a "
+            "co-located process, a slower device model, or uneven work (batch sizes). cause=data: "
+            "check that host's CPU load, disk and network, and the DataLoader's num_workers.",
+        ),
+        Alert(
+            "DDPInputBound",
+            "info",
+            f'{r.phase_share}{{phase="data"}} > {cfg.input_bound_share:g}',
+            cfg.input_bound_for,
+            "A rank spends a large share of each step waiting for input data.",
+            (
+                f"{where.capitalize()} spends {{{{ $value | humanizePercentage }}}} of each step "
+                "waiting for the DataLoader."
+            ),
+            "The accelerator idles while the input pipeline catches up. If every rank shows it, "
+            "the job is input-bound; if one does, that rank's host is (see DDPRankStraggler "
+            "cause=data).",
+            "Stragglers dashboard: the data share of the step per rank.",
+            "Raise DataLoader num_workers and prefetch_factor, enable pin_memory, move decoding "
+            "off the critical path, or cache/pre-shard the data set closer to the node.",
+        ),
+        Alert(
+            "DDPThroughputDrop",
+            "warning",
+            (
+                f"({r.steps_rate} > 0)\n< {cfg.throughput_drop_ratio:g} * "
+                f"avg_over_time({r.steps_rate}[{cfg.baseline_window}])"
+            ),
+            cfg.throughput_for,
+            "Training throughput fell well below its own recent past.",
+            (
+                f'Steps/s on {where} is {{{{ $value | printf "%.3g" }}}}, below '
+                f"{cfg.throughput_drop_ratio:.0%} of its average over the last "
+                f"{cfg.baseline_window}."
+            ),
+            "The job still progresses but much slower than it did recently: a new straggler, "
+            "input pipeline trouble, network degradation, or a change in the workload.",
+            "Overview dashboard: steps/s and step time per rank; Stragglers: which phase grew.",
+            "Look for a concurrent DDPRankStraggler or DDPInputBound on the same run and follow "
+            "it; otherwise compare the phase split before and after the drop.",
+        ),
+        Alert(
+            "DDPGPUMemoryNearLimit",
+            "warning",
+            f"{r.gpu_reserved_ratio} > {cfg.gpu_memory_ratio:g}",
+            cfg.gpu_memory_for,
+            "A rank's GPU memory is nearly exhausted.",
+            (
+                f"The caching allocator of {where} holds {{{{ $value | humanizePercentage }}}} "
+                "of the GPU's memory."
+            ),
+            "The next larger batch, a longer sequence or fragmentation can raise "
+            "torch.OutOfMemoryError and kill the rank (and with it the job).",
+            "Memory dashboard: allocated, reserved and peak against total per rank.",
+            "Reduce the micro-batch size, enable activation checkpointing, set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation, or look "
+            "for tensors kept alive across steps (a growing allocated line).",
+        ),
+    ]
+    return out
+
+
+def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
+    """Return the rule file content: one recording group, then one alerting group."""
+    return {
+        "groups": [
+            {"name": "ddp-exporter.rules", "rules": recording_rules(cfg)},
+            {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
+        ]
+    }
+
+
+def render_rules(cfg: MixinConfig = DEFAULT) -> str:
+    """Return the rules file as YAML text with the generated-file header."""
+    return dump_yaml(rule_groups(cfg))
