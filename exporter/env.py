@@ -11,7 +11,6 @@ Variable                        Meaning                                         
                                 ``0`` picks a free port.
 ``DDP_EXPORTER_ADDR``           Bind address of the metrics endpoint.                  0.0.0.0
 ``DDP_EXPORTER_RUN``            ``run`` label value; else ``TORCHELASTIC_RUN_ID``.     see below
-``DDP_EXPORTER_DISABLE``        ``1`` turns :func:`instrument` into a no-op handle.    unset
 ``DDP_EXPORTER_HEARTBEAT_S``    Seconds between c10d-store heartbeats.                 5
 ``DDP_EXPORTER_MONITOR_RANK``   Rank that publishes peer heartbeat ages; ``-1`` none.  0
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
@@ -29,7 +28,6 @@ __all__ = [
     "PORT",
     "ADDR",
     "RUN",
-    "DISABLE",
     "HEARTBEAT_S",
     "MONITOR_RANK",
     "FLIGHT_RECORDER",
@@ -44,7 +42,6 @@ __all__ = [
 PORT = "DDP_EXPORTER_PORT"
 ADDR = "DDP_EXPORTER_ADDR"
 RUN = "DDP_EXPORTER_RUN"
-DISABLE = "DDP_EXPORTER_DISABLE"
 HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"

@@ -1,0 +1,162 @@
+"""Time DDP gradient-bucket collectives by wrapping the comm hook.
+
+The wrapper keeps DDP's ``(state, bucket) -> Future[Tensor]`` contract and calls the user's
+hook (compression, PowerSGD, ...) underneath, so their communication is unchanged. With no
+user hook it stands in for DDP's built-in allreduce with the same arithmetic: DDP multiplies
+each gradient by ``1/world_size`` before summing, and so does :func:`allreduce_mean_hook`
+(torch's Python ``allreduce_hook`` divides afterwards, which differs in the last bits).
+"""
+
+# No `from __future__ import annotations`: DDP compares hook annotations to real types.
+import functools
+import threading
+from collections import deque
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import ErrorCounter
+from .recorder import CollectiveStats, Recorder
+
+__all__ = ["allreduce_mean_hook", "CommHookWrapper", "CudaEventResolver"]
+
+Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+def allreduce_mean_hook(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average a bucket across ranks exactly like DDP's built-in reduction."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / group.size())
+    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    return fut.then(_first_tensor)
+
+
+def _first_tensor(fut: torch.futures.Future) -> torch.Tensor:
+    return fut.value()[0]
+
+
+class CudaEventResolver:
+    """Resolve CUDA-event pairs into durations on a background thread, never on the training path.
+
+    An NCCL future's callbacks run when the work is enqueued, not when it finishes, so the
+    end of a collective is an event recorded on the collective's stream; ``Event.query()`` (no
+    synchronisation) tells when both ends have happened.
+    """
+
+    def __init__(self, recorder: Recorder, errors: ErrorCounter, interval_s: float = 0.05):
+        self._recorder = recorder
+        self._errors = errors
+        self._pending: deque = deque(maxlen=65536)
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddp-exporter-cuda", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: tuple) -> None:
+        """Queue ``(stats, t0, start_event, end_event, launch_event_or_None)``."""
+        self._pending.append(item)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.drain()
+            except Exception as exc:  # noqa: BLE001 - the exporter must never raise
+                self._errors.record("comm_hook", exc)
+
+    def drain(self) -> None:
+        """Resolve every queued pair whose events have completed, in order."""
+        while self._pending:
+            stats, t0, start, end, launch = self._pending[0]
+            if not end.query():
+                return
+            self._pending.popleft()
+            self._recorder.bucket_timed(stats, t0, start.elapsed_time(end) / 1000.0)
+            if launch is not None:
+                self._recorder.add_comm_wait(launch.elapsed_time(end) / 1000.0)
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+
+class CommHookWrapper:
+    """Wrap a DDP comm hook: time each bucket, count its bytes, then call the inner hook.
+
+    ``inner`` and ``inner_state`` can be swapped later (a hook the user registers after
+    ``instrument``). ``enabled = False`` makes the wrapper a plain pass-through.
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        errors: ErrorCounter,
+        stats: CollectiveStats,
+        inner: Hook = allreduce_mean_hook,
+        inner_state: Any = None,
+        cuda: "CudaEventResolver | None" = None,
+    ) -> None:
+        self.recorder = recorder
+        self.errors = errors
+        self.stats = stats
+        self.inner = inner
+        self.inner_state = inner_state
+        self.cuda = cuda
+        self.enabled = True
+        self.__name__ = "ddp_exporter_wrapper"
+        self.set_inner(inner, inner_state)
+
+    def set_inner(self, hook: Hook, state: Any) -> None:
+        """Put the user's hook underneath."""
+        self.inner = hook
+        self.inner_state = state
+        self.__qualname__ = f"ddp_exporter_wrapper({getattr(hook, '__qualname__', hook)})"
+
+    def __call__(
+        self, state: Any, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Run the inner hook on the bucket and time its future."""
+        if not self.enabled:
+            return self.inner(self.inner_state, bucket)
+        try:
+            buffer = bucket.buffer()
+            nbytes = buffer.numel() * buffer.element_size()
+            is_last = bucket.is_last()
+            t0 = self.recorder.bucket_launched(self.stats, nbytes)
+            events = self._cuda_start(buffer, is_last)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("comm_hook", exc)
+            return self.inner(self.inner_state, bucket)
+        fut = self.inner(self.inner_state, bucket)
+        try:
+            fut.add_done_callback(functools.partial(self._done, t0, is_last, events))
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("comm_hook", exc)
+        return fut
+
+    def _cuda_start(self, buffer: torch.Tensor, is_last: bool):
+        if self.cuda is None or not buffer.is_cuda:
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        # The last bucket's launch marks the end of backward compute on the compute stream.
+        return (start, start if is_last else None)
+
+    def _done(self, t0: float, is_last: bool, events, fut: torch.futures.Future) -> None:
+        try:
+            if events is None:
+                self.recorder.bucket_done(self.stats, t0, is_last)
+            else:
+                # Callbacks of a CUDA future run with its streams current: this event marks
+                # the collective's completion on the GPU.
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self.cuda.submit((self.stats, t0, events[0], end, events[1]))
+                if is_last:
+                    self.recorder.boundary("comm_hook")
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("comm_hook", exc)

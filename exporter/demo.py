@@ -1,0 +1,138 @@
+"""Run a small instrumented DDP training on CPU (gloo), optionally with an injected fault.
+
+Launch one process per rank with torchrun::
+
+    python -m torch.distributed.run --nproc-per-node 3 -m exporter.demo --duration 60
+
+Faults (on ``--fault-rank``, ``--fault-after`` seconds into training):
+``straggler`` adds compute time to every step; ``slow-data`` slows that rank's DataLoader;
+``hang`` stops entering collectives while the process stays alive; ``kill`` SIGKILLs the
+rank; ``freeze`` SIGSTOPs it. Compute faults are emulated with sleeps so that a 2-core
+machine still shows a clean signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+import exporter
+
+__all__ = ["FAULTS", "main", "parse_args"]
+
+FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
+
+
+class _Synthetic(Dataset):
+    """Deterministic random regression data; optionally slow for one rank."""
+
+    def __init__(self, n: int, dim: int, seed: int, delay: list[float]) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = torch.randn(n, 1, generator=g)
+        self.delay = delay  # a one-element list so the fault can switch it on later
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if self.delay[0]:
+            time.sleep(self.delay[0])
+        return self.x[i], self.y[i]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the demo trainer's options."""
+    p = argparse.ArgumentParser(prog="python -m exporter.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=float, default=60.0, help="seconds to train (0: forever)")
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    p.add_argument("--fault", choices=FAULTS, default="none")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-after", type=float, default=10.0)
+    p.add_argument("--step-time", type=float, default=0.05, help="emulated compute per step, s")
+    p.add_argument("--straggle", type=float, default=0.15, help="extra compute of a straggler, s")
+    p.add_argument("--data-delay", type=float, default=0.05, help="per-sample delay of slow-data")
+    p.add_argument("--port", type=int, default=None, help="base metrics port (default 19400)")
+    p.add_argument("--addr", default=None, help="metrics bind address")
+    p.add_argument("--run", default=None, help="run label")
+    p.add_argument("--heartbeat", type=float, default=None, help="store heartbeat interval, s")
+    p.add_argument("--file-sd", default=None, help="directory to write a Prometheus file_sd target")
+    p.add_argument("--timeout", type=float, default=1800.0, help="process group timeout, s")
+    return p.parse_args(argv)
+
+
+def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    target = [{"targets": [f"{host}:{obs.port}"], "labels": {"run": obs.run, "rank": str(obs.rank)}}]
+    tmp = os.path.join(directory, f".rank-{obs.rank}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(target, f)
+    os.replace(tmp, os.path.join(directory, f"rank-{obs.rank}.json"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train until the duration or step limit, injecting the chosen fault."""
+    args = parse_args(argv)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not 0 <= args.fault_rank < world and args.fault != "none":
+        print(f"--fault-rank {args.fault_rank} out of range for {world} ranks", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)))
+    delay = [0.0]
+    data = _Synthetic(4096, 64, seed=rank, delay=delay)
+    loader = DataLoader(data, batch_size=8, shuffle=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    obs = exporter.instrument(
+        model, dataloader=loader, optimizer=opt, port=args.port, addr=args.addr, run=args.run,
+        heartbeat_s=args.heartbeat,
+    )
+    print(f"rank {rank}: metrics at {obs.url}", flush=True)
+    if args.file_sd and obs.port is not None:
+        host = args.addr if args.addr and args.addr not in ("0.0.0.0", "::") else "127.0.0.1"
+        _write_file_sd(args.file_sd, obs, host)
+
+    faulty = args.fault != "none" and rank == args.fault_rank
+    t_start = time.monotonic()
+    steps = 0
+    fault_on = False
+    while True:
+        for x, y in loader:
+            elapsed = time.monotonic() - t_start
+            if args.duration and elapsed >= args.duration or args.steps and steps >= args.steps:
+                obs.close()
+                dist.destroy_process_group()
+                return 0
+            if faulty and not fault_on and elapsed >= args.fault_after:
+                fault_on = True
+                print(f"rank {rank}: injecting fault {args.fault}", flush=True)
+                if args.fault == "slow-data":
+                    delay[0] = args.data_delay
+                elif args.fault == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif args.fault == "freeze":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                elif args.fault == "hang":
+                    while True:  # alive, heartbeating, but never enters the next collective
+                        time.sleep(1)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            time.sleep(args.step_time + (args.straggle if fault_on and args.fault == "straggler" else 0))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Aggregate hot-path events (steps, phases, collectives) into fixed-size state.
+
+Everything here is on the training path, so it is built to be cheap: preallocated histogram
+buckets, one short lock per event, no per-event allocation in the aggregation, and all
+formatting deferred to scrape time (:meth:`Recorder.snapshot`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import catalog
+
+__all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES"]
+
+#: Where step boundaries can come from, strongest first. exporter.step() overrides them all.
+STEP_SOURCES: tuple[str, ...] = ("explicit", "optimizer", "dataloader", "comm_hook")
+
+_DATA, _COMPUTE, _COMM, _OPT = range(4)
+assert catalog.PHASES == ("data", "compute", "comm_wait", "optimizer")
+
+
+class Histogram:
+    """Count observations into fixed buckets; the caller holds the recorder's lock."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        """Add one observation."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Return Prometheus-style cumulative ``(le, count)`` pairs, ``+Inf`` last."""
+        out, acc = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            acc += n
+            out.append((repr(float(bound)), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+class CollectiveStats:
+    """Hold one (op, process group)'s latency histogram, bytes and comm-hook bookkeeping."""
+
+    __slots__ = ("op", "pg", "hist", "bytes", "enqueued", "completed", "pending", "timeout_s")
+
+    def __init__(self, op: str, pg: str, timeout_s: float | None = None) -> None:
+        self.op = op
+        self.pg = pg
+        self.hist = Histogram(catalog.COLLECTIVE_BUCKETS)
+        self.bytes = 0
+        self.enqueued = 0
+        self.completed = 0
+        # Launch times (perf_counter) of collectives not yet completed, oldest first; bounded
+        # because DDP never has more buckets in flight than it has buckets.
+        self.pending: deque[float] = deque(maxlen=4096)
+        self.timeout_s = timeout_s
+
+
+@dataclass
+class Snapshot:
+    """Plain copy of the recorder's state, taken under its lock at scrape time."""
+
+    steps: int
+    step_hist: list[tuple[str, int]]
+    step_sum: float
+    step_count: int
+    phase_sum: list[float]
+    collectives: list[tuple[str, str, list[tuple[str, int]], float, int, int]] = field(
+        default_factory=list
+    )
+    last_progress_unix: float = 0.0
+
+
+class Recorder:
+    """Turn events from the hooks into step, phase and collective aggregates.
+
+    Step boundaries come from one source at a time (``mode``): the optimizer's step, the
+    DataLoader's ``next()``, the comm hook's last bucket, or ``exporter.step()``. A step's phases
+    are: data (time inside ``next()``), optimizer (time inside ``optimizer.step()``), comm_wait
+    (from the launch of the step's last gradient bucket to the completion of its latest
+    collective: communication the backward pass had to wait for), and compute (the rest).
+    """
+
+    def __init__(self, mode: str, clock=time.perf_counter) -> None:
+        if mode not in STEP_SOURCES:
+            raise ValueError(f"step mode must be one of {STEP_SOURCES}, got {mode!r}")
+        self.mode = mode
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.steps = 0
+        self.step_hist = Histogram(catalog.STEP_BUCKETS)
+        self.phase_sum = [0.0, 0.0, 0.0, 0.0]
+        self.collectives: list[CollectiveStats] = []
+        # Offsets turn perf_counter readings into Unix time at scrape.
+        self._perf0 = clock()
+        self._unix0 = time.time()
+        self.last_progress = self._perf0
+        self._reset_step(None)
+
+    # -- step state ------------------------------------------------------------------------
+    def _reset_step(self, start: float | None) -> None:
+        self._start = start
+        self._data = 0.0
+        self._opt = 0.0
+        self._last_launch = 0.0
+        self._last_done = 0.0
+        self._opt_t0 = 0.0
+
+    def _finish_step(self, now: float) -> None:
+        """Close the current step at ``now`` and open the next; caller holds the lock."""
+        start = self._start
+        if start is not None:
+            duration = now - start
+            if duration < 0.0:
+                duration = 0.0
+            data, opt = self._data, self._opt
+            comm = self._last_done - self._last_launch if self._last_launch else 0.0
+            rest = duration - data - opt
+            if comm < 0.0:
+                comm = 0.0
+            elif comm > rest:
+                comm = rest if rest > 0.0 else 0.0
+            compute = rest - comm
+            if compute < 0.0:
+                compute = 0.0
+            ps = self.phase_sum
+            ps[_DATA] += data
+            ps[_COMPUTE] += compute
+            ps[_COMM] += comm
+            ps[_OPT] += opt
+            self.step_hist.observe(duration)
+            self.steps += 1
+        self._reset_step(now)
+        self.last_progress = now
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the step-boundary source (``exporter.step()`` switches to explicit)."""
+        with self.lock:
+            self.mode = mode
+
+    # -- events ------------------------------------------------------------------------------
+    def data_begin(self) -> float:
+        """Mark the start of a DataLoader ``next()``; return the timestamp for data_end."""
+        now = self.clock()
+        if self.mode == "dataloader" or self._start is None:
+            with self.lock:
+                if self.mode == "dataloader":
+                    self._finish_step(now)
+                elif self._start is None:
+                    self._start = now
+        return now
+
+    def data_end(self, t0: float) -> None:
+        """Add the time since ``t0`` to the step's data phase."""
+        now = self.clock()
+        with self.lock:
+            self._data += now - t0
+            self.last_progress = now
+
+    def optimizer_begin(self) -> None:
+        """Mark the start of ``optimizer.step()``."""
+        self._opt_t0 = self.clock()
+
+    def optimizer_end(self) -> None:
+        """Add the optimizer time and, in optimizer mode, close the step."""
+        now = self.clock()
+        with self.lock:
+            if self._opt_t0:
+                self._opt += now - self._opt_t0
+                self._opt_t0 = 0.0
+            if self.mode == "optimizer":
+                self._finish_step(now)
+            else:
+                self.last_progress = now
+
+    def explicit_begin(self) -> None:
+        """Open the first explicit step if none is open."""
+        now = self.clock()
+        with self.lock:
+            if self._start is None:
+                self._start = now
+
+    def boundary(self, source: str) -> None:
+        """Close the current step if ``source`` is the active step-boundary source."""
+        now = self.clock()
+        with self.lock:
+            if self.mode == source:
+                self._finish_step(now)
+
+    def collective_stats(self, op: str, pg: str, timeout_s: float | None) -> CollectiveStats:
+        """Return the (cached) stats object for ``(op, pg)``."""
+        with self.lock:
+            for st in self.collectives:
+                if st.op == op and st.pg == pg:
+                    return st
+            st = CollectiveStats(op, pg, timeout_s)
+            self.collectives.append(st)
+            return st
+
+    def bucket_launched(self, stats: CollectiveStats, nbytes: int) -> float:
+        """Record the launch of one gradient bucket's collective; return its start time."""
+        now = self.clock()
+        with self.lock:
+            if self._start is None:
+                self._start = now
+            self._last_launch = now
+            stats.enqueued += 1
+            stats.bytes += nbytes
+            stats.pending.append(now)
+            self.last_progress = now
+        return now
+
+    def bucket_done(self, stats: CollectiveStats, t0: float, is_last: bool) -> None:
+        """Record the completion of a collective launched at ``t0`` (wall-clock timing)."""
+        now = self.clock()
+        with self.lock:
+            self._collective_done(stats, t0, now - t0, now)
+            if is_last and self.mode == "comm_hook":
+                self._finish_step(now)
+
+    def bucket_timed(self, stats: CollectiveStats, t0: float, seconds: float) -> None:
+        """Record a collective whose duration was measured elsewhere (CUDA events)."""
+        with self.lock:
+            self._collective_done(stats, t0, seconds, None)
+
+    def _collective_done(
+        self, stats: CollectiveStats, t0: float, seconds: float, now: float | None
+    ) -> None:
+        stats.hist.observe(seconds)
+        stats.completed += 1
+        try:
+            stats.pending.remove(t0)
+        except ValueError:
+            pass
+        if now is not None:
+            if now > self._last_done:
+                self._last_done = now
+            self.last_progress = now
+
+    def add_comm_wait(self, seconds: float) -> None:
+        """Move ``seconds`` of the last finished step from compute to comm_wait (CUDA path)."""
+        with self.lock:
+            moved = min(seconds, self.phase_sum[_COMPUTE])
+            if moved > 0.0:
+                self.phase_sum[_COMPUTE] -= moved
+                self.phase_sum[_COMM] += moved
+
+    # -- scrape ------------------------------------------------------------------------------
+    def unix(self, perf: float) -> float:
+        """Convert a perf_counter reading to Unix time."""
+        return self._unix0 + (perf - self._perf0)
+
+    def snapshot(self) -> Snapshot:
+        """Copy the aggregates under the lock; formatting happens outside it."""
+        with self.lock:
+            colls = [
+                (
+                    st.op,
+                    st.pg,
+                    st.hist.cumulative(),
+                    st.hist.sum,
+                    st.hist.count,
+                    st.bytes,
+                )
+                for st in self.collectives
+            ]
+            return Snapshot(
+                steps=self.steps,
+                step_hist=self.step_hist.cumulative(),
+                step_sum=self.step_hist.sum,
+                step_count=self.step_hist.count,
+                phase_sum=list(self.phase_sum),
+                collectives=colls,
+                last_progress_unix=self.unix(self.last_progress),
+            )
+
+    def inflight(self) -> list[tuple[str, int, int, float]]:
+        """Return comm-hook bookkeeping per pg: ``(pg, enqueued, completed, oldest age s)``."""
+        now = self.clock()
+        with self.lock:
+            out = []
+            for st in self.collectives:
+                age = now - st.pending[0] if st.pending else 0.0
+                out.append((st.pg, st.enqueued, st.completed, age))
+            return out

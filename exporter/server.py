@@ -1,0 +1,49 @@
+"""Serve a registry over HTTP on a background thread, without ever failing training."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+__all__ = ["MetricsServer"]
+
+log = logging.getLogger("exporter")
+
+
+class MetricsServer:
+    """Serve ``/metrics`` for one registry; ``port`` is the bound port or None if none."""
+
+    def __init__(self, registry: CollectorRegistry, addr: str, port: int) -> None:
+        self._registry = registry
+        self.addr = addr
+        self.requested_port = port
+        self.port: int | None = None
+        self._httpd: Any = None
+        self._thread: Any = None
+
+    def start(self) -> int | None:
+        """Bind and serve; on a taken port log one clear line and return None."""
+        try:
+            self._httpd, self._thread = start_http_server(
+                self.requested_port, addr=self.addr, registry=self._registry
+            )
+        except OSError as exc:
+            log.error(
+                "ddp-exporter: cannot serve metrics on %s:%d (%s); training continues without "
+                "this endpoint. Choose another base port with port=... or DDP_EXPORTER_PORT.",
+                self.addr,
+                self.requested_port,
+                exc.strerror or exc,
+            )
+            return None
+        self.port = self._httpd.server_port
+        return self.port
+
+    def close(self) -> None:
+        """Stop serving; safe to call twice."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None

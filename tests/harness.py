@@ -1,0 +1,134 @@
+"""Launch real torchrun jobs and scrape their endpoints, for the tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Callable, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll ``cond`` until it returns a truthy value; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")
+
+
+def scrape_text(url: str, timeout: float = 5.0) -> str:
+    """GET a metrics endpoint."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def parse(text: str) -> dict[str, list]:
+    """Parse exposition text into ``{sample name: [(labels, value), ...]}``."""
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples: dict[str, list], name: str, **labels: str) -> float:
+    """Return the single sample value of ``name`` matching ``labels``."""
+    hits = [
+        v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())
+    ]
+    if len(hits) != 1:
+        raise KeyError(f"{name}{labels}: {len(hits)} samples")
+    return hits[0]
+
+
+class Job:
+    """A torchrun job in its own process group, killed whole at the end."""
+
+    def __init__(self, nproc: int, args: list[str], env: dict[str, str] | None = None,
+                 module: str = "exporter.demo") -> None:
+        self.nproc = nproc
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env["PYTHONUNBUFFERED"] = "1"
+        full_env.update(env or {})
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        ]
+        cmd += ["-m", module] if not module.endswith(".py") else [module]
+        cmd += args
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+            start_new_session=True, cwd=REPO,
+        )
+        self.lines: list[str] = []
+        self.urls: dict[int, str] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"rank (\d+): metrics at (\S+)", line)
+            if m:
+                self.urls[int(m.group(1))] = m.group(2)
+
+    def wait_urls(self, timeout: float = 60.0) -> dict[int, str]:
+        """Wait until every rank printed its metrics URL."""
+        wait_for(lambda: len(self.urls) == self.nproc or self.proc.poll() is not None,
+                 timeout, "all ranks to print their metrics URL")
+        assert len(self.urls) == self.nproc, self.output()
+        return dict(self.urls)
+
+    def scrape(self, rank: int) -> dict[str, list]:
+        """Scrape and parse one rank."""
+        return parse(scrape_text(self.urls[rank]))
+
+    def output(self) -> str:
+        """Return what the job printed so far."""
+        return "".join(self.lines[-80:])
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the job to exit."""
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """Kill every process of the job (also stopped ones)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
