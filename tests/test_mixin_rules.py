@@ -1,0 +1,123 @@
+"""Test the generated Prometheus rules with promtool: syntax, and unit tests of every alert."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import catalog
+from exporter.mixin import rules
+from exporter.mixin.config import DEFAULT, FAST, MixinConfig
+from promstack import require
+
+PROMTOOL_TESTS = Path(__file__).parent / "promtool"
+UNIT_FILES = sorted(PROMTOOL_TESTS.glob("*.yml"))
+
+
+def _write_fast_rules(directory: Path) -> None:
+    """Write the FAST rules twice: without annotations (behaviour tests) and with them."""
+    (directory / "rules_annotated.yml").write_text(rules.render_rules(FAST))
+    groups = rules.rule_groups(FAST)
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (directory / "rules.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+
+
+@pytest.mark.parametrize("cfg", [DEFAULT, FAST], ids=["default", "fast"])
+def test_promtool_check_rules(tmp_path: Path, cfg: MixinConfig) -> None:
+    promtool = require("promtool")
+    path = tmp_path / "rules.yml"
+    path.write_text(rules.render_rules(cfg))
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+@pytest.mark.parametrize("unit", UNIT_FILES, ids=[p.stem for p in UNIT_FILES])
+def test_promtool_unit(tmp_path: Path, unit: Path) -> None:
+    promtool = require("promtool")
+    _write_fast_rules(tmp_path)
+    shutil.copy(unit, tmp_path / unit.name)
+    proc = subprocess.run(
+        [promtool, "test", "rules", unit.name],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_alert_has_positive_and_negative_unit_cases() -> None:
+    positive: set[str] = set()
+    negative: set[str] = set()
+    for unit in UNIT_FILES:
+        for test in yaml.safe_load(unit.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                (positive if case.get("exp_alerts") else negative).add(case["alertname"])
+    assert set(rules.ALERT_NAMES) <= positive, set(rules.ALERT_NAMES) - positive
+    assert set(rules.ALERT_NAMES) <= negative, set(rules.ALERT_NAMES) - negative
+
+
+def test_alert_contract() -> None:
+    for alert in rules.alerts(DEFAULT):
+        rule = alert.rule(DEFAULT)
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+        ann = rule["annotations"]
+        assert ann["summary"] and "{{" not in ann["summary"], alert.name
+        assert "{{ $labels.run }}" in ann["description"], alert.name
+        assert "{{ $labels.rank }}" in ann["description"], alert.name
+        assert ann["runbook_url"] == f"{DEFAULT.runbook_base_url}#{alert.name.lower()}"
+    names = {a.name for a in rules.alerts(DEFAULT)}
+    assert names == set(rules.ALERT_NAMES)
+
+
+def test_timeout_imminent_has_warning_and_critical_levels() -> None:
+    levels = {a.severity for a in rules.alerts(DEFAULT) if a.name == "DDPCollectiveTimeoutImminent"}
+    assert levels == {"warning", "critical"}
+
+
+def test_straggler_never_blames_collective_latency() -> None:
+    (straggler,) = [a for a in rules.alerts(DEFAULT) if a.name == "DDPRankStraggler"]
+    assert catalog.COLLECTIVE_DURATION.name not in straggler.expr
+    assert "comm_wait" not in straggler.expr
+    assert '"cause"' in straggler.expr
+
+
+def _shape(text: str) -> str:
+    """Return an expression with durations and numbers blanked, to compare configs' shapes."""
+    text = re.sub(r"\d+[smhd]\b", "D", text)  # [20s], rate1m, mean_rate5m ...
+    return re.sub(r"\b\d+(\.\d+)?\b", "N", text)
+
+
+def test_fast_variant_has_the_same_expressions() -> None:
+    default = rules.rule_groups(DEFAULT)["groups"]
+    fast = rules.rule_groups(FAST)["groups"]
+    for gd, gf in zip(default, fast, strict=True):
+        for rd, rf in zip(gd["rules"], gf["rules"], strict=True):
+            assert _shape(rd["expr"]) == _shape(rf["expr"])
+            assert rd.get("labels") == rf.get("labels")
+
+
+def test_expressions_use_only_catalog_metrics_and_defined_records() -> None:
+    groups = rules.rule_groups(DEFAULT)["groups"]
+    defined = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    known = set()
+    for m in catalog.METRICS:
+        known |= {m.name, f"{m.name}_sum", f"{m.name}_count", f"{m.name}_bucket"}
+    for group in groups:
+        for rule in group["rules"]:
+            for token in re.findall(r"[a-z_]+(?::[a-z0-9_]+)+|\bddp_[a-z0-9_]+", rule["expr"]):
+                assert token in defined or token in known, (token, rule.get("record"))
+    for record in defined:
+        level, metric, ops = record.split(":")
+        assert level and ops
+        assert any(metric in (m.name, m.family) for m in catalog.METRICS), record
