@@ -57,7 +57,20 @@ ERROR_WHERE: tuple[str, ...] = (
 )
 
 #: Histogram bounds (seconds) for whole training steps.
-STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 #: Histogram bounds (seconds) for one collective (a DDP bucket's allreduce).
 COLLECTIVE_BUCKETS: tuple[float, ...] = (

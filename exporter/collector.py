@@ -7,7 +7,8 @@ numbers into families named by :mod:`exporter.catalog`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,

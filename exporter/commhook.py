@@ -11,7 +11,8 @@ each gradient by ``1/world_size`` before summing, and so does :func:`allreduce_m
 import functools
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -116,9 +117,7 @@ class CommHookWrapper:
         self.inner_state = state
         self.__qualname__ = f"ddp_exporter_wrapper({getattr(hook, '__qualname__', hook)})"
 
-    def __call__(
-        self, state: Any, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def __call__(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Run the inner hook on the bucket and time its future."""
         if not self.enabled:
             return self.inner(self.inner_state, bucket)

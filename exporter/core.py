@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import socket
 import threading
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -124,13 +124,19 @@ class Observer:
         )
         self._hook_patched = False
         self._install_comm_hook(model)
+        # The first forward opens the first step, whatever source closes steps.
+        self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
 
-        self._loader = DataLoaderInstrumentor(dataloader, self.recorder, self.errors) if (
-            dataloader is not None
-        ) else None
-        self._optim = OptimizerInstrumentor(optimizer, self.recorder, self.errors) if (
-            optimizer is not None
-        ) else None
+        self._loader = (
+            DataLoaderInstrumentor(dataloader, self.recorder, self.errors)
+            if (dataloader is not None)
+            else None
+        )
+        self._optim = (
+            OptimizerInstrumentor(optimizer, self.recorder, self.errors)
+            if (optimizer is not None)
+            else None
+        )
         if self._loader:
             self._loader.instrument()
         if self._optim:
@@ -229,6 +235,13 @@ class Observer:
             self.errors.record("heartbeat", exc)
             self.heartbeat = None
 
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if self.recorder._start is None:
+            try:
+                self.recorder.open_step()
+            except Exception as exc:  # noqa: BLE001
+                self.errors.record("step", exc)
+
     def inflight_failed(self, exc: BaseException) -> None:
         """Fall back to comm-hook bookkeeping after the Flight Recorder failed once."""
         self.errors.record("flight_recorder", exc)
@@ -255,8 +268,10 @@ class Observer:
         """Return this rank's metrics URL, or None when the endpoint is not serving."""
         if self.port is None:
             return None
-        host = self._server.addr if self._server.addr not in ("0.0.0.0", "::", "") else (
-            socket.gethostname()
+        host = (
+            self._server.addr
+            if self._server.addr not in ("0.0.0.0", "::", "")
+            else (socket.gethostname())
         )
         return f"http://{host}:{self.port}/metrics"
 
@@ -267,7 +282,7 @@ class Observer:
         try:
             if rec.mode != "explicit":
                 rec.set_mode("explicit")
-            rec.explicit_begin()
+            rec.open_step()
         except Exception as exc:  # noqa: BLE001
             self.errors.record("step", exc)
         try:
@@ -288,6 +303,7 @@ class Observer:
             if _active is self:
                 _active = None
         self.hook.enabled = False
+        self._forward_handle.remove()
         if self._hook_patched:
             for name in ("register_comm_hook", "register_builtin_comm_hook"):
                 self.model.__dict__.pop(name, None)
@@ -322,7 +338,9 @@ def _check_types(model: Any, dataloader: Any, optimizer: Any, port: Any) -> None
             f"{type(optimizer).__qualname__}"
         )
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"exporter.instrument(port=...): expected an int in 0..65535, got {port!r}")
+        raise ValueError(
+            f"exporter.instrument(port=...): expected an int in 0..65535, got {port!r}"
+        )
 
 
 def instrument(
@@ -361,7 +379,9 @@ def instrument(
         bound = 0 if base_port == 0 else base_port + local_rank
         if bound > 65535:
             raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
-        hb = _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
+        hb = (
+            _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
+        )
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         if flight_recorder is None:

@@ -73,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
     os.makedirs(directory, exist_ok=True)
-    target = [{"targets": [f"{host}:{obs.port}"], "labels": {"run": obs.run, "rank": str(obs.rank)}}]
+    target = [
+        {"targets": [f"{host}:{obs.port}"], "labels": {"run": obs.run, "rank": str(obs.rank)}}
+    ]
     tmp = os.path.join(directory, f".rank-{obs.rank}.json.tmp")
     with open(tmp, "w") as f:
         json.dump(target, f)
@@ -89,13 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--fault-rank {args.fault_rank} out of range for {world} ranks", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    )
     delay = [0.0]
     data = _Synthetic(4096, 64, seed=rank, delay=delay)
     loader = DataLoader(data, batch_size=8, shuffle=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     obs = exporter.instrument(
-        model, dataloader=loader, optimizer=opt, port=args.port, addr=args.addr, run=args.run,
+        model,
+        dataloader=loader,
+        optimizer=opt,
+        port=args.port,
+        addr=args.addr,
+        run=args.run,
         heartbeat_s=args.heartbeat,
     )
     print(f"rank {rank}: metrics at {obs.url}", flush=True)
@@ -127,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                     while True:  # alive, heartbeating, but never enters the next collective
                         time.sleep(1)
             loss = torch.nn.functional.mse_loss(model(x), y)
-            time.sleep(args.step_time + (args.straggle if fault_on and args.fault == "straggler" else 0))
+            time.sleep(
+                args.step_time + (args.straggle if fault_on and args.fault == "straggler" else 0)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

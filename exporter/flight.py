@@ -59,6 +59,9 @@ def pg_timeout_seconds(pg: dist.ProcessGroup) -> float | None:
         return None
 
 
+_DETECT = object()
+
+
 class _Timeouts:
     """Cache per-pg timeouts (they are fixed at group creation)."""
 
@@ -94,10 +97,11 @@ class FlightRecorderSource:
 
     name = "flight_recorder"
 
-    def __init__(self, errors: ErrorCounter, dump=None) -> None:
+    def __init__(self, errors: ErrorCounter, dump=_DETECT) -> None:
+        """Use ``dump`` as the dump function; by default look it up in torch (None: absent)."""
         self._errors = errors
         self._timeouts = _Timeouts()
-        if dump is None:
+        if dump is _DETECT:
             c10d = getattr(torch._C, "_distributed_c10d", None)
             dump = getattr(c10d, "_dump_fr_trace", None)
         self._dump = dump
@@ -110,7 +114,9 @@ class FlightRecorderSource:
         try:
             status = self._status(include_collectives=False)[0]
         except Exception as exc:  # noqa: BLE001
-            log.info("ddp-exporter: Flight Recorder unusable (%r); using comm-hook bookkeeping", exc)
+            log.info(
+                "ddp-exporter: Flight Recorder unusable (%r); using comm-hook bookkeeping", exc
+            )
             return False
         return isinstance(status, dict)
 

@@ -59,7 +59,9 @@ class Heartbeat:
             for key in self._keys:
                 self._store.add(key, 0)  # create missing keys without clobbering live ones
             self._poll()
-        self._thread = threading.Thread(target=self._run, name="ddp-exporter-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="ddp-exporter-heartbeat", daemon=True
+        )
         self._thread.start()
 
     def _beat(self) -> None:
@@ -73,8 +75,7 @@ class Heartbeat:
                 self._seen = [(v, now) for v in values]
             else:
                 self._seen = [
-                    (v, t if v == old else now)
-                    for v, (old, t) in zip(values, self._seen)
+                    (v, t if v == old else now) for v, (old, t) in zip(values, self._seen)
                 ]
 
     def _run(self) -> None:

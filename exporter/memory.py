@@ -6,8 +6,8 @@ patching torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from prometheus_client import ProcessCollector
@@ -26,7 +26,7 @@ class GPUMemory:
 
 
 #: A callable returning the current GPU memory figures, or None when there is no GPU.
-MemorySource = Callable[[], Optional[GPUMemory]]
+MemorySource = Callable[[], GPUMemory | None]
 
 
 def cuda_memory_source(device: torch.device) -> MemorySource:

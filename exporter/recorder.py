@@ -186,8 +186,8 @@ class Recorder:
             else:
                 self.last_progress = now
 
-    def explicit_begin(self) -> None:
-        """Open the first explicit step if none is open."""
+    def open_step(self) -> None:
+        """Open a step if none is open (the first forward, or entering ``exporter.step()``)."""
         now = self.clock()
         with self.lock:
             if self._start is None:

@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,7 +39,9 @@ def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float =
         except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
             last_exc = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})"
+    )
 
 
 def scrape_text(url: str, timeout: float = 5.0) -> str:
@@ -69,23 +72,39 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
 class Job:
     """A torchrun job in its own process group, killed whole at the end."""
 
-    def __init__(self, nproc: int, args: list[str], env: dict[str, str] | None = None,
-                 module: str = "exporter.demo") -> None:
+    def __init__(
+        self,
+        nproc: int,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        module: str = "exporter.demo",
+    ) -> None:
         self.nproc = nproc
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
         full_env["PYTHONUNBUFFERED"] = "1"
         full_env.update(env or {})
         cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
         ]
         cmd += ["-m", module] if not module.endswith(".py") else [module]
         cmd += args
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-            start_new_session=True, cwd=REPO,
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+            start_new_session=True,
+            cwd=REPO,
         )
         self.lines: list[str] = []
         self.urls: dict[int, str] = {}
@@ -102,8 +121,11 @@ class Job:
 
     def wait_urls(self, timeout: float = 60.0) -> dict[int, str]:
         """Wait until every rank printed its metrics URL."""
-        wait_for(lambda: len(self.urls) == self.nproc or self.proc.poll() is not None,
-                 timeout, "all ranks to print their metrics URL")
+        wait_for(
+            lambda: len(self.urls) == self.nproc or self.proc.poll() is not None,
+            timeout,
+            "all ranks to print their metrics URL",
+        )
         assert len(self.urls) == self.nproc, self.output()
         return dict(self.urls)
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install ddp-exporter and what its tests need on a fresh machine.
+# torch first, pinned to the CPU build: a bare "torch" requirement would pull GBs of CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -m pip install -q torch==2.13.0
+fi
+"$PY" -m pip install -q -e ".[test]"
+# Prometheus and Alertmanager for promtool/amtool and the end-to-end tests (Debian packages).
+if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus prometheus-alertmanager >/dev/null
+  else
+    echo "setup: install the Debian packages prometheus and prometheus-alertmanager for the full test suite" >&2
+  fi
+fi

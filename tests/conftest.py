@@ -1,0 +1,63 @@
+import datetime
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="session")
+def world1():
+    """A real one-rank gloo process group in the test process."""
+    import torch.distributed as dist
+    from harness import free_port
+
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{free_port()}",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=60),
+        )
+    yield dist
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def ddp(world1):
+    """A fresh small DDP model, its optimizer and DataLoader; the exporter is closed after."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import exporter
+
+    torch.manual_seed(0)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    yield model, loader, opt
+    obs = exporter.active()
+    if obs is not None:
+        obs.close()
+
+
+def train_epoch(model, loader, opt, explicit=False):
+    """Run one epoch of plain training."""
+    import torch
+
+    import exporter
+
+    for x, y in loader:
+        if explicit:
+            with exporter.step():
+                torch.nn.functional.mse_loss(model(x), y).backward()
+        else:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()

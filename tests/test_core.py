@@ -1,0 +1,167 @@
+"""instrument() and the Observer handle in a real one-rank gloo process group."""
+
+import logging
+import socket
+
+import pytest
+import torch
+from conftest import train_epoch
+from harness import parse, scrape_text, value
+
+import exporter
+from exporter.commhook import CommHookWrapper
+
+
+def test_rejects_a_model_that_is_not_ddp(world1):
+    with pytest.raises(TypeError, match=r"instrument\(model\).*DistributedDataParallel"):
+        exporter.instrument(torch.nn.Linear(2, 2))
+
+
+def test_rejects_bad_arguments_by_name(ddp):
+    model, loader, opt = ddp
+    with pytest.raises(TypeError, match="dataloader"):
+        exporter.instrument(model, dataloader=[1, 2, 3])
+    with pytest.raises(TypeError, match="optimizer"):
+        exporter.instrument(model, optimizer=object())
+    with pytest.raises(ValueError, match="port"):
+        exporter.instrument(model, port=70000)
+    with pytest.raises(TypeError, match="memory_source"):
+        exporter.instrument(model, port=0, memory_source=5)
+    assert exporter.active() is None
+
+
+def test_rejects_bad_environment(ddp, monkeypatch):
+    monkeypatch.setenv("DDP_EXPORTER_PORT", "ninety")
+    with pytest.raises(ValueError, match="DDP_EXPORTER_PORT"):
+        exporter.instrument(ddp[0])
+
+
+def test_twice_warns_and_returns_the_same_handle(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
+    with pytest.warns(RuntimeWarning, match="twice"):
+        again = exporter.instrument(model, port=0)
+    assert again is obs
+
+
+def test_close_restores_what_was_patched_and_is_idempotent(ddp):
+    model, loader, opt = ddp
+    loader_class = type(loader)
+    pre, post = dict(opt._optimizer_step_pre_hooks), dict(opt._optimizer_step_post_hooks)
+    obs = exporter.instrument(model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1")
+    assert type(loader) is not loader_class and isinstance(loader, loader_class)
+    assert "register_comm_hook" in model.__dict__
+    obs.close()
+    obs.close()
+    assert type(loader) is loader_class
+    assert dict(opt._optimizer_step_pre_hooks) == pre
+    assert dict(opt._optimizer_step_post_hooks) == post
+    assert "register_comm_hook" not in model.__dict__
+    assert exporter.active() is None
+    train_epoch(model, loader, opt)  # the disabled wrapper still reduces gradients
+
+
+def test_serves_steps_phases_and_collectives_over_http(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(
+        model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", run="unit"
+    )
+    train_epoch(model, loader, opt)
+    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    assert value(s, "ddp_steps_total", run="unit", rank="0") == len(loader)
+    assert value(s, "ddp_step_phase_seconds_count", phase="data") == len(loader)
+    assert value(s, "ddp_collective_duration_seconds_count", op="allreduce", pg="0") >= len(loader)
+    assert value(s, "ddp_collective_bytes_total") > 0
+    total = sum(value(s, "ddp_step_phase_seconds_sum", phase=p) for p in exporter.catalog.PHASES)
+    assert total == pytest.approx(value(s, "ddp_step_duration_seconds_sum"), rel=1e-6)
+    info = [lab for lab, _ in s["ddp_rank_info"]][0]
+    assert info["world_size"] == "1" and info["backend"] == "gloo" and info["device"] == "cpu"
+    assert "ddp_gpu_memory_allocated_bytes" not in s
+    assert value(s, "ddp_process_resident_memory_bytes") > 0
+
+
+def test_explicit_steps_without_optimizer(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
+    train_epoch(model, loader, opt, explicit=True)
+    assert obs.recorder.snapshot().steps == len(loader)
+
+
+def test_dataloader_marks_steps_when_no_optimizer(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, dataloader=loader, port=0, addr="127.0.0.1", heartbeat_s=0)
+    train_epoch(model, loader, opt)
+    # Each next() closes the previous step; the final StopIteration closes the last.
+    assert obs.recorder.snapshot().steps == len(loader)
+
+
+def test_port_in_use_logs_one_line_and_training_goes_on(ddp, caplog):
+    model, loader, opt = ddp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        with caplog.at_level(logging.ERROR, logger="exporter"):
+            obs = exporter.instrument(model, optimizer=opt, port=taken, addr="127.0.0.1")
+    assert obs.port is None and obs.url is None
+    lines = [r for r in caplog.records if str(taken) in r.getMessage()]
+    assert len(lines) == 1 and "DDP_EXPORTER_PORT" in lines[0].getMessage()
+    train_epoch(model, loader, opt)
+    assert obs.recorder.snapshot().steps == len(loader)
+
+
+def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    assert (
+        isinstance(obs.hook, CommHookWrapper) and obs.hook.inner is default_hooks.fp16_compress_hook
+    )
+    with pytest.raises(RuntimeError, match="only be called once"):
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    train_epoch(model, loader, opt)
+    assert obs.recorder.snapshot().collectives[0][4] >= len(loader)
+
+
+def test_injected_gpu_memory_source_is_read_at_scrape(ddp):
+    from exporter.memory import GPUMemory
+
+    calls = []
+
+    def fake_gpu():
+        calls.append(1)
+        return GPUMemory(allocated=1 << 20, reserved=2 << 20, peak=3 << 20, total=80 << 30)
+
+    obs = exporter.instrument(ddp[0], port=0, addr="127.0.0.1", memory_source=fake_gpu)
+    assert calls == []
+    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    assert calls == [1]
+    assert value(s, "ddp_gpu_memory_allocated_bytes") == 1 << 20
+    assert value(s, "ddp_gpu_memory_reserved_bytes") == 2 << 20
+    assert value(s, "ddp_gpu_memory_peak_bytes") == 3 << 20
+    assert value(s, "ddp_gpu_memory_total_bytes") == 80 << 30
+
+
+def test_exporter_errors_are_counted_not_raised(ddp):
+    def broken():
+        raise RuntimeError("driver went away")
+
+    obs = exporter.instrument(ddp[0], port=0, addr="127.0.0.1", memory_source=broken)
+    for expected in (1, 2):
+        s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+        assert value(s, "ddp_exporter_errors_total", where="memory") == expected
+        assert value(s, "ddp_steps_total") == 0  # the rest is still served
+
+
+def test_flight_recorder_can_be_turned_off(ddp, monkeypatch):
+    monkeypatch.setenv("DDP_EXPORTER_FLIGHT_RECORDER", "0")
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1")
+    train_epoch(model, loader, opt)
+    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    assert [lab for lab, _ in s["ddp_rank_info"]][0]["inflight_source"] == "comm_hook"
+    assert value(s, "ddp_collective_last_enqueued_seq", pg="0") == len(loader)
+    assert value(s, "ddp_collective_last_completed_seq", pg="0") == len(loader)
+    assert value(s, "ddp_collective_inflight_age_seconds", pg="0") == 0.0

@@ -1,0 +1,77 @@
+"""Step and phase arithmetic of the hot-path recorder, with a hand-driven clock."""
+
+import pytest
+
+from exporter.recorder import Histogram, Recorder
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_phases_add_up_and_comm_wait_is_the_exposed_tail():
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    stats = rec.collective_stats("allreduce", "0", 60.0)
+    rec.open_step()  # t=100: forward starts
+
+    def at(t, fn, *args):
+        clock.t = t
+        return fn(*args)
+
+    t = rec.data_begin()
+    at(100.2, rec.data_end, t)  # 0.2 s of data wait
+    b0 = at(100.5, rec.bucket_launched, stats, 1000)  # first bucket
+    b1 = at(100.7, rec.bucket_launched, stats, 1000)  # last bucket: compute done
+    at(100.6, rec.bucket_done, stats, b0, False)
+    at(101.0, rec.bucket_done, stats, b1, True)  # waited 0.3 s on comm
+    rec.optimizer_begin()
+    at(101.1, rec.optimizer_end)
+    snap = rec.snapshot()
+    data, compute, comm, opt = snap.phase_sum
+    assert snap.steps == 1
+    assert (data, comm, opt) == pytest.approx((0.2, 0.3, 0.1))
+    assert compute == pytest.approx(1.1 - 0.2 - 0.3 - 0.1)
+    assert snap.step_sum == pytest.approx(1.1)
+    assert snap.collectives[0][4] == 2 and snap.collectives[0][5] == 2000
+
+
+def test_only_the_active_source_closes_steps():
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    rec.open_step()
+    rec.boundary("comm_hook")
+    rec.boundary("explicit")
+    assert rec.snapshot().steps == 0
+    rec.optimizer_end()
+    assert rec.snapshot().steps == 1
+
+
+def test_inflight_bookkeeping_tracks_the_oldest_pending():
+    clock = Clock()
+    rec = Recorder("comm_hook", clock=clock)
+    stats = rec.collective_stats("allreduce", "7", None)
+    a = rec.bucket_launched(stats, 8)
+    clock.t += 1.0
+    rec.bucket_launched(stats, 8)
+    clock.t += 2.0
+    assert rec.inflight() == [("7", 2, 0, pytest.approx(3.0))]
+    rec.bucket_done(stats, a, False)
+    assert rec.inflight() == [("7", 2, 1, pytest.approx(2.0))]
+
+
+def test_histogram_is_cumulative_with_le_semantics():
+    h = Histogram((0.1, 1.0))
+    for v in (0.1, 0.5, 2.0):
+        h.observe(v)
+    assert h.cumulative() == [("0.1", 1), ("1.0", 2), ("+Inf", 3)]
+    assert h.count == 3 and h.sum == pytest.approx(2.6)
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="step mode"):
+        Recorder("epoch")

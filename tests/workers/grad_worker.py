@@ -1,0 +1,80 @@
+"""Train plain and instrumented DDP side by side and report whether gradients match bit for bit.
+
+Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1].
+"""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import exporter
+
+STEPS = 6
+
+
+def make_model() -> DDP:
+    torch.manual_seed(1234)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 3),
+    )
+    # A tiny bucket cap gives several buckets per backward, so ordering matters too.
+    return DDP(net, bucket_cap_mb=0.005)
+
+
+def train(model: DDP, opt: torch.optim.Optimizer, rank: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(100 + rank)
+    grads = []
+    for _ in range(STEPS):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randn(16, 3, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+    return grads
+
+
+def scenario(name: str, rank: int) -> dict:
+    plain = make_model()
+    inst = make_model()
+    if name.startswith("fp16"):
+        plain.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if name == "fp16_before":
+        inst.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    opt_i = torch.optim.SGD(inst.parameters(), lr=0.1, momentum=0.9)
+    obs = exporter.instrument(inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0)
+    if name == "fp16_after":
+        inst.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    gp = train(plain, opt_p, rank)
+    gi = train(inst, opt_i, rank)
+    snap = obs.recorder.snapshot()
+    obs.close()
+    same_grads = all(torch.equal(a, b) for sa, sb in zip(gp, gi) for a, b in zip(sa, sb))
+    same_params = all(torch.equal(a, b) for a, b in zip(plain.parameters(), inst.parameters()))
+    buckets = sum(c[4] for c in snap.collectives)
+    return {"grads": same_grads, "params": same_params, "steps": snap.steps, "buckets": buckets}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    out = {name: scenario(name, rank) for name in ("builtin", "fp16_after", "fp16_before")}
+    results = [None] * dist.get_world_size()
+    dist.all_gather_object(results, out)
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
