@@ -92,6 +92,7 @@ class Observer:
         flight_recorder: bool,
         memory_source: MemorySource | None,
         serve: bool,
+        otlp: bool | str | None = None,
     ) -> None:
         self.model = model
         self.run = run
@@ -166,6 +167,7 @@ class Observer:
         self.registry.register(DDPCollector(self))
         self._server = MetricsServer(self.registry, addr, port) if serve else None
         self.port: int | None = self._server.start() if self._server else None
+        self._otlp = self._start_otlp(otlp)
 
     # -- setup -------------------------------------------------------------------------------
     @staticmethod
@@ -234,6 +236,29 @@ class Observer:
         except Exception as exc:  # noqa: BLE001
             self.errors.record("heartbeat", exc)
             self.heartbeat = None
+
+    def _start_otlp(self, otlp: bool | str | None) -> Any:
+        """Start the OTLP push path when asked to (keyword or OTEL_* environment)."""
+        if otlp is None:
+            otlp = bool(
+                os.environ.get(env.OTEL_ENDPOINT) or os.environ.get(env.OTEL_METRICS_ENDPOINT)
+            )
+        if otlp is False:
+            return None
+        try:
+            from .otlp import start_push
+        except ImportError as exc:
+            log.error(
+                "ddp-exporter: OTLP push requested but unavailable (%s); install "
+                "ddp-exporter[otlp]. Prometheus metrics are still served.",
+                exc,
+            )
+            return None
+        try:
+            return start_push(self, otlp if isinstance(otlp, str) else None)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("collect", exc)
+            return None
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         if self.recorder._start is None:
@@ -316,6 +341,11 @@ class Observer:
             self.heartbeat.close()
         if self._cuda is not None:
             self._cuda.close()
+        if self._otlp is not None:
+            try:
+                self._otlp.close()  # final flush: a short job's last steps are not lost
+            except Exception as exc:  # noqa: BLE001
+                self.errors.record("collect", exc)
         if self._server is not None:
             self._server.close()
 
@@ -356,12 +386,15 @@ def instrument(
     flight_recorder: bool | None = None,
     memory_source: MemorySource | None = None,
     serve: bool = True,
+    otlp: bool | str | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
     Each rank serves ``/metrics`` on ``port + LOCAL_RANK`` (``port=0``: a free port; see
     ``Observer.port``). Settings not given fall back to the environment (:mod:`exporter.env`)
-    and then to defaults. Calling it again warns and returns the same handle. Raises
+    and then to defaults. ``otlp``: True or an OTLP/HTTP endpoint URL also pushes the same
+    signals with OpenTelemetry (extra ``otlp``); None enables it when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. Calling it again warns and returns the same handle. Raises
     TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active
@@ -398,6 +431,7 @@ def instrument(
             flight_recorder=flight_recorder,
             memory_source=memory_source,
             serve=serve,
+            otlp=otlp,
         )
         _active = obs
     atexit.register(obs.close)

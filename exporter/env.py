@@ -31,6 +31,8 @@ __all__ = [
     "HEARTBEAT_S",
     "MONITOR_RANK",
     "FLIGHT_RECORDER",
+    "OTEL_ENDPOINT",
+    "OTEL_METRICS_ENDPOINT",
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
@@ -45,6 +47,10 @@ RUN = "DDP_EXPORTER_RUN"
 HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+
+# OpenTelemetry's standard variables that switch the OTLP push path on (see exporter.otlp).
+OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 
 # Set by torchrun (torch.distributed.run); read, never written.
 RANK = "RANK"
