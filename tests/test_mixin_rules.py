@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from promstack import require
 
 from exporter import catalog
 from exporter.mixin import rules
 from exporter.mixin.config import DEFAULT, FAST, MixinConfig
-from promstack import require
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"
 UNIT_FILES = sorted(PROMTOOL_TESTS.glob("*.yml"))
