@@ -1,0 +1,83 @@
+"""Generate or verify the committed monitoring files.
+
+Usage::
+
+    python -m exporter.mixin generate [--out DIR] [--fast]   # write everything (default: repo)
+    python -m exporter.mixin check                           # exit 1 with a diff if stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import DEFAULT, FAST
+from .files import generated_files, write_files
+
+__all__ = ["REPO_ROOT", "check", "main"]
+
+#: Repository root: the committed generated files live below it.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def check(root: Path = REPO_ROOT) -> list[str]:
+    """Regenerate into a temporary folder and return unified diffs against ``root`` (empty: ok)."""
+    diffs = []
+    with tempfile.TemporaryDirectory(prefix="ddp-mixin-") as tmp:
+        fresh_root = Path(tmp)
+        write_files(fresh_root, generated_files(DEFAULT))
+        for rel in generated_files(DEFAULT):
+            fresh = (fresh_root / rel).read_text(encoding="utf-8")
+            committed_path = root / rel
+            committed = (
+                committed_path.read_text(encoding="utf-8") if committed_path.exists() else ""
+            )
+            if fresh != committed:
+                diffs.append(
+                    "".join(
+                        difflib.unified_diff(
+                            committed.splitlines(keepends=True),
+                            fresh.splitlines(keepends=True),
+                            fromfile=f"committed/{rel}",
+                            tofile=f"generated/{rel}",
+                        )
+                    )
+                    or f"missing: {rel}\n"
+                )
+    return diffs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m exporter.mixin", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="write rules, dashboards, configs, runbook")
+    gen.add_argument("--out", type=Path, default=REPO_ROOT, help="output root (default: repo)")
+    gen.add_argument(
+        "--fast", action="store_true", help="render the FAST variant (short windows, for tests)"
+    )
+    sub.add_parser("check", help="exit 1 with a diff if the committed files are stale")
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        written = write_files(args.out, generated_files(FAST if args.fast else DEFAULT))
+        for path in written:
+            print(path)
+        return 0
+    diffs = check()
+    if diffs:
+        sys.stdout.writelines(diffs)
+        print(
+            f"\n{len(diffs)} generated file(s) are stale: run python -m exporter.mixin generate",
+            file=sys.stderr,
+        )
+        return 1
+    print("generated files are up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Collect every generated file of the mixin, keyed by its repository-relative path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .alertmanager import render_alertmanager
+from .config import DEFAULT, MixinConfig
+from .dashboards import render_dashboards
+from .rules import render_rules
+from .runbook import render_runbook
+from .stack import render_stack
+
+__all__ = ["generated_files", "write_files"]
+
+
+def generated_files(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
+    """Return ``{repo-relative path: text}`` of everything the generator writes."""
+    out = {f"dashboards/grafana/{name}": text for name, text in render_dashboards(cfg).items()}
+    out["dashboards/prometheus/rules.yml"] = render_rules(cfg)
+    out["dashboards/alertmanager/alertmanager.yml"] = render_alertmanager(cfg)
+    out["docs/runbook.md"] = render_runbook(cfg)
+    out.update(render_stack(cfg))
+    return dict(sorted(out.items()))
+
+
+def write_files(root: Path, files: dict[str, str]) -> list[Path]:
+    """Write ``files`` under ``root`` (creating folders) and return the paths written."""
+    written = []
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written

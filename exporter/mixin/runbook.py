@@ -1,0 +1,69 @@
+"""Write the runbook: per alert, what it means, how to confirm it, what to do."""
+
+from __future__ import annotations
+
+from .config import DEFAULT, MixinConfig
+from .render import header
+from .rules import ALERT_NAMES, Alert, alerts
+
+__all__ = ["render_runbook"]
+
+_INTRO = """\
+# ddp-exporter runbook
+
+One section per alert of the ddp-exporter monitoring mixin. Every alert carries the labels
+`run` and `rank` (the rank to look at), a `severity`, and a `runbook_url` pointing here.
+Dashboards: **DDP / Overview**, **DDP / Stragglers**, **DDP / Collectives**, **DDP / Memory**,
+**DDP / Liveness** (provisioned by `docker compose up`).
+
+Two rules of thumb hold throughout:
+
+- A straggler shows the **shortest** collective latency: the healthy ranks wait for it inside
+  the allreduce. Blame by compute and data time per step, never by collective latency.
+- A hung rank is the one whose collective **sequence number stops advancing**
+  (`ddp_collective_last_enqueued_seq` behind the run's maximum); its peers show a growing
+  in-flight age.
+
+Thresholds and durations below are those of the committed configuration; regenerate with your
+own `MixinConfig` (`python -m exporter.mixin generate`) to change them.
+"""
+
+
+def _section(group: list[Alert]) -> str:
+    """Return the markdown section of one alert name (one or more severities)."""
+    first = group[0]
+    sev = ", ".join(f"`{a.severity}`" for a in group)
+    fors = ", ".join(f"`{a.for_}`" for a in group)
+    lines = [
+        f"## {first.name}",
+        "",
+        f"**Severity:** {sev} · **For:** {fors} · **Summary:** {first.summary}",
+        "",
+        "### What it means",
+        "",
+        first.meaning,
+        "",
+        "### How to confirm",
+        "",
+        first.confirm,
+        "",
+        "### What to do",
+        "",
+        first.action,
+        "",
+        "### Expression",
+        "",
+    ]
+    for a in group:
+        lines += [f"`{a.severity}`:", "", "```promql", a.expr, "```", ""]
+    return "\n".join(lines)
+
+
+def render_runbook(cfg: MixinConfig = DEFAULT) -> str:
+    """Return docs/runbook.md text; each alert's section anchor is its lower-cased name."""
+    by_name: dict[str, list[Alert]] = {}
+    for a in alerts(cfg):
+        by_name.setdefault(a.name, []).append(a)
+    toc = "\n".join(f"- [{n}](#{n.lower()})" for n in ALERT_NAMES)
+    body = "\n".join(_section(by_name[n]) for n in ALERT_NAMES)
+    return header("<!--").rstrip("\n") + " -->\n\n" + _INTRO + "\n" + toc + "\n\n" + body
