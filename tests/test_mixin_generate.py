@@ -1,0 +1,76 @@
+"""Test the generator's command line: generate, --fast, and check against the committed files."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from exporter.mixin import DEFAULT, FAST
+from exporter.mixin.__main__ import REPO_ROOT, check, main
+from exporter.mixin.files import generated_files
+from exporter.mixin.render import GENERATED_BY
+
+
+def test_check_passes_on_the_committed_files() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter.mixin", "check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr
+
+
+def test_check_fails_with_a_diff_when_a_file_is_stale(tmp_path: Path) -> None:
+    for rel in generated_files(DEFAULT):
+        dest = tmp_path / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / rel, dest)
+    rules = tmp_path / "dashboards/prometheus/rules.yml"
+    rules.write_text(rules.read_text().replace("for: 5m", "for: 7m", 1))
+    (tmp_path / "docs/runbook.md").unlink()
+    diffs = check(tmp_path)
+    assert len(diffs) == 2
+    assert any("-    for: 7m" in d and "+    for: 5m" in d for d in diffs)
+    assert any("docs/runbook.md" in d for d in diffs)
+
+
+def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
+    assert main(["generate", "--out", str(tmp_path)]) == 0
+    for rel, text in generated_files(DEFAULT).items():
+        assert (tmp_path / rel).read_text() == text
+    assert (tmp_path / "docker-compose.yml").exists()
+    assert (tmp_path / "docs/runbook.md").exists()
+    assert len(list((tmp_path / "dashboards/grafana").glob("*.json"))) == 5
+    assert str(tmp_path / "dashboards/prometheus/rules.yml") in capsys.readouterr().out
+
+
+def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
+    assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
+    rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()
+    assert f"run_rank:ddp_steps:rate{FAST.rate_window}" in rules
+    assert f"[{FAST.rate_window}]" in rules and f"[{DEFAULT.rate_window}]" not in rules
+
+
+def test_headers_where_the_format_allows_comments() -> None:
+    for rel, text in generated_files(DEFAULT).items():
+        if rel.endswith((".yml", ".yaml")):
+            assert text.startswith(f"# {GENERATED_BY}\n"), rel
+        elif rel.endswith(".md"):
+            assert text.startswith(f"<!-- {GENERATED_BY} -->"), rel
+        else:
+            assert rel.endswith(".json"), rel
+
+
+def test_runbook_has_an_anchor_for_every_alert_link() -> None:
+    from exporter.mixin import rules
+
+    runbook = generated_files(DEFAULT)["docs/runbook.md"]
+    for alert in rules.alerts(DEFAULT):
+        assert f"\n## {alert.name}\n" in runbook
+        assert alert.rule(DEFAULT)["annotations"]["runbook_url"].endswith(f"#{alert.name.lower()}")
+    for heading in ("### What it means", "### How to confirm", "### What to do"):
+        assert runbook.count(heading) == len(rules.ALERT_NAMES)
