@@ -82,6 +82,11 @@ def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
     os.replace(tmp, os.path.join(directory, f"rank-{obs.rank}.json"))
 
 
+def _linger(args: argparse.Namespace, t_start: float) -> None:
+    while not args.duration or time.monotonic() - t_start < args.duration:
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until the duration or step limit, injecting the chosen fault."""
     args = parse_args(argv)
@@ -135,13 +140,22 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.fault == "hang":
                     while True:  # alive, heartbeating, but never enters the next collective
                         time.sleep(1)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            time.sleep(
-                args.step_time + (args.straggle if fault_on and args.fault == "straggler" else 0)
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            try:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                extra = args.straggle if fault_on and args.fault == "straggler" else 0.0
+                time.sleep(args.step_time + extra)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            except RuntimeError as exc:
+                # A peer died: keep this rank's endpoint up for inspection until the end.
+                print(
+                    f"rank {rank}: collective failed ({str(exc)[:120]}); still serving metrics",
+                    flush=True,
+                )
+                _linger(args, t_start)
+                obs.close()
+                return 1
             steps += 1
 
 
