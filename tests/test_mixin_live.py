@@ -130,11 +130,14 @@ def test_panels_that_should_have_data_have_it(prom: Prometheus) -> None:
 
 def test_healthy_run_blames_nobody(prom: Prometheus) -> None:
     r = rules.recorded(DEFAULT)
-    scores = wait_until(
-        lambda: prom.query(f'{r.straggler_score}{{run="{RUN}"}}'), timeout=60, what="scores"
+    wait_until(
+        lambda: len(prom.query(f'{r.straggler_score}{{run="{RUN}"}}')) == RANKS,
+        timeout=60,
+        what="a straggler score for every rank",
     )
-    assert len(scores) == RANKS
-    behind = prom.query(f'{r.seq_behind}{{run="{RUN}"}} > 5')
-    assert behind == [], behind
+    # Scrapes of different ranks are offset in time, so sequence numbers differ transiently;
+    # the collective alerts only look at that lag while a collective is stuck.
+    stuck = prom.query(f'{r.inflight_ratio_run}{{run="{RUN}"}} > {DEFAULT.timeout_warning_ratio}')
+    assert stuck == [], stuck
     firing = prom.query(f'ALERTS{{run="{RUN}", alertstate="firing"}}')
     assert firing == [], firing
