@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -221,6 +222,14 @@ def test_failed_push_is_counted_not_raised_and_the_sdk_stays_quiet(ddp, caplog, 
     assert otel == [], [r.getMessage() for r in otel]
     ours = [r for r in caplog.records if "OTLP push" in r.getMessage()]
     assert len(ours) == 1 and "dropped" in ours[0].getMessage()
+
+
+def test_docs_map_every_catalog_metric():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "otlp.md").read_text()
+    rows = dict(re.findall(r"^\| `(ddp_\w+)` \|[^|]*\| `?([^|`]*?)`? \|", doc, re.M))
+    assert set(rows) == {m.name for m in catalog.METRICS}
+    for m in catalog.METRICS:
+        assert rows[m.name] == (UNITS[m.unit] or "(none)"), m.name
 
 
 # -- real two-rank jobs --------------------------------------------------------------------------
