@@ -1,0 +1,161 @@
+"""Measure the training-step overhead of the exporter: plain vs instrumented DDP on gloo.
+
+Each rank holds three identical DDP models with their own DataLoader and optimizer: ``plain``
+(DDP's built-in C++ allreduce), ``instr`` (the same after ``exporter.instrument``) and
+``control`` (a second plain model, to show the noise floor of the method). Every round runs a
+block of ``--block`` steps on each model, in a rotated order, in the same processes; the
+per-round ratios instr/plain and control/plain cancel machine drift. Rank 0's block times are
+reported (DDP keeps the ranks in lockstep).
+
+    python benchmarks/overhead.py                     # 1 and 2 ranks
+    python benchmarks/overhead.py --world 2 --rounds 40
+
+The last line is ``overhead_ratio=<median>``: the larger of the per-world-size medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+ARMS = ("plain", "instr", "control")
+
+
+def _model(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, 2 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2 * width, 2 * width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2 * width, width),
+    )
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
+    import exporter
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    g = torch.Generator().manual_seed(rank)
+    data = TensorDataset(
+        torch.randn(args.batch * 16, args.width, generator=g),
+        torch.randn(args.batch * 16, args.width, generator=g),
+    )
+    arms = {}
+    for name in ARMS:
+        model = DDP(_model(args.width))
+        loader = DataLoader(data, batch_size=args.batch, shuffle=False, drop_last=True)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        arms[name] = (model, loader, opt)
+    obs = exporter.instrument(
+        arms["instr"][0],
+        dataloader=arms["instr"][1],
+        optimizer=arms["instr"][2],
+        port=0,
+        addr="127.0.0.1",
+    )
+
+    def block(name: str, steps: int) -> float:
+        model, loader, opt = arms[name]
+        done = 0
+        t0 = time.perf_counter()
+        while done < steps:
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                done += 1
+                if done == steps:
+                    break
+        return time.perf_counter() - t0
+
+    for name in ARMS:  # warm-up: allocator, DDP bucket rebuild, first-iteration costs
+        block(name, args.warmup)
+    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    for r in range(args.rounds):
+        order = ARMS[r % 3 :] + ARMS[: r % 3]
+        if (r // 3) % 2:
+            order = order[::-1]
+        for name in order:
+            times[name].append(block(name, args.block))
+    steps_seen = obs.recorder.steps
+    obs.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        out.put((times, steps_seen))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _summary(ratios: list[float]) -> tuple[float, float, float, float, float]:
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    return statistics.median(ratios), q[0], q[2], min(ratios), max(ratios)
+
+
+def run_world(world: int, args: argparse.Namespace) -> float:
+    """Run one world size; print its table; return the median instr/plain ratio."""
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(
+        _worker, args=(world, _free_port(), args, out), nprocs=world, start_method="spawn"
+    )
+    times, steps_seen = out.get()
+    if args.verbose:
+        for a in ARMS:
+            print(a, [round(t, 3) for t in times[a]])
+    plain, instr, control = times["plain"], times["instr"], times["control"]
+    step_ms = statistics.median(plain) / args.block * 1e3
+    r_instr = [i / p for i, p in zip(instr, plain)]
+    r_ctrl = [c / p for c, p in zip(control, plain)]
+    print(
+        f"world={world}: {args.rounds} rounds x {args.block} steps per arm, "
+        f"plain step {step_ms:.1f} ms (median), recorder counted {steps_seen} instr steps"
+    )
+    for label, rs in (("instr/plain", r_instr), ("control/plain", r_ctrl)):
+        med, q1, q3, lo, hi = _summary(rs)
+        print(
+            f"  {label:<14} median {med:.4f}  IQR [{q1:.4f}, {q3:.4f}]  min/max [{lo:.4f}, {hi:.4f}]"
+        )
+    return statistics.median(r_instr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, nargs="+", default=[1, 2], help="rank counts to run")
+    p.add_argument("--rounds", type=int, default=24, help="interleaved A/B/control rounds")
+    p.add_argument("--block", type=int, default=20, help="steps per arm per round")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up steps per arm")
+    p.add_argument("--width", type=int, default=512, help="model width (step time)")
+    p.add_argument("--batch", type=int, default=128, help="batch size")
+    p.add_argument("--verbose", action="store_true", help="print every block time")
+    args = p.parse_args(argv)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo")
+    medians = [run_world(w, args) for w in args.world]
+    print(f"overhead_ratio={max(medians):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
