@@ -35,8 +35,9 @@ class ErrorCounter:
                 where,
                 catalog.EXPORTER_ERRORS.name,
                 exc,
-                exc_info=exc,
             )
+            # The traceback only on request: one line per place is the promise.
+            log.debug("ddp-exporter: traceback of the first error in %s", where, exc_info=exc)
 
     def snapshot(self) -> dict[str, int]:
         """Return a copy of the counts."""
