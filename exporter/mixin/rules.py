@@ -88,6 +88,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
     phase = catalog.STEP_PHASE.name
     coll = catalog.COLLECTIVE_DURATION.name
     inflight = catalog.INFLIGHT_AGE.name
+    seq = catalog.LAST_ENQUEUED_SEQ.name
     return Recorded(
         steps_rate=f"run_rank:{_base(catalog.STEPS)}:rate{w}",
         step_mean=f"run_rank:{catalog.STEP_DURATION.name}:mean_rate{w}",
@@ -99,7 +100,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
         coll_mean_run=f"run_pg:{coll}:mean_rate{lat}",
         coll_bytes_rate=f"run_rank_pg:{_base(catalog.COLLECTIVE_BYTES)}:rate{w}",
-        seq_behind=f"run_rank_pg:{catalog.LAST_ENQUEUED_SEQ.name}:behind_max",
+        seq_behind=f"run_rank_pg:{seq}:behind_max_last{cfg.baseline_window}",
         inflight_max_run=f"run_pg:{inflight}:max",
         inflight_ratio_rank=f"run_rank_pg:{inflight}:ratio_timeout",
         inflight_ratio_run=f"run_pg:{inflight}:ratio_timeout",
@@ -127,6 +128,7 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
         return selector(cfg, metric.name)
 
     work = f'sum by (run, rank) ({r.phase_mean}{{phase=~"{blame}"}})'
+    last_seq = f"last_over_time({sel(catalog.LAST_ENQUEUED_SEQ)}[{cfg.baseline_window}])"
     return [
         {"record": r.steps_rate, "expr": f"sum by (run, rank) (rate({sel(catalog.STEPS)}[{w}]))"},
         {"record": r.step_mean, "expr": _mean_rate(cfg, catalog.STEP_DURATION, "run, rank", w)},
@@ -164,10 +166,12 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
             "expr": f"sum by (run, rank, op, pg) (rate({sel(catalog.COLLECTIVE_BYTES)}[{w}]))",
         },
         {
+            # last_over_time: a frozen or dead rank's series go stale, yet its last sequence
+            # number is exactly what names it as the rank that never entered the collective.
             "record": r.seq_behind,
             "expr": (
-                f"max by (run, pg) ({sel(catalog.LAST_ENQUEUED_SEQ)})\n- on (run, pg) group_right\n"
-                f"max by (run, rank, pg) ({sel(catalog.LAST_ENQUEUED_SEQ)})"
+                f"max by (run, pg) ({last_seq})\n- on (run, pg) group_right\n"
+                f"max by (run, rank, pg) ({last_seq})"
             ),
         },
         {"record": r.inflight_max_run, "expr": f"max by (run, pg) ({sel(catalog.INFLIGHT_AGE)})"},
