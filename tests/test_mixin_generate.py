@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from exporter.mixin import DEFAULT, FAST
-from exporter.mixin.__main__ import REPO_ROOT, check, main
+from exporter.mixin.__main__ import REPO_ROOT, apply_overrides, check, main
 from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
 
@@ -75,3 +77,13 @@ def test_runbook_has_an_anchor_for_every_alert_link() -> None:
         assert alert.rule(DEFAULT)["annotations"]["runbook_url"].endswith(f"#{alert.name.lower()}")
     for heading in ("### What it means", "### How to confirm", "### What to do"):
         assert runbook.count(heading) == len(rules.ALERT_NAMES)
+
+
+def test_generate_set_overrides_a_setting(tmp_path: Path) -> None:
+    assert main(["generate", "--out", str(tmp_path), "--set", "stalled_for=7m",
+                 "--set", "straggler_ratio=2"]) == 0  # fmt: skip
+    rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()
+    assert "for: 7m" in rules and "> 2)" in rules
+    assert apply_overrides(DEFAULT, ["timeout_for=1m"]).timeout_for == "1m"
+    with pytest.raises(ValueError):
+        apply_overrides(DEFAULT, ["no_such_field=1"])

@@ -2,23 +2,27 @@
 
 Usage::
 
-    python -m exporter.mixin generate [--out DIR] [--fast]   # write everything (default: repo)
-    python -m exporter.mixin check                           # exit 1 with a diff if stale
+    python -m exporter.mixin generate [--out DIR] [--fast] [--set FIELD=VALUE ...]
+    python -m exporter.mixin check      # exit 1 with a diff if the committed files are stale
+
+``--set`` overrides one :class:`~exporter.mixin.config.MixinConfig` field, e.g.
+``--set stalled_for=5m --set webhook_url=http://hooks.internal/ddp`` for your own deployment.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import DEFAULT, FAST
+from .config import DEFAULT, FAST, MixinConfig
 from .files import generated_files, write_files
 
-__all__ = ["REPO_ROOT", "check", "main"]
+__all__ = ["REPO_ROOT", "apply_overrides", "check", "main"]
 
 #: Repository root: the committed generated files live below it.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +55,20 @@ def check(root: Path = REPO_ROOT) -> list[str]:
     return diffs
 
 
+def apply_overrides(cfg: MixinConfig, pairs: Sequence[str]) -> MixinConfig:
+    """Return ``cfg`` with ``FIELD=VALUE`` overrides applied (values typed like the field)."""
+    types = {f.name: f.type for f in dataclasses.fields(MixinConfig)}
+    changes: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in types:
+            raise ValueError(
+                f"--set expects FIELD=VALUE with FIELD one of {sorted(types)}: {pair!r}"
+            )
+        changes[name] = float(raw) if types[name] in (float, "float") else raw
+    return dataclasses.replace(cfg, **changes)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = argparse.ArgumentParser(prog="python -m exporter.mixin", description=__doc__)
@@ -60,10 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument(
         "--fast", action="store_true", help="render the FAST variant (short windows, for tests)"
     )
+    gen.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a setting"
+    )
     sub.add_parser("check", help="exit 1 with a diff if the committed files are stale")
     args = parser.parse_args(argv)
     if args.command == "generate":
-        written = write_files(args.out, generated_files(FAST if args.fast else DEFAULT))
+        try:
+            cfg = apply_overrides(FAST if args.fast else DEFAULT, args.set)
+        except ValueError as exc:
+            parser.error(str(exc))
+        written = write_files(args.out, generated_files(cfg))
         for path in written:
             print(path)
         return 0

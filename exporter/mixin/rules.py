@@ -220,7 +220,7 @@ class Alert:
 
     @property
     def anchor(self) -> str:
-        """Return the runbook section anchor of this alert (severity-qualified when split)."""
+        """Return the runbook section anchor of this alert (its lower-cased name)."""
         return self.name.lower()
 
     def rule(self, cfg: MixinConfig) -> dict[str, Any]:
