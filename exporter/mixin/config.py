@@ -120,7 +120,9 @@ class MixinConfig:
 #: What the committed files are generated from.
 DEFAULT = MixinConfig()
 
-#: Same expressions, shorter windows and ``for`` durations: for promtool tests and drills.
+#: Same expressions, shorter windows and ``for`` durations: for promtool tests and drills. The
+#: two time thresholds that must fit inside those windows (stall floor, heartbeat staleness)
+#: shrink with them; every ratio stays the same.
 FAST = MixinConfig(
     rate_window="20s",
     latency_window="1m",

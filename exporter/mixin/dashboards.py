@@ -106,7 +106,7 @@ def _rec(name: str, *extra: str) -> str:
 
 def _up(cfg: MixinConfig) -> str:
     """Return the ``up`` selector of the exporter's scrape targets (labels from file_sd)."""
-    return f'up{{job="{cfg.job}", {VARS}}}'
+    return selector(cfg, "up", f'job="{cfg.job}"', VARS)
 
 
 def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
