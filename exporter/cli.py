@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from . import top as topmod
 from .core import DEFAULT_PORT
 from .demo import FAULTS
+from .localstack import LocalStack, MissingBinaryError, find_binaries
 
 __all__ = ["main"]
 
@@ -79,18 +82,49 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 file=sys.stderr,
             )
             return 2
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+    stack = None
+    if args.stack is not False:
+        try:
+            find_binaries()
+            use_stack = True
+        except MissingBinaryError as exc:
+            if args.stack:
+                print(f"ddp-exporter demo: --stack: {exc}", file=sys.stderr)
+                return 2
+            use_stack = False
+    else:
+        use_stack = False
+    workdir = tempfile.mkdtemp(prefix="ddp-exporter-demo-")
+    file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
+    trainer = [
         "-m", "exporter.demo",
         "--duration", str(args.duration), "--fault", args.fault,
         "--fault-rank", str(args.fault_rank), "--fault-after", str(args.fault_after),
-        "--port", str(args.port), "--addr", "127.0.0.1", "--heartbeat", "1",
+        "--addr", "127.0.0.1", "--heartbeat", "1",
     ]  # fmt: skip
-    if args.file_sd:
-        cmd += ["--file-sd", args.file_sd]
+    if file_sd:
+        os.makedirs(file_sd, exist_ok=True)
+        trainer += ["--file-sd", file_sd]
+    if use_stack:
+        # A hang must page before the demo's watchdog fires: a short process-group timeout.
+        trainer += ["--timeout", "60"]
     children = _Children()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    master_port = str(_free_port())
+    if args.fault == "kill":
+        # torchrun's agent stops every rank when one dies; a scheduler that starts one process
+        # per rank (srun, mpirun) leaves the survivors up, which shows the alert naming the dead.
+        commands = []
+        for r in range(args.ranks):
+            port = "0" if args.port == 0 else str(args.port + r)
+            commands.append(([sys.executable, *trainer, "--port", port], dict(
+                env, RANK=str(r), LOCAL_RANK="0", WORLD_SIZE=str(args.ranks),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port)))  # fmt: skip
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+               str(args.ranks), "--master-addr", "127.0.0.1", "--master-port", master_port,
+               *trainer, "--port", str(args.port)]  # fmt: skip
+        commands = [(cmd, env)]
     print(
         f"ddp-exporter demo: {args.ranks} ranks on gloo, fault={args.fault}"
         + (
@@ -101,13 +135,38 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         + (f", {args.duration:g}s" if args.duration else ", until Ctrl-C"),
         flush=True,
     )
+    if use_stack:
+
+        def show(alert: dict) -> None:
+            lab = alert["labels"]
+            extra = " ".join(f"{k}={lab[k]}" for k in ("cause", "role", "pg") if k in lab)
+            print(
+                f"ALERT {lab.get('alertname')} severity={lab.get('severity')} "
+                f"rank={lab.get('rank', '-')} {extra} run={lab.get('run')}: "
+                f"{alert.get('annotations', {}).get('summary', '')}",
+                flush=True,
+            )
+
+        try:
+            stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show)
+        except RuntimeError as exc:
+            print(f"ddp-exporter demo: could not start the stack: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"Prometheus: {stack.prometheus_url}  Alertmanager: {stack.alertmanager_url} "
+            "(FAST rules; alerts are printed as they arrive)",
+            flush=True,
+        )
+    elif args.stack is None:
+        print("(install prometheus and prometheus-alertmanager to also see alerts arrive)")
     urls: dict[int, str] = {}
     try:
-        job = children.start(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
+        jobs = [
+            children.start(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+            for c, e in commands
+        ]
 
-        def pump() -> None:
+        def pump(job: subprocess.Popen) -> None:
             assert job.stdout is not None
             for line in job.stdout:
                 m = re.search(r"rank (\d+): metrics at (\S+)", line)
@@ -116,9 +175,10 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 if m or "injecting fault" in line or "Error" in line or "error" in line:
                     print(line.rstrip(), flush=True)
 
-        threading.Thread(target=pump, daemon=True).start()
+        for job in jobs:
+            threading.Thread(target=pump, args=(job,), daemon=True).start()
         previous: dict[str, topmod.RankRow] = {}
-        while job.poll() is None:
+        while any(job.poll() is None for job in jobs):
             time.sleep(args.refresh)
             if len(urls) < args.ranks or args.no_top:
                 continue
@@ -126,7 +186,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             previous = {r.target: r for r in rows}
             tty = sys.stdout.isatty()
             print(("\x1b[2J\x1b[H" if tty else "\n") + topmod.render(rows, color=tty), flush=True)
-        code = job.wait()
+        code = max(abs(job.wait()) for job in jobs)
         print(f"ddp-exporter demo: training finished (exit {code})")
         return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code
     except KeyboardInterrupt:
@@ -134,6 +194,9 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 130
     finally:
         children.stop()
+        if stack is not None:
+            stack.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -171,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
     d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
     d.add_argument("--no-top", action="store_true", help="do not show the live table")
+    g = d.add_mutually_exclusive_group()
+    g.add_argument(
+        "--stack",
+        dest="stack",
+        action="store_true",
+        default=None,
+        help="also run Prometheus + Alertmanager (default: when installed)",
+    )
+    g.add_argument("--no-stack", dest="stack", action="store_false")
     t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints")
     t.add_argument("--targets", required=True, help="comma-separated host:port or URLs")
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")

@@ -73,3 +73,32 @@ def test_diagnose_names_a_rank_that_is_behind_in_a_hang():
     assert out[0] == "" and out[2] == ""
     table = top.render(rows, worst=2)
     assert table.splitlines()[1].split()[0] == "3" and "2 more ranks" in table
+
+
+def test_stack_without_binaries_says_how_to_install():
+    import os
+
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable))
+    res = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "demo", "--stack"], capture_output=True,
+        text=True, timeout=60, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "apt-get install prometheus prometheus-alertmanager" in res.stderr
+
+
+def test_demo_with_stack_prints_the_alert_naming_the_killed_rank():
+    import shutil
+
+    import pytest
+
+    if not shutil.which("prometheus"):
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    res = run_cli(
+        "demo", "--stack", "--ranks", "3", "--fault", "kill", "--fault-rank", "2",
+        "--fault-after", "4", "--duration", "35", "--port", "0", "--no-top",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Prometheus: http://127.0.0.1:" in res.stdout
+    down = [line for line in res.stdout.splitlines() if line.startswith("ALERT DDPRankDown")]
+    assert down and all("rank=2 " in line for line in down), res.stdout

@@ -6,23 +6,16 @@ like srun does): under torchrun the agent tears the whole job down when one rank
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import yaml
 from harness import REPO, free_port
-from promstack import require, run_alertmanager, run_prometheus
 
-from exporter.mixin.alertmanager import alertmanager_config
-from exporter.mixin.config import FAST
-from exporter.mixin.rules import render_rules
+from exporter.localstack import LocalStack, MissingBinaryError, find_binaries
 
 RANKS = 3
 FAULT_AFTER = 8.0
@@ -45,70 +38,25 @@ def accuses(alert: dict) -> bool:
     return labels["alertname"] in CULPRIT or labels.get("role") == "behind"
 
 
-class Receiver:
-    """Collect Alertmanager webhook deliveries with their arrival time."""
-
-    def __init__(self) -> None:
-        self.alerts: list[tuple[float, dict]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                now = time.monotonic()
-                outer.alerts += [
-                    (now, a) for a in body.get("alerts", []) if a["status"] == "firing"
-                ]
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def for_run(self, run: str) -> list[tuple[float, dict]]:
-        return [(t, a) for t, a in self.alerts if a["labels"].get("run") == run]
-
-
-def _fast_routes(node: dict) -> None:
-    # Drill timing measures detection, not batching: deliver each group at once.
-    if "group_wait" in node or "receiver" in node:
-        node["group_wait"], node["group_interval"] = "1s", "1s"
-    for child in node.get("routes", []):
-        _fast_routes(child)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    require("prometheus")
-    require("amtool")
+    try:
+        find_binaries()
+    except MissingBinaryError as exc:
+        pytest.skip(str(exc))
     work = tmp_path_factory.mktemp("drills")
-    receiver = Receiver()
-    am_cfg = alertmanager_config(dataclasses.replace(FAST, webhook_url=receiver.url))
-    _fast_routes(am_cfg["route"])
-    rules = work / "rules.yml"
-    rules.write_text(render_rules(FAST))
     sd = work / "sd"
     sd.mkdir()
-    with run_alertmanager(work / "am", yaml.safe_dump(am_cfg)) as am:
-        prom_cfg = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(rules)],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.url.split("//")[1]]}]}]},
-            "scrape_configs": [{
-                "job_name": FAST.job, "honor_labels": True,
-                "file_sd_configs": [{"files": [str(sd / "*.json")], "refresh_interval": "1s"}],
-            }],
-        }  # fmt: skip
-        with run_prometheus(work / "prom", prom_cfg) as prom:
-            yield prom, receiver, sd
+    with LocalStack(work / "stack", sd) as st:
+        yield st, sd
     if TIMES:
         print("\ntime to alert (s) from fault onset:")
         for fault, rank, alert, secs in TIMES:
             print(f"  {fault:10s} rank {rank}: {alert} after {secs:.1f}s")
+
+
+def for_run(st: LocalStack, run: str) -> list[tuple[float, dict]]:
+    return [(t, a) for t, a in st.alerts if a["labels"].get("run") == run]
 
 
 class Ranks:
@@ -149,10 +97,10 @@ class Ranks:
             f.unlink()
 
 
-def wait_alert(receiver: Receiver, run: str, names: set[str], rank: int, timeout: float):
+def wait_alert(st: LocalStack, run: str, names: set[str], rank: int, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for t, a in receiver.for_run(run):
+        for t, a in for_run(st, run):
             if a["labels"]["alertname"] in names and a["labels"].get("rank") == str(rank):
                 return t, a
         time.sleep(0.2)
@@ -162,15 +110,15 @@ def wait_alert(receiver: Receiver, run: str, names: set[str], rank: int, timeout
 @pytest.mark.parametrize("fault_rank", [1, 2])
 @pytest.mark.parametrize("fault", list(EXPECTED))
 def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
-    prom, receiver, sd = stack
+    st, sd = stack
     run = f"drill-{fault}-{fault_rank}"
     names, bound = EXPECTED[fault]
     ranks = Ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank)])
     try:
-        hit = wait_alert(receiver, run, names, fault_rank, FAULT_AFTER + 60 + bound)
+        hit = wait_alert(st, run, names, fault_rank, FAULT_AFTER + 60 + bound)
         assert ranks.onset is not None, "".join(ranks.lines[-30:])
         assert hit is not None, (
-            f"no {names} for rank {fault_rank}; got {[a['labels'] for _, a in receiver.for_run(run)]}"
+            f"no {names} for rank {fault_rank}; got {[a['labels'] for _, a in for_run(st, run)]}"
             f"\n{''.join(ranks.lines[-20:])}"
         )
         t, alert = hit
@@ -179,9 +127,9 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
         assert secs <= bound, f"{fault}: alert after {secs:.1f}s > {bound}s"
         if fault == "straggler":
             assert alert["labels"].get("cause") == "compute"
-        wrong = [a["labels"] for _, a in receiver.for_run(run)
+        wrong = [a["labels"] for _, a in for_run(st, run)
                  if accuses(a) and a["labels"].get("rank") != str(fault_rank)]  # fmt: skip
-        firing = prom.query(f'ALERTS{{run="{run}", alertstate="firing"}}')
+        firing = st.query(f'ALERTS{{run="{run}", alertstate="firing"}}')
         wrong += [s["metric"] for s in firing if accuses({"labels": s["metric"]})
                   and s["metric"].get("rank") != str(fault_rank)]  # fmt: skip
         assert not wrong, f"healthy ranks blamed: {wrong}"
@@ -193,17 +141,17 @@ HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "120"))
 
 
 def test_healthy_run_delivers_no_alert(stack):
-    prom, receiver, sd = stack
+    st, sd = stack
     run = "drill-healthy"
     ranks = Ranks(run, sd, ["--fault", "none"])
     try:
         deadline = time.monotonic() + HEALTHY_SECONDS
         while time.monotonic() < deadline:
-            pending = prom.query(f'ALERTS{{run="{run}"}}')
+            pending = st.query(f'ALERTS{{run="{run}"}}')
             assert not pending, [s["metric"] for s in pending]
-            assert not receiver.for_run(run)
+            assert not for_run(st, run)
             time.sleep(1.0)
-        up = prom.query(f'up{{run="{run}"}} == 1')
+        up = st.query(f'up{{run="{run}"}} == 1')
         assert len(up) == RANKS, up  # it really was scraped all along
     finally:
         ranks.stop(sd)
