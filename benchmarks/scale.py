@@ -18,7 +18,7 @@ Times are client wall times of the HTTP request (median of ``--repeats``), JSON 
 answer included; Prometheus's own evalTotalTime is shown beside them.
 
     python benchmarks/scale.py                       # 1024 and 4096 ranks, 10 min of data
-    python benchmarks/scale.py --ranks 4096 --duration 600 --mixin DIR
+    python benchmarks/scale.py --ranks 4096 --duration 600 --mixin ROOT --verbose
 """
 
 from __future__ import annotations
@@ -55,29 +55,23 @@ BUCKET_BYTES = 25 * 2**20
 
 
 # -- monitoring files ---------------------------------------------------------------------------
-def mixin_files(out: str) -> tuple[str, list[str]]:
-    """Return (rules.yml, dashboard JSON paths), generating them into ``out`` if needed."""
-    rules = os.path.join(out, "prometheus", "rules.yml")
-    if not os.path.exists(rules):
-        proc = subprocess.run(
-            [sys.executable, "-m", "exporter.mixin", "generate", "--out", out],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0 or not os.path.exists(rules):
-            # Older tree without the CLI: render with the library functions directly.
-            from exporter.mixin.dashboards import render_dashboards
-            from exporter.mixin.rules import render_rules
+def mixin_files(root: str | None) -> tuple[str, list[str]]:
+    """Return (rules.yml, dashboard JSONs) under ``root``/dashboards; default: this checkout's.
 
-            os.makedirs(os.path.dirname(rules), exist_ok=True)
-            os.makedirs(os.path.join(out, "grafana"), exist_ok=True)
-            with open(rules, "w") as f:
-                f.write(render_rules())
-            for name, text in render_dashboards().items():
-                with open(os.path.join(out, "grafana", name), "w") as f:
-                    f.write(text)
-    return rules, sorted(glob.glob(os.path.join(out, "grafana", "*.json")))
+    Without committed files there, generate them with ``python -m exporter.mixin generate``.
+    """
+    root = root or REPO
+    rules = os.path.join(root, "dashboards", "prometheus", "rules.yml")
+    if not os.path.exists(rules):
+        root = tempfile.mkdtemp(prefix="ddp-mixin-")
+        rules = os.path.join(root, "dashboards", "prometheus", "rules.yml")
+        subprocess.run(
+            [sys.executable, "-m", "exporter.mixin", "generate", "--out", root],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+    return rules, sorted(glob.glob(os.path.join(root, "dashboards", "grafana", "*.json")))
 
 
 # -- synthetic data -----------------------------------------------------------------------------
@@ -517,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per query (median)")
     p.add_argument(
-        "--mixin", default=None, help="directory from `python -m exporter.mixin generate --out`"
+        "--mixin",
+        default=None,
+        help="root holding dashboards/ (default: this checkout; `python -m exporter.mixin generate --out ROOT` writes one)",
     )
     p.add_argument("--workdir", default=None, help="where to put the TSDBs (default: $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the TSDB directories")
@@ -527,8 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             print(f"{tool} not found (Debian: apt-get install prometheus)", file=sys.stderr)
             return 2
-    mixdir = args.mixin or tempfile.mkdtemp(prefix="ddp-mixin-")
-    rules_path, dash_paths = mixin_files(mixdir)
+    rules_path, dash_paths = mixin_files(args.mixin)
     print(f"rules {rules_path}; {len(dash_paths)} dashboards; {os.cpu_count()} CPUs")
     t0 = time.perf_counter()
     results = [bench(n, args, rules_path, dash_paths) for n in args.ranks]
