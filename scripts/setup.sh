@@ -8,6 +8,9 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 "$PY" -m pip install -q -e ".[test]"
+# The compose-spec JSON schema for validating docker-compose.yml ships inside this old package;
+# --no-deps because its own requirements pin PyYAML below 6.
+"$PY" -c "import compose" 2>/dev/null || "$PY" -m pip install -q --no-deps docker-compose==1.29.2
 # Prometheus and Alertmanager for promtool/amtool and the end-to-end tests (Debian packages).
 if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
