@@ -5,29 +5,18 @@ import time
 from harness import Job, value, wait_for
 
 
+def demo_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
+    """Return exporter.demo arguments for ``fault`` on ``rank`` after ``after`` seconds."""
+    return ["--fault", fault, "--fault-rank", str(rank), "--fault-after", str(after),
+            "--port", "0", "--addr", "127.0.0.1", *extra]  # fmt: skip
+
+
 def _per_step(s, name, **labels):
     return value(s, name + "_sum", **labels) / max(value(s, name + "_count", **labels), 1.0)
 
 
 def test_straggler_has_largest_compute_and_shortest_collectives():
-    args = [
-        "--fault",
-        "straggler",
-        "--fault-rank",
-        "1",
-        "--fault-after",
-        "0",
-        "--straggle",
-        "0.12",
-        "--step-time",
-        "0.02",
-        "--duration",
-        "120",
-        "--port",
-        "0",
-        "--addr",
-        "127.0.0.1",
-    ]
+    args = demo_args("straggler", 1, 0, "--straggle", "0.12", "--step-time", "0.02")
     with Job(3, args) as job:
         job.wait_urls()
         wait_for(
@@ -48,22 +37,7 @@ def test_straggler_has_largest_compute_and_shortest_collectives():
 
 
 def test_hung_rank_is_behind_and_peer_endpoint_keeps_answering():
-    args = [
-        "--fault",
-        "hang",
-        "--fault-rank",
-        "1",
-        "--fault-after",
-        "3",
-        "--duration",
-        "0",
-        "--port",
-        "0",
-        "--addr",
-        "127.0.0.1",
-        "--heartbeat",
-        "0.5",
-    ]
+    args = demo_args("hang", 1, 3, "--heartbeat", "0.5")
     with Job(2, args) as job:
         job.wait_urls()
         wait_for(lambda: "injecting fault hang" in job.output(), 60, "the hang to start")
@@ -75,7 +49,11 @@ def test_hung_rank_is_behind_and_peer_endpoint_keeps_answering():
             30,
             "an in-flight collective on rank 0",
         )
-        time.sleep(1.5)  # let the age grow by a measurable amount before comparing
+        wait_for(
+            lambda: value(job.scrape(0), "ddp_collective_inflight_age_seconds", pg="0") > first + 1,
+            10,
+            "rank 0's in-flight age to keep growing",
+        )
         t0 = time.monotonic()
         s0 = job.scrape(0)
         assert time.monotonic() - t0 < 2.0, "rank 0's endpoint is slow while its trainer is blocked"
@@ -91,22 +69,7 @@ def test_hung_rank_is_behind_and_peer_endpoint_keeps_answering():
 
 
 def test_peer_heartbeat_age_grows_for_a_frozen_rank():
-    args = [
-        "--fault",
-        "freeze",
-        "--fault-rank",
-        "2",
-        "--fault-after",
-        "3",
-        "--duration",
-        "0",
-        "--port",
-        "0",
-        "--addr",
-        "127.0.0.1",
-        "--heartbeat",
-        "0.3",
-    ]
+    args = demo_args("freeze", 2, 3, "--heartbeat", "0.3")
     with Job(3, args) as job:
         job.wait_urls()
         wait_for(lambda: "injecting fault freeze" in job.output(), 60, "the freeze")
