@@ -3,7 +3,8 @@
 Starts the demo trainer (``exporter.demo``) with torchrun, waits for ``--min-steps`` steps, then
 GETs /metrics ``--scrapes`` times per rank as Prometheus would (the OpenMetrics and the text
 format, gzip-compressed as Prometheus asks, and uncompressed). Time = request sent to body read,
-on a fresh connection each time.
+on a fresh connection each time. Also renders, in process, the monitoring rank's exposition
+for 1024 and 4096 peers (it publishes one peer-heartbeat series per rank).
 
     python benchmarks/scrape.py
     python benchmarks/scrape.py --ranks 2 --scrapes 200
@@ -16,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+import types
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +27,10 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import harness  # noqa: E402  (tests/harness.py: torchrun Job, scrape helpers)
 
 from exporter import catalog  # noqa: E402
+from exporter.collector import DDPCollector  # noqa: E402
+from exporter.errors import ErrorCounter  # noqa: E402
+from exporter.flight import HookBookkeepingSource  # noqa: E402
+from exporter.recorder import Recorder  # noqa: E402
 
 GOAL_MS = 5.0
 GOAL_SERIES = 150
@@ -41,6 +47,42 @@ def _get(url: str, accept: str, encoding: str) -> tuple[float, int, bytes]:
     with urllib.request.urlopen(req, timeout=10) as resp:
         body = resp.read()
     return (time.perf_counter() - t0) * 1e3, len(body), body
+
+
+def monitor_rank_render(world: int, repeats: int = 20) -> tuple[float, int, int]:
+    """Render the monitoring rank's exposition for ``world`` peers in process (no HTTP).
+
+    Uses the real collector and recorder with a stand-in observer whose heartbeat monitor
+    reports ``world`` peer ages; returns (median ms, series, bytes).
+    """
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    rec = Recorder("optimizer")
+    st = rec.collective_stats("allreduce", "0", 1800.0)
+    for _ in range(10):
+        rec.bucket_done(st, rec.bucket_launched(st, 1 << 20), True)
+        rec.optimizer_begin()
+        rec.optimizer_end()
+    ages = [1.5] * world
+    obs = types.SimpleNamespace(
+        run="bench",
+        rank=0,
+        errors=ErrorCounter(),
+        recorder=rec,
+        inflight_source=HookBookkeepingSource(rec),
+        heartbeat=types.SimpleNamespace(monitor=True, peer_ages=lambda: ages),
+        memory_source=None,
+        info_labels=lambda: {"world_size": str(world), "node": "node0000"},
+    )
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DDPCollector(obs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        body = generate_latest(reg)
+        times.append((time.perf_counter() - t0) * 1e3)
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    return statistics.median(times), series, len(body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{catalog.series_per_rank(gpu=True)}, monitoring rank "
         + ", ".join(f"{n} at {w} ranks" for w, n in at_scale.items())
     )
+    for world in (1024, 4096):
+        ms, n, size = monitor_rank_render(world)
+        print(
+            f"monitoring rank of {world} ranks (in-process render, no HTTP): {ms:.2f} ms, "
+            f"{n} series, {size} bytes uncompressed"
+        )
     print(f"goal: <= {GOAL_MS} ms and <= {GOAL_SERIES} series per rank")
     print(f"scrape_ms={worst_ms:.2f} series={worst_series}")
     return 0
