@@ -200,13 +200,25 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    targets = [t for t in args.targets.split(",") if t]
-    if not targets:
-        parser.error("give --targets host:port[,host:port...]")
+    targets = [t for t in (args.targets or "").split(",") if t]
+    if bool(targets) == bool(args.prometheus):
+        parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
+    if args.prometheus and not args.run:
+        parser.error("--prometheus needs --run (the run label to show)")
+
+    def read() -> list[topmod.RankRow]:
+        if targets:
+            return topmod.fetch(targets)
+        return topmod.fetch_prometheus(args.prometheus, args.run)
+
     previous: dict[str, topmod.RankRow] = {}
     try:
         while True:
-            rows = topmod.diagnose(topmod.fetch(targets), previous)
+            try:
+                rows = topmod.diagnose(read(), previous)
+            except (OSError, RuntimeError) as exc:
+                print(f"ddp-exporter top: {exc}", file=sys.stderr)
+                return 1
             previous = {r.target: r for r in rows}
             tty = sys.stdout.isatty()
             print(
@@ -244,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--no-stack", dest="stack", action="store_false")
     t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints")
-    t.add_argument("--targets", required=True, help="comma-separated host:port or URLs")
+    t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
+    t.add_argument("--prometheus", help="read from this Prometheus URL instead")
+    t.add_argument("--run", help="with --prometheus: the run label to show")
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
     t.add_argument("--refresh", type=float, default=2.0)
     t.add_argument("--once", action="store_true", help="print one table and exit")

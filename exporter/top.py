@@ -1,14 +1,16 @@
 """Show every rank of a run in one terminal table, the outlier highlighted with its reason.
 
 Reads the ranks' own endpoints (no Prometheus or Grafana needed: useful over ssh during an
-incident). Rates come from two consecutive reads, so the first table after start shows
+incident), or one run's series from a Prometheus server. Rates come from two consecutive reads, so the first table after start shows
 totals since the job began. Sorts by badness and shows the worst N, so thousands of ranks fit.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from . import catalog as c
 
-__all__ = ["RankRow", "fetch", "diagnose", "render"]
+__all__ = ["RankRow", "fetch", "fetch_prometheus", "diagnose", "render"]
 
 _STRAGGLER_FACTOR = 1.5
 
@@ -58,32 +60,77 @@ def _read(target: str, timeout: float) -> RankRow:
     row.up = True
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if "rank" in s.labels and row.rank < 0:
-                row.rank = int(s.labels["rank"])
-            n, v = s.name, s.value
-            if n == c.STEPS.name:
-                row.steps = v
-            elif n == c.STEP_DURATION.name + "_sum":
-                row.step_sum = v
-            elif n == c.STEP_PHASE.name + "_sum":
-                row.phase_sum[s.labels["phase"]] = v
-            elif n == c.COLLECTIVE_DURATION.name + "_sum":
-                row.coll_sum += v
-            elif n == c.COLLECTIVE_DURATION.name + "_count":
-                row.coll_count += v
-            elif n == c.LAST_ENQUEUED_SEQ.name:
-                row.enqueued = max(row.enqueued, v)
-            elif n == c.INFLIGHT_AGE.name:
-                row.inflight_age = max(row.inflight_age, v)
-            elif n == c.COLLECTIVE_TIMEOUT.name:
-                row.timeout = max(row.timeout, v)
-            elif n == c.HEARTBEAT.name:
-                row.heartbeat = v
-            elif n in (c.GPU_MEM_ALLOCATED.name,) or (
-                n == c.HOST_MEM_RESIDENT.name and not row.memory
-            ):
-                row.memory = v
+            _apply(row, s.name, s.labels, s.value)
     return row
+
+
+def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
+    """Fold one sample into ``row``."""
+    if "rank" in labels and row.rank < 0:
+        row.rank = int(labels["rank"])
+    if n == c.STEPS.name:
+        row.steps = v
+    elif n == c.STEP_DURATION.name + "_sum":
+        row.step_sum = v
+    elif n == c.STEP_PHASE.name + "_sum":
+        row.phase_sum[labels["phase"]] = v
+    elif n == c.COLLECTIVE_DURATION.name + "_sum":
+        row.coll_sum += v
+    elif n == c.COLLECTIVE_DURATION.name + "_count":
+        row.coll_count += v
+    elif n == c.LAST_ENQUEUED_SEQ.name:
+        row.enqueued = max(row.enqueued, v)
+    elif n == c.INFLIGHT_AGE.name:
+        row.inflight_age = max(row.inflight_age, v)
+    elif n == c.COLLECTIVE_TIMEOUT.name:
+        row.timeout = max(row.timeout, v)
+    elif n == c.HEARTBEAT.name:
+        row.heartbeat = v
+    elif n == c.GPU_MEM_ALLOCATED.name or (n == c.HOST_MEM_RESIDENT.name and not row.memory):
+        row.memory = v
+
+
+_PROM_NAMES = (
+    c.STEPS.name,
+    c.STEP_DURATION.name + "_sum",
+    c.STEP_PHASE.name + "_sum",
+    c.COLLECTIVE_DURATION.name + "_sum",
+    c.COLLECTIVE_DURATION.name + "_count",
+    c.LAST_ENQUEUED_SEQ.name,
+    c.INFLIGHT_AGE.name,
+    c.COLLECTIVE_TIMEOUT.name,
+    c.HEARTBEAT.name,
+    c.GPU_MEM_ALLOCATED.name,
+    c.HOST_MEM_RESIDENT.name,
+)
+
+
+def fetch_prometheus(url: str, run: str, timeout: float = 5.0) -> list[RankRow]:
+    """Read one run's ranks from Prometheus with two queries (works for thousands of ranks)."""
+
+    def query(expr: str) -> list[dict]:
+        q = urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{q}", timeout=timeout) as r:
+            body = json.loads(r.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
+        return body["data"]["result"]
+
+    run_sel = f'run="{run}"'
+    rows: dict[str, RankRow] = {}
+    for s in query(f'{{__name__=~"{"|".join(_PROM_NAMES)}", {run_sel}}}'):
+        lab = s["metric"]
+        key = f"rank {lab.get('rank', '?')}"
+        row = rows.setdefault(key, RankRow(key, up=True))
+        _apply(row, lab["__name__"], lab, float(s["value"][1]))
+    for s in query(f"up{{{run_sel}}}"):
+        lab = s["metric"]
+        key = f"rank {lab.get('rank', '?')}"
+        row = rows.setdefault(key, RankRow(key))
+        if lab.get("rank", "").isdigit():
+            row.rank = int(lab["rank"])
+        row.up = float(s["value"][1]) == 1.0
+    return sorted(rows.values(), key=lambda r: r.rank)
 
 
 def fetch(targets: list[str], timeout: float = 2.0) -> list[RankRow]:
