@@ -271,14 +271,16 @@ def series_per_rank(
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
-    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + (4 GPU memory gauges on CUDA, else 1 host
-    RSS) + world_size peer ages on the monitoring rank. The in-flight gauges cover every process
+    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 host RSS (+ 4 GPU memory gauges on
+    CUDA) + world_size peer ages on the monitoring rank. The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
     n += 4 * process_groups
-    n += 4 if gpu else 1
+    n += 1  # host RSS, on every rank
+    if gpu:
+        n += 4
     if monitor:
         n += world_size
     return n

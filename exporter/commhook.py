@@ -31,7 +31,9 @@ def allreduce_mean_hook(
     """Average a bucket across ranks exactly like DDP's built-in reduction."""
     group = process_group if process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
-    buffer.mul_(1.0 / group.size())
+    size = group.size()
+    if size > 1:  # x * 1.0 == x exactly: skip a pass over the bucket on one rank
+        buffer.mul_(1.0 / size)
     fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
     return fut.then(_first_tensor)
 

@@ -261,11 +261,12 @@ class Observer:
             return None
 
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if self.recorder._start is None:
-            try:
-                self.recorder.open_step()
-            except Exception as exc:  # noqa: BLE001
-                self.errors.record("step", exc)
+        # Once a step is open one stays open (each boundary opens the next): drop the hook.
+        self._forward_handle.remove()
+        try:
+            self.recorder.open_step()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("step", exc)
 
     def inflight_failed(self, exc: BaseException) -> None:
         """Fall back to comm-hook bookkeeping after the Flight Recorder failed once."""
