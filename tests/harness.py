@@ -119,13 +119,16 @@ class Job:
             if m:
                 self.urls[int(m.group(1))] = m.group(2)
 
-    def wait_urls(self, timeout: float = 60.0) -> dict[int, str]:
-        """Wait until every rank printed its metrics URL."""
-        wait_for(
-            lambda: len(self.urls) == self.nproc or self.proc.poll() is not None,
-            timeout,
-            "all ranks to print their metrics URL",
-        )
+    def wait_urls(self, timeout: float = 180.0) -> dict[int, str]:
+        """Wait until every rank printed its metrics URL (torch imports are slow under load)."""
+        try:
+            wait_for(
+                lambda: len(self.urls) == self.nproc or self.proc.poll() is not None,
+                timeout,
+                "all ranks to print their metrics URL",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- job output ---\n{self.output()}") from None
         assert len(self.urls) == self.nproc, self.output()
         return dict(self.urls)
 
