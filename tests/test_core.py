@@ -6,7 +6,7 @@ import socket
 import pytest
 import torch
 from conftest import train_epoch
-from harness import parse, scrape_text, value
+from harness import parse, scrape_text, value, wait_for
 
 import exporter
 from exporter.commhook import CommHookWrapper
@@ -67,7 +67,17 @@ def test_serves_steps_phases_and_collectives_over_http(ddp):
         model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", run="unit"
     )
     train_epoch(model, loader, opt)
-    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    url = f"http://127.0.0.1:{obs.port}/metrics"
+    # The last bucket's completion callback may still be running on gloo's thread.
+    s = wait_for(
+        lambda: (
+            (x := parse(scrape_text(url)))
+            and value(x, "ddp_collective_duration_seconds_count") >= len(loader)
+            and x
+        ),
+        10,
+        "every bucket's completion to be recorded",
+    )
     assert value(s, "ddp_steps_total", run="unit", rank="0") == len(loader)
     assert value(s, "ddp_step_phase_seconds_count", phase="data") == len(loader)
     assert value(s, "ddp_collective_duration_seconds_count", op="allreduce", pg="0") >= len(loader)
@@ -122,7 +132,12 @@ def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
     with pytest.raises(RuntimeError, match="only be called once"):
         model.register_comm_hook(None, default_hooks.allreduce_hook)
     train_epoch(model, loader, opt)
-    assert obs.recorder.snapshot().collectives[0][4] >= len(loader)
+    # The last bucket's completion callback may still be running on gloo's thread.
+    wait_for(
+        lambda: obs.recorder.snapshot().collectives[0][4] >= len(loader),
+        10,
+        "every bucket's completion to be recorded",
+    )
 
 
 def test_injected_gpu_memory_source_is_read_at_scrape(ddp):
@@ -160,7 +175,16 @@ def test_flight_recorder_can_be_turned_off(ddp, monkeypatch):
     model, loader, opt = ddp
     obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1")
     train_epoch(model, loader, opt)
-    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    url = f"http://127.0.0.1:{obs.port}/metrics"
+    s = wait_for(
+        lambda: (
+            (x := parse(scrape_text(url)))
+            and value(x, "ddp_collective_last_completed_seq", pg="0") == len(loader)
+            and x
+        ),
+        10,
+        "the last bucket's completion",
+    )
     assert [lab for lab, _ in s["ddp_rank_info"]][0]["inflight_source"] == "comm_hook"
     assert value(s, "ddp_collective_last_enqueued_seq", pg="0") == len(loader)
     assert value(s, "ddp_collective_last_completed_seq", pg="0") == len(loader)
