@@ -17,7 +17,7 @@ import time
 from . import top as topmod
 from .core import DEFAULT_PORT
 from .demo import FAULTS
-from .localstack import LocalStack, MissingBinaryError, find_binaries
+from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
 
 __all__ = ["main"]
 
@@ -29,12 +29,6 @@ def _port_free(port: int, addr: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Children:
@@ -110,7 +104,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         trainer += ["--timeout", "60"]
     children = _Children()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    master_port = str(_free_port())
+    master_port = str(free_port())
     if args.fault == "kill":
         # torchrun's agent stops every rank when one dies; a scheduler that starts one process
         # per rank (srun, mpirun) leaves the survivors up, which shows the alert naming the dead.

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["LocalStack", "MissingBinaryError", "find_binaries"]
+__all__ = ["LocalStack", "MissingBinaryError", "find_binaries", "free_port"]
 
 _INSTALL = "apt-get install prometheus prometheus-alertmanager"
 
@@ -47,7 +47,8 @@ def find_binaries() -> tuple[str, str]:
     return prom, am  # type: ignore[return-value]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -110,13 +111,13 @@ class LocalStack:
             am_cfg = alertmanager_config(dataclasses.replace(FAST, webhook_url=self._receiver.url))
             _fast_routes(am_cfg["route"])
             (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(am_cfg))
-            am_port = _free_port()
+            am_port = free_port()
             self.alertmanager_url = f"http://127.0.0.1:{am_port}"
             self._start(
                 [am_bin, f"--config.file={self.workdir / 'alertmanager.yml'}",
                  f"--storage.path={self.workdir / 'am-data'}",
                  f"--web.listen-address=127.0.0.1:{am_port}",
-                 f"--cluster.listen-address=127.0.0.1:{_free_port()}"],
+                 f"--cluster.listen-address=127.0.0.1:{free_port()}"],
                 "alertmanager.log",
             )  # fmt: skip
             (self.workdir / "rules.yml").write_text(render_rules(FAST))
@@ -133,7 +134,7 @@ class LocalStack:
                 }],
             }  # fmt: skip
             (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
-            prom_port = _free_port()
+            prom_port = free_port()
             self.prometheus_url = f"http://127.0.0.1:{prom_port}"
             self._start(
                 [prom_bin, f"--config.file={self.workdir / 'prometheus.yml'}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,15 +15,10 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.localstack import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """Return a TCP port that is free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+
+from exporter.localstack import free_port
 
 __all__ = [
     "Alertmanager",
@@ -55,13 +56,6 @@ def require(binary: str) -> str:
     if path is None:
         pytest.skip(f"{binary} not installed (apt-get install {_PACKAGES.get(binary, binary)})")
     return path
-
-
-def free_port() -> int:
-    """Return a TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(
