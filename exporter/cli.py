@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import signal
 import socket
@@ -16,7 +15,7 @@ import time
 
 from . import top as topmod
 from .core import DEFAULT_PORT
-from .demo import FAULTS
+from .demo import FAULTS, metrics_urls, say
 from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
 
 __all__ = ["main"]
@@ -163,11 +162,10 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         def pump(job: subprocess.Popen) -> None:
             assert job.stdout is not None
             for line in job.stdout:
-                m = re.search(r"rank (\d+): metrics at (\S+)", line)
-                if m:
-                    urls[int(m.group(1))] = m.group(2)
-                if m or "injecting fault" in line or "Error" in line or "error" in line:
-                    print(line.rstrip(), flush=True)
+                found = metrics_urls(line)
+                urls.update(found)
+                if found or "injecting fault" in line or "Error" in line or "error" in line:
+                    say(line.rstrip())  # one write: several pump threads share stdout
 
         for job in jobs:
             threading.Thread(target=pump, args=(job,), daemon=True).start()

@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -28,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import exporter
 
-__all__ = ["FAULTS", "main", "parse_args"]
+__all__ = ["FAULTS", "main", "metrics_urls", "parse_args", "say"]
 
 FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
 
@@ -69,6 +70,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--file-sd", default=None, help="directory to write a Prometheus file_sd target")
     p.add_argument("--timeout", type=float, default=1800.0, help="process group timeout, s")
     return p.parse_args(argv)
+
+
+_URL_LINE = re.compile(r"rank (\d+): metrics at (http\S*?/metrics)")
+
+
+def metrics_urls(text: str) -> dict[int, str]:
+    """Return ``{rank: url}`` for every "metrics at" announcement in ``text``.
+
+    Searches the whole text rather than whole lines, so an announcement glued to
+    another rank's output (two processes writing one pipe) is still found.
+    """
+    return {int(m.group(1)): m.group(2) for m in _URL_LINE.finditer(text)}
+
+
+def say(line: str) -> None:
+    """Print one line in a single write, so lines from ranks sharing a pipe never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
@@ -112,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         run=args.run,
         heartbeat_s=args.heartbeat,
     )
-    print(f"rank {rank}: metrics at {obs.url}", flush=True)
+    say(f"rank {rank}: metrics at {obs.url}")
     if args.file_sd and obs.port is not None:
         host = args.addr if args.addr and args.addr not in ("0.0.0.0", "::") else "127.0.0.1"
         _write_file_sd(args.file_sd, obs, host)
@@ -130,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if faulty and not fault_on and elapsed >= args.fault_after:
                 fault_on = True
-                print(f"rank {rank}: injecting fault {args.fault}", flush=True)
+                say(f"rank {rank}: injecting fault {args.fault}")
                 if args.fault == "slow-data":
                     delay[0] = args.data_delay
                 elif args.fault == "kill":
@@ -149,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 opt.step()
             except RuntimeError as exc:
                 # A peer died: keep this rank's endpoint up for inspection until the end.
-                print(
-                    f"rank {rank}: collective failed ({str(exc)[:120]}); still serving metrics",
-                    flush=True,
-                )
+                say(f"rank {rank}: collective failed ({str(exc)[:120]}); still serving metrics")
                 _linger(args, t_start)
                 obs.close()
                 return 1

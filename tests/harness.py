@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.demo import metrics_urls
 from exporter.localstack import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,9 +109,7 @@ class Job:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
-            m = re.search(r"rank (\d+): metrics at (\S+)", line)
-            if m:
-                self.urls[int(m.group(1))] = m.group(2)
+            self.urls.update(metrics_urls(line))
 
     def wait_urls(self, timeout: float = 180.0) -> dict[int, str]:
         """Wait until every rank printed its metrics URL (torch imports are slow under load)."""
