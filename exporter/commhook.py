@@ -125,10 +125,10 @@ class CommHookWrapper:
             return self.inner(self.inner_state, bucket)
         try:
             buffer = bucket.buffer()
-            nbytes = buffer.numel() * buffer.element_size()
             is_last = bucket.is_last()
-            t0 = self.recorder.bucket_launched(self.stats, nbytes)
-            events = self._cuda_start(buffer, is_last)
+            t0 = self.recorder.bucket_launched(self.stats, buffer.nbytes)
+            # Per-bucket hot path: skip even the call when no CUDA resolver exists.
+            events = None if self.cuda is None else self._cuda_start(buffer, is_last)
         except Exception as exc:  # noqa: BLE001
             self.errors.record("comm_hook", exc)
             return self.inner(self.inner_state, bucket)
@@ -140,7 +140,7 @@ class CommHookWrapper:
         return fut
 
     def _cuda_start(self, buffer: torch.Tensor, is_last: bool):
-        if self.cuda is None or not buffer.is_cuda:
+        if not buffer.is_cuda:
             return None
         start = torch.cuda.Event(enable_timing=True)
         start.record()
