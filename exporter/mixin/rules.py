@@ -25,8 +25,9 @@ __all__ = [
     "Alert",
     "Recorded",
     "alerts",
+    "RECORDING_GROUPS",
     "recorded",
-    "recording_rules",
+    "recording_groups",
     "render_rules",
     "rule_groups",
     "selector",
@@ -65,6 +66,7 @@ class Recorded:
 
     steps_rate: str
     step_mean: str
+    step_p90: str
     phase_mean: str
     phase_median: str
     phase_ratio: str
@@ -72,6 +74,7 @@ class Recorded:
     straggler_score: str
     coll_mean_rank: str
     coll_mean_run: str
+    coll_p90_rank: str
     coll_bytes_rate: str
     seq_behind: str
     inflight_max_run: str
@@ -80,6 +83,7 @@ class Recorded:
     heartbeat_age: str
     peer_heartbeat_age: str
     gpu_reserved_ratio: str
+    errors_rate: str
 
 
 def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
@@ -92,6 +96,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
     return Recorded(
         steps_rate=f"run_rank:{_base(catalog.STEPS)}:rate{w}",
         step_mean=f"run_rank:{catalog.STEP_DURATION.name}:mean_rate{w}",
+        step_p90=f"run_rank:{catalog.STEP_DURATION.name}:p90_rate{w}",
         phase_mean=f"run_rank:{phase}:mean_rate{w}",
         phase_median=f"run:{phase}:median_mean_rate{w}",
         phase_ratio=f"run_rank:{phase}:ratio_median_mean_rate{w}",
@@ -99,6 +104,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         straggler_score=f"run_rank:{phase}:straggler_score_rate{w}",
         coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
         coll_mean_run=f"run_pg:{coll}:mean_rate{lat}",
+        coll_p90_rank=f"run_rank_pg:{coll}:p90_rate{w}",
         coll_bytes_rate=f"run_rank_pg:{_base(catalog.COLLECTIVE_BYTES)}:rate{w}",
         seq_behind=f"run_rank_pg:{seq}:behind_max_last{cfg.baseline_window}",
         inflight_max_run=f"run_pg:{inflight}:max",
@@ -107,6 +113,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         heartbeat_age=f"run_rank:{catalog.HEARTBEAT.name}:age",
         peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
+        errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
     )
 
 
@@ -117,8 +124,20 @@ def _mean_rate(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str
     return f"sum by ({by}) (rate({s}[{window}]))\n/\nsum by ({by}) (rate({c}[{window}]))"
 
 
-def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
-    """Return the recording rules, dependencies before dependants."""
+def _p90(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> str:
+    """Return the 0.9 quantile of a histogram over ``window``, kept ``by`` labels."""
+    b = selector(cfg, metric.name + "_bucket")
+    return f"histogram_quantile(0.9, sum by ({by}, le) (rate({b}[{window}])))"
+
+
+#: Recording groups, each small enough to evaluate well within its interval at 4096 ranks
+#: (benchmarks/scale.py). Prometheus runs groups concurrently, rules within one in order, so
+#: a rule that reads a recorded series sits in the same group after it.
+RECORDING_GROUPS = ("step", "collective", "health")
+
+
+def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str]]]:
+    """Return the recording rules by group name, dependencies before dependants in each."""
     r = recorded(cfg)
     w = cfg.rate_window
     blame = "|".join(BLAME_PHASES)
@@ -129,9 +148,10 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
 
     work = f'sum by (run, rank) ({r.phase_mean}{{phase=~"{blame}"}})'
     last_seq = f"last_over_time({sel(catalog.LAST_ENQUEUED_SEQ)}[{cfg.baseline_window}])"
-    return [
+    step = [
         {"record": r.steps_rate, "expr": f"sum by (run, rank) (rate({sel(catalog.STEPS)}[{w}]))"},
         {"record": r.step_mean, "expr": _mean_rate(cfg, catalog.STEP_DURATION, "run, rank", w)},
+        {"record": r.step_p90, "expr": _p90(cfg, catalog.STEP_DURATION, "run, rank", w)},
         {
             "record": r.phase_mean,
             "expr": _mean_rate(cfg, catalog.STEP_PHASE, "run, rank, phase", w),
@@ -151,6 +171,8 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
             "record": r.straggler_score,
             "expr": f"{work}\n/ on (run) group_left\nquantile by (run) (0.5, {work})",
         },
+    ]
+    collective = [
         {
             "record": r.coll_mean_rank,
             "expr": _mean_rate(
@@ -160,6 +182,10 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
         {
             "record": r.coll_mean_run,
             "expr": _mean_rate(cfg, catalog.COLLECTIVE_DURATION, "run, pg", cfg.latency_window),
+        },
+        {
+            "record": r.coll_p90_rank,
+            "expr": _p90(cfg, catalog.COLLECTIVE_DURATION, "run, rank, op, pg", w),
         },
         {
             "record": r.coll_bytes_rate,
@@ -183,6 +209,8 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
             ),
         },
         {"record": r.inflight_ratio_run, "expr": f"max by (run, pg) ({r.inflight_ratio_rank})"},
+    ]
+    health = [
         {
             "record": r.heartbeat_age,
             "expr": f"time() - max by (run, rank) ({sel(catalog.HEARTBEAT)})",
@@ -201,7 +229,13 @@ def recording_rules(cfg: MixinConfig = DEFAULT) -> list[dict[str, str]]:
                 f"(max by (run, rank) ({sel(catalog.GPU_MEM_TOTAL)}) > 0)"
             ),
         },
+        {
+            # Only places with errors: zeros for every rank and place would be most series.
+            "record": r.errors_rate,
+            "expr": f"sum by (run, rank, where) (rate({sel(catalog.EXPORTER_ERRORS)}[{w}])) > 0",
+        },
     ]
+    return {"step": step, "collective": collective, "health": health}
 
 
 @dataclass(frozen=True)
@@ -466,10 +500,14 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
 
 
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
-    """Return the rule file content: one recording group, then one alerting group."""
+    """Return the rule file content: the recording groups, then one alerting group."""
+    recording = recording_groups(cfg)
     return {
         "groups": [
-            {"name": "ddp-exporter.rules", "rules": recording_rules(cfg)},
+            *(
+                {"name": f"ddp-exporter.{name}", "rules": recording[name]}
+                for name in RECORDING_GROUPS
+            ),
             {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
         ]
     }
