@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "DEFAULT_PEER_SERIES",
     "BASE_LABELS",
     "COLLECTIVE_BUCKETS",
     "MetricDef",
@@ -57,6 +58,9 @@ ERROR_WHERE: tuple[str, ...] = (
 )
 
 #: Histogram bounds (seconds) for whole training steps.
+#: Most peer-heartbeat series the monitoring rank publishes by default (``peer_series``).
+DEFAULT_PEER_SERIES = 64
+
 STEP_BUCKETS: tuple[float, ...] = (
     0.01,
     0.025,
@@ -200,7 +204,9 @@ PEER_HEARTBEAT_AGE = MetricDef(
     "ddp_peer_heartbeat_age_seconds",
     "gauge",
     "Seconds since the monitoring rank last saw each peer's c10d-store heartbeat change. "
-    "Published by the monitoring rank only; survives a peer whose own endpoint is unreachable.",
+    "Published by the monitoring rank only; survives a peer whose own endpoint is unreachable. "
+    f"Every peer in jobs of up to DDP_EXPORTER_PEER_SERIES ({DEFAULT_PEER_SERIES}) ranks, else "
+    "only late peers.",
     ("peer_rank",),
     unit="seconds",
 )
@@ -265,14 +271,20 @@ METRICS: tuple[MetricDef, ...] = (
 
 
 def series_per_rank(
-    *, process_groups: int = 1, gpu: bool = False, monitor: bool = False, world_size: int = 1
+    *,
+    process_groups: int = 1,
+    gpu: bool = False,
+    monitor: bool = False,
+    world_size: int = 1,
+    peer_series: int = DEFAULT_PEER_SERIES,
 ) -> int:
     """Return how many series one rank exposes by default.
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
     gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 host RSS (+ 4 GPU memory gauges on
-    CUDA) + world_size peer ages on the monitoring rank. The in-flight gauges cover every process
+    CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
+    peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
@@ -282,5 +294,5 @@ def series_per_rank(
     if gpu:
         n += 4
     if monitor:
-        n += world_size
+        n += min(world_size, peer_series)
     return n

@@ -107,7 +107,7 @@ class DDPCollector(Collector):
         if hb is None or not hb.monitor:
             return
         fam = fams[c.PEER_HEARTBEAT_AGE.name]
-        for peer, age in enumerate(hb.peer_ages()):
+        for peer, age in hb.published_ages():
             fam.add_metric(base + [str(peer)], age)
 
     def _memory(self, fams: dict, base: list[str]) -> None:

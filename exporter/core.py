@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from torch.nn.parallel import DistributedDataParallel
 
 from . import env
+from .catalog import DEFAULT_PEER_SERIES
 from .collector import DDPCollector
 from .commhook import CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .errors import ErrorCounter, log
@@ -90,6 +91,7 @@ class Observer:
         heartbeat_s: float,
         monitor_rank: int,
         flight_recorder: bool,
+        peer_series: int = DEFAULT_PEER_SERIES,
         memory_source: MemorySource | None,
         serve: bool,
         otlp: bool | str | None = None,
@@ -161,7 +163,7 @@ class Observer:
         self.memory_source = memory_source
 
         self.heartbeat: Heartbeat | None = None
-        self._start_heartbeat(heartbeat_s, monitor_rank)
+        self._start_heartbeat(heartbeat_s, monitor_rank, peer_series)
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DDPCollector(self))
@@ -218,7 +220,7 @@ class Observer:
         model.register_builtin_comm_hook = register_builtin_comm_hook
         self._hook_patched = True
 
-    def _start_heartbeat(self, interval_s: float, monitor_rank: int) -> None:
+    def _start_heartbeat(self, interval_s: float, monitor_rank: int, peer_series: int) -> None:
         if interval_s <= 0 or not dist.is_initialized():
             return
         try:
@@ -231,6 +233,7 @@ class Observer:
                 interval_s,
                 monitor=self.rank == monitor_rank,
                 errors=self.errors,
+                peer_series=peer_series,
             )
             self.heartbeat.start()
         except Exception as exc:  # noqa: BLE001
@@ -388,6 +391,7 @@ def instrument(
     memory_source: MemorySource | None = None,
     serve: bool = True,
     otlp: bool | str | None = None,
+    peer_series: int | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -395,8 +399,10 @@ def instrument(
     ``Observer.port``). Settings not given fall back to the environment (:mod:`exporter.env`)
     and then to defaults. ``otlp``: True or an OTLP/HTTP endpoint URL also pushes the same
     signals with OpenTelemetry (extra ``otlp``); None enables it when ``OTEL_EXPORTER_OTLP_ENDPOINT``
-    or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. Calling it again warns and returns the same handle. Raises
-    TypeError/ValueError for bad arguments; never raises once training runs.
+    or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. ``peer_series`` bounds the monitoring
+    rank's peer-heartbeat series: every peer in jobs of up to that many ranks, else only late
+    peers (see :mod:`exporter.heartbeat`). Calling it again warns and returns the same handle.
+    Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active
     with _lock:
@@ -416,6 +422,11 @@ def instrument(
         hb = (
             _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
         )
+        source = "exporter.instrument(peer_series=...)"
+        if peer_series is None:
+            source, peer_series = env.PEER_SERIES, _env_int(env.PEER_SERIES, DEFAULT_PEER_SERIES)
+        if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
+            raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         if flight_recorder is None:
@@ -433,6 +444,7 @@ def instrument(
             memory_source=memory_source,
             serve=serve,
             otlp=otlp,
+            peer_series=peer_series,
         )
         _active = obs
     atexit.register(obs.close)

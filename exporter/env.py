@@ -13,6 +13,9 @@ Variable                        Meaning                                         
 ``DDP_EXPORTER_RUN``            ``run`` label value; else ``TORCHELASTIC_RUN_ID``.     see below
 ``DDP_EXPORTER_HEARTBEAT_S``    Seconds between c10d-store heartbeats.                 5
 ``DDP_EXPORTER_MONITOR_RANK``   Rank that publishes peer heartbeat ages; ``-1`` none.  0
+``DDP_EXPORTER_PEER_SERIES``    Most peer-heartbeat series the monitoring rank         64
+                                publishes: all peers up to this world size, beyond it
+                                only late peers, oldest first. ``0`` none.
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
                                 bookkeeping only).
 ==============================  =====================================================  =========
@@ -30,6 +33,7 @@ __all__ = [
     "RUN",
     "HEARTBEAT_S",
     "MONITOR_RANK",
+    "PEER_SERIES",
     "FLIGHT_RECORDER",
     "OTEL_ENDPOINT",
     "OTEL_METRICS_ENDPOINT",
@@ -46,6 +50,7 @@ ADDR = "DDP_EXPORTER_ADDR"
 RUN = "DDP_EXPORTER_RUN"
 HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
+PEER_SERIES = "DDP_EXPORTER_PEER_SERIES"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
 
 # OpenTelemetry's standard variables that switch the OTLP push path on (see exporter.otlp).

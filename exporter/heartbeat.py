@@ -6,18 +6,28 @@ counter key every ``interval_s`` (``Store.add``: one round trip). The monitoring
 all counters with one batched ``multi_get`` per interval and timestamps each change with its
 own monotonic clock, so ages are immune to clock skew between nodes. At 4,096 ranks and 5 s
 that is ~820 tiny writes/s and one read per interval on the store.
+
+What the monitoring rank publishes stays bounded: every peer's age while the job has at most
+``peer_series`` ranks, else only the peers that are late (no change for over
+:data:`LATE_AFTER_INTERVALS` intervals), oldest first, at most ``peer_series`` of them.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 
 import torch.distributed as dist
 
+from .catalog import DEFAULT_PEER_SERIES
 from .errors import ErrorCounter
 
-__all__ = ["Heartbeat", "heartbeat_key"]
+__all__ = ["LATE_AFTER_INTERVALS", "Heartbeat", "heartbeat_key"]
+
+#: A live peer's age stays under about two intervals (its beats and the polls drift apart);
+#: a peer unchanged for longer than this many intervals is late and always a candidate.
+LATE_AFTER_INTERVALS = 3
 
 
 def heartbeat_key(run: str, rank: int) -> str:
@@ -38,6 +48,7 @@ class Heartbeat:
         monitor: bool,
         errors: ErrorCounter,
         clock=time.monotonic,
+        peer_series: int = DEFAULT_PEER_SERIES,
     ) -> None:
         self._store = store
         self._key = heartbeat_key(run, rank)
@@ -46,6 +57,7 @@ class Heartbeat:
         self._errors = errors
         self._clock = clock
         self.monitor = monitor
+        self.peer_series = peer_series
         self._lock = threading.Lock()
         self._seen: list[tuple[bytes, float]] | None = None
         self._paused = threading.Event()  # set: stop beating (tests simulate a frozen rank)
@@ -58,7 +70,7 @@ class Heartbeat:
         if self.monitor:
             for key in self._keys:
                 self._store.add(key, 0)  # create missing keys without clobbering live ones
-            self._poll()
+            self.poll()
         self._thread = threading.Thread(
             target=self._run, name="ddp-exporter-heartbeat", daemon=True
         )
@@ -67,7 +79,8 @@ class Heartbeat:
     def _beat(self) -> None:
         self._store.add(self._key, 1)
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
+        """Read every peer's counter once (the monitoring rank's thread does so each interval)."""
         values = self._store.multi_get(self._keys)
         now = self._clock()
         with self._lock:
@@ -84,7 +97,7 @@ class Heartbeat:
                 if not self._paused.is_set():
                     self._beat()
                 if self.monitor:
-                    self._poll()
+                    self.poll()
             except Exception as exc:  # noqa: BLE001 - a dead store must not kill training
                 self._errors.record("heartbeat", exc)
 
@@ -102,6 +115,17 @@ class Heartbeat:
             if self._seen is None:
                 return []
             return [now - t for _, t in self._seen]
+
+    def published_ages(self) -> list[tuple[int, float]]:
+        """Return the ``(peer, age)`` pairs to publish, by peer; see the module docstring."""
+        ages = self.peer_ages()
+        if len(ages) <= self.peer_series:
+            return list(enumerate(ages))
+        late_after = LATE_AFTER_INTERVALS * self._interval
+        late = [(peer, age) for peer, age in enumerate(ages) if age > late_after]
+        if len(late) > self.peer_series:
+            late = heapq.nlargest(self.peer_series, late, key=lambda pa: pa[1])
+        return sorted(late)
 
     def close(self) -> None:
         """Stop the thread (it may be stuck on a dead store; it is a daemon then)."""

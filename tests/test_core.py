@@ -27,6 +27,8 @@ def test_rejects_bad_arguments_by_name(ddp):
         exporter.instrument(model, port=70000)
     with pytest.raises(TypeError, match="memory_source"):
         exporter.instrument(model, port=0, memory_source=5)
+    with pytest.raises(ValueError, match="peer_series"):
+        exporter.instrument(model, port=0, peer_series=-1)
     assert exporter.active() is None
 
 
@@ -34,6 +36,11 @@ def test_rejects_bad_environment(ddp, monkeypatch):
     monkeypatch.setenv("DDP_EXPORTER_PORT", "ninety")
     with pytest.raises(ValueError, match="DDP_EXPORTER_PORT"):
         exporter.instrument(ddp[0])
+    monkeypatch.setenv("DDP_EXPORTER_PORT", "0")
+    monkeypatch.setenv("DDP_EXPORTER_PEER_SERIES", "-5")
+    with pytest.raises(ValueError, match="DDP_EXPORTER_PEER_SERIES"):
+        exporter.instrument(ddp[0])
+    assert exporter.active() is None
 
 
 def test_twice_warns_and_returns_the_same_handle(ddp):
