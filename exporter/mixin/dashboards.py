@@ -421,6 +421,11 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 ),
                 unit="s",
                 thresholds=(("green", None), ("red", cfg.heartbeat_stale_seconds)),
+                description=(
+                    "Every peer in jobs of up to DDP_EXPORTER_PEER_SERIES "
+                    f"({catalog.DEFAULT_PEER_SERIES}) ranks; in larger jobs only late peers "
+                    "(silent for over three heartbeat intervals), so an empty panel is healthy."
+                ),
             ),
             PanelSpec(
                 "Scrape up per rank",
