@@ -229,7 +229,9 @@ def write_openmetrics(path: str, m: Model, interval: float) -> int:
 
         per_rank(c.HEARTBEAT, lambda r, k, t: f"{min(t, m.t_hang) - 0.2:.1f}")
         family(c.PEER_HEARTBEAT_AGE.family, "gauge")
-        for p in range(m.ranks):  # published by the monitoring rank 0 only
+        # Published by the monitoring rank 0 only, at most peer_series of them: here the worst
+        # case, as many as allowed (in a larger job only late peers are published).
+        for p in range(min(m.ranks, c.DEFAULT_PEER_SERIES)):
             series(
                 c.PEER_HEARTBEAT_AGE.name,
                 f'{labels[0]},peer_rank="{p}"',
