@@ -13,17 +13,17 @@ import contextlib
 import json
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from harness import wait_for
 
 from exporter.localstack import free_port
 
@@ -34,11 +34,9 @@ __all__ = [
     "require",
     "run_alertmanager",
     "run_prometheus",
-    "wait_until",
     "write_file_sd",
 ]
 
-T = TypeVar("T")
 
 #: Debian package that provides each binary (for skip messages).
 _PACKAGES = {
@@ -56,26 +54,6 @@ def require(binary: str) -> str:
     if path is None:
         pytest.skip(f"{binary} not installed (apt-get install {_PACKAGES.get(binary, binary)})")
     return path
-
-
-def wait_until(
-    probe: Callable[[], T | None], *, timeout: float, interval: float = 0.1, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy and return it; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            result = probe()
-            if result:
-                return result
-        except Exception as exc:  # the probe's errors mean "not yet"
-            last_error = exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"timed out after {timeout}s waiting for {what or probe}: {last_error}"
-            )
-        time.sleep(interval)
 
 
 def _http_json(url: str, timeout: float = 5.0) -> Any:
@@ -132,6 +110,29 @@ class Prometheus:
 
 
 @contextlib.contextmanager
+def _launch(
+    name: str, cmd: list[str], workdir: Path, port: int, timeout: float
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start ``cmd`` logging to ``workdir/<name>.log``; yield (url, process) once ready; stop it."""
+    log_path = workdir / f"{name}.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def probe() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited {proc.returncode}: {log_path.read_text()}")
+            return _ready(f"{url}/-/ready")
+
+        wait_for(probe, timeout, f"{name} /-/ready")
+        yield url, proc
+    finally:
+        _stop(proc)
+        log.close()
+
+
+@contextlib.contextmanager
 def run_prometheus(
     workdir: Path,
     config: dict[str, Any],
@@ -145,35 +146,16 @@ def run_prometheus(
     cfg_path = workdir / "prometheus.yml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
-    log = (workdir / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={cfg_path}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
-            *extra_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=workdir,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def probe() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"prometheus exited {proc.returncode}: {(workdir / 'prometheus.log').read_text()}"
-                )
-            return _ready(f"{url}/-/ready")
-
-        wait_until(probe, timeout=timeout, what="prometheus /-/ready")
+    cmd = [
+        binary,
+        f"--config.file={cfg_path}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        *extra_args,
+    ]
+    with _launch("prometheus", cmd, workdir, port, timeout) as (url, proc):
         yield Prometheus(url, proc, workdir)
-    finally:
-        _stop(proc)
-        log.close()
 
 
 @dataclass
@@ -194,35 +176,15 @@ def run_alertmanager(
     cfg_path = workdir / "alertmanager.yml"
     cfg_path.write_text(config_text)
     port, cluster_port = free_port(), free_port()
-    log = (workdir / "alertmanager.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={cfg_path}",
-            f"--storage.path={workdir / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=workdir,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def probe() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"alertmanager exited {proc.returncode}: "
-                    f"{(workdir / 'alertmanager.log').read_text()}"
-                )
-            return _ready(f"{url}/-/ready")
-
-        wait_until(probe, timeout=timeout, what="alertmanager /-/ready")
+    cmd = [
+        binary,
+        f"--config.file={cfg_path}",
+        f"--storage.path={workdir / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+    ]
+    with _launch("alertmanager", cmd, workdir, port, timeout) as (url, proc):
         yield Alertmanager(url, proc)
-    finally:
-        _stop(proc)
-        log.close()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

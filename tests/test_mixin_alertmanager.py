@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from promstack import require, run_alertmanager, wait_until
+from harness import wait_for
+from promstack import require, run_alertmanager
 
 from exporter.mixin import alertmanager
 from exporter.mixin.config import DEFAULT
@@ -117,7 +118,7 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
             suppressed = [a for a in alerts if a["status"]["state"] == "suppressed"]
             return alerts if len(alerts) == 6 and suppressed else None
 
-        alerts = wait_until(settled, timeout=20, what="6 alerts in alertmanager")
+        alerts = wait_for(settled, 20, "6 alerts in alertmanager")
 
         def state(name: str, severity: str, rank: str) -> dict:
             (a,) = [

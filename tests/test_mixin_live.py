@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Job
-from promstack import Prometheus, require, run_prometheus, wait_until, write_file_sd
+from harness import Job, wait_for
+from promstack import Prometheus, require, run_prometheus, write_file_sd
 
 from exporter.mixin import dashboards, rules, stack
 from exporter.mixin.config import DEFAULT
@@ -80,7 +80,7 @@ def prom(tmp_path_factory, live_targets) -> Iterator[Prometheus]:
         evaluation_interval="1s",
     )
     with run_prometheus(workdir, config) as p:
-        wait_until(lambda: len(p.targets_up()) == len(live_targets), timeout=60, what="targets up")
+        wait_for(lambda: len(p.targets_up()) == len(live_targets), 60, "targets up")
         yield p
 
 
@@ -123,17 +123,17 @@ def test_panels_that_should_have_data_have_it(prom: Prometheus) -> None:
         return not missing
 
     try:
-        wait_until(all_have_data, timeout=90, interval=1.0, what="data in every panel")
-    except TimeoutError as exc:
+        wait_for(all_have_data, 90, "data in every panel", interval=1.0)
+    except AssertionError as exc:
         raise AssertionError(f"panels without data: {missing}") from exc
 
 
 def test_healthy_run_blames_nobody(prom: Prometheus) -> None:
     r = rules.recorded(DEFAULT)
-    wait_until(
+    wait_for(
         lambda: len(prom.query(f'{r.straggler_score}{{run="{RUN}"}}')) == RANKS,
-        timeout=60,
-        what="a straggler score for every rank",
+        60,
+        "a straggler score for every rank",
     )
     # Scrapes of different ranks are offset in time, so sequence numbers differ transiently;
     # the collective alerts only look at that lag while a collective is stuck.
