@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from exporter.hung import DEFAULT_POLICY, HangPolicy
+
 __all__ = ["DEFAULT", "FAST", "MixinConfig", "duration_seconds"]
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -54,10 +56,11 @@ class MixinConfig:
     #: Share of a rank's step spent waiting for data that makes it input-bound.
     input_bound_share: float = 0.4
     #: In-flight age above this multiple of the run's normal collective latency is a stall ...
-    stall_latency_factor: float = 20.0
+    #: (the one hang definition, :mod:`exporter.hung`, shared with ``top`` and forensics)
+    stall_latency_factor: float = DEFAULT_POLICY.stall_latency_factor
     #: ... provided it also exceeds this many seconds (and this is the bound when no latency
     #: baseline exists yet).
-    stall_min_seconds: float = 30.0
+    stall_min_seconds: float = DEFAULT_POLICY.stall_min_seconds
     #: In-flight age as a fraction of the collective timeout: warning and critical levels.
     timeout_warning_ratio: float = 0.5
     timeout_critical_ratio: float = 0.8
@@ -115,19 +118,27 @@ class MixinConfig:
             duration_seconds(getattr(self, name))
         if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
             raise ValueError("need 0 < timeout_warning_ratio < timeout_critical_ratio <= 1")
+        self.hang_policy  # noqa: B018 - validates the stall thresholds
+
+    @property
+    def hang_policy(self) -> HangPolicy:
+        """Return the hang definition these rules encode (``top`` and forensics use it too)."""
+        return HangPolicy(
+            stall_latency_factor=self.stall_latency_factor,
+            stall_min_seconds=self.stall_min_seconds,
+        )
 
 
 #: What the committed files are generated from.
 DEFAULT = MixinConfig()
 
 #: Same expressions, shorter windows and ``for`` durations: for promtool tests and drills. The
-#: two time thresholds that must fit inside those windows (stall floor, heartbeat staleness)
-#: shrink with them; every ratio stays the same.
+#: time threshold that must fit inside those windows (heartbeat staleness) shrinks with them;
+#: every ratio and the hang definition stay the same.
 FAST = MixinConfig(
     rate_window="20s",
     latency_window="1m",
     baseline_window="5m",
-    stall_min_seconds=10.0,
     heartbeat_stale_seconds=15.0,
     straggler_for="30s",
     input_bound_for="30s",

@@ -1,0 +1,133 @@
+"""Decide when a collective is hung and which ranks are to blame: the one definition.
+
+``ddp-exporter top`` (from endpoints or from Prometheus), the generated alert rules and the
+hang-forensics trigger all read these thresholds and this logic, so they never disagree.
+
+A collective is *stalled* when some rank of the process group has had it in flight for longer
+than :meth:`HangPolicy.stall_seconds`: the larger of a floor and a multiple of the run's normal
+collective latency. While that holds, every rank whose last enqueued sequence number is below
+the group's maximum is *behind*: it never entered the collective the others wait in (the hung
+rank). Ranks are read milliseconds apart, so on a live job sequence numbers differ by one or two
+all the time; without an in-flight age past the threshold, a lag means nothing.
+
+When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
+every rank has sat in the same collective for longer than :meth:`HangPolicy.symmetric_seconds`
+the hang is *symmetric* (network or NCCL trouble: nobody is behind, everybody waits), which is
+when the forensics trigger dumps for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_POLICY", "HangFinding", "HangPolicy", "SeqState", "find_hangs"]
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    """Thresholds of the hang definition (the mixin's config carries the same numbers)."""
+
+    #: In-flight age above this multiple of the run's normal collective latency is a stall ...
+    stall_latency_factor: float = 20.0
+    #: ... provided it also exceeds this many seconds (the bound when no latency is known).
+    stall_min_seconds: float = 10.0
+    #: A symmetric hang (every rank inside the same collective) needs this multiple ...
+    symmetric_latency_factor: float = 50.0
+    #: ... and at least this many seconds ...
+    symmetric_min_seconds: float = 60.0
+    #: ... but is declared no later than this share of the process group's timeout.
+    symmetric_timeout_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        """Reject thresholds that would make every collective a hang."""
+        for name in ("stall_latency_factor", "stall_min_seconds", "symmetric_latency_factor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"HangPolicy.{name} must be positive")
+        if not 0 < self.symmetric_timeout_share <= 1:
+            raise ValueError("HangPolicy.symmetric_timeout_share must be in (0, 1]")
+
+    def stall_seconds(self, normal_latency: float | None) -> float:
+        """Return the in-flight age past which a collective is stalled."""
+        if normal_latency is not None and normal_latency > 0:
+            return max(self.stall_min_seconds, self.stall_latency_factor * normal_latency)
+        return self.stall_min_seconds
+
+    def symmetric_seconds(self, normal_latency: float | None, timeout: float | None) -> float:
+        """Return the in-flight age past which a hang with no rank behind is declared."""
+        bound = max(
+            self.symmetric_min_seconds, self.symmetric_latency_factor * (normal_latency or 0)
+        )
+        if timeout is not None and timeout > 0:
+            bound = min(bound, self.symmetric_timeout_share * timeout)
+        return bound
+
+
+#: The thresholds the committed rules, ``top`` and the forensics trigger use.
+DEFAULT_POLICY = HangPolicy()
+
+
+@dataclass(frozen=True)
+class SeqState:
+    """What one rank reports about one process group."""
+
+    rank: int
+    pg: str
+    last_enqueued: float
+    inflight_age: float
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class HangFinding:
+    """One stalled process group: who is behind, who waits, since how long."""
+
+    pg: str
+    #: "behind" (some ranks never entered), "waiting" (stalled, nobody behind) or "symmetric"
+    #: (nobody behind and every rank inside the collective past the symmetric threshold).
+    kind: str
+    #: The highest sequence number any rank of the group entered.
+    seq: float
+    #: Ranks that never entered collective ``seq`` (empty for a symmetric hang).
+    behind: tuple[int, ...]
+    #: Ranks stuck inside the collective for longer than ``threshold``.
+    waiting: tuple[int, ...]
+    #: Oldest in-flight age in the group, seconds.
+    age: float
+    #: The in-flight age that made it a hang, seconds.
+    threshold: float
+
+
+def find_hangs(
+    states: Iterable[SeqState],
+    normal_latency: float | None = None,
+    policy: HangPolicy = DEFAULT_POLICY,
+) -> list[HangFinding]:
+    """Return one finding per stalled process group, by pg name; an empty list when healthy.
+
+    ``states`` holds one entry per (live) rank and process group; ``normal_latency`` is the
+    run's normal collective latency in seconds (None when not known yet).
+    """
+    groups: dict[str, list[SeqState]] = {}
+    for s in states:
+        groups.setdefault(s.pg, []).append(s)
+    out = []
+    for pg in sorted(groups):
+        ranks = groups[pg]
+        stall = policy.stall_seconds(normal_latency)
+        age = max(s.inflight_age for s in ranks)
+        if age <= stall:
+            continue
+        top = max(s.last_enqueued for s in ranks)
+        behind = tuple(sorted(s.rank for s in ranks if s.last_enqueued < top))
+        waiting = tuple(sorted(s.rank for s in ranks if s.inflight_age > stall))
+        if behind:
+            out.append(HangFinding(pg, "behind", top, behind, waiting, age, stall))
+            continue
+        timeout = min((s.timeout for s in ranks if s.timeout), default=None)
+        symmetric = policy.symmetric_seconds(normal_latency, timeout)
+        if min(s.inflight_age for s in ranks) > symmetric:
+            out.append(HangFinding(pg, "symmetric", top, (), waiting, age, symmetric))
+        else:
+            out.append(HangFinding(pg, "waiting", top, (), waiting, age, stall))
+    return out
