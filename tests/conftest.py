@@ -7,6 +7,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Nothing a test starts may outlive the session: these hooks tag and then check every process.
+from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def world1():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.demo import metrics_urls
 from exporter.localstack import free_port
+from exporter.reaper import stop_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
@@ -64,7 +64,7 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
 
 
 class Job:
-    """A torchrun job in its own process group, killed whole at the end."""
+    """A torchrun job in its own session; torchrun and all its workers are stopped at the end."""
 
     def __init__(
         self,
@@ -137,12 +137,8 @@ class Job:
         return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
-        """Kill every process of the job (also stopped ones)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        """Stop torchrun and every worker it started (also stopped ones)."""
+        stop_tree(self.proc)
 
     def __enter__(self) -> Job:
         return self
