@@ -17,6 +17,8 @@ from . import top as topmod
 from .core import DEFAULT_PORT
 from .demo import FAULTS, metrics_urls, say
 from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
+from .mixin.config import DEFAULT, duration_seconds
+from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 
 __all__ = ["main"]
 
@@ -31,7 +33,7 @@ def _port_free(port: int, addr: str = "127.0.0.1") -> bool:
 
 
 class _Children:
-    """Processes started by the CLI, each in its own session, all killed on exit or Ctrl-C."""
+    """Processes started by the CLI, each in its own session, all stopped on exit or signal."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -42,23 +44,16 @@ class _Children:
         return proc
 
     def stop(self) -> None:
+        """Let each launcher stop its workers, then kill by pid whatever is left."""
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGCONT)  # a frozen (SIGSTOPped) rank too
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+            stop_tree(p)
+
+
+def _sweep_adopted() -> None:
+    """Kill any orphan this (subreaper) process adopted: nothing outlives the demo."""
+    for p in descendants(os.getpid()):
+        p.signal(signal.SIGCONT)
+        p.signal(signal.SIGKILL)
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -75,7 +70,6 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 file=sys.stderr,
             )
             return 2
-    stack = None
     if args.stack is not False:
         try:
             find_binaries()
@@ -87,7 +81,39 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             use_stack = False
     else:
         use_stack = False
+    raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
+    become_subreaper()  # a torchrun that dies hands its workers to us, not to init
     workdir = tempfile.mkdtemp(prefix="ddp-exporter-demo-")
+    children = _Children()
+    stacks: list[LocalStack] = []
+    try:
+        return _run_demo(args, use_stack, workdir, children, stacks)
+    except KeyboardInterrupt as exc:
+        _ignore_signals()
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print("\nddp-exporter demo: stopping every process it started", file=sys.stderr)
+        return 128 + signum
+    finally:
+        _ignore_signals()  # a second Ctrl-C must not cut the clean-up short
+        children.stop()
+        for st in stacks:
+            st.close()
+        _sweep_adopted()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ignore_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _run_demo(
+    args: argparse.Namespace,
+    use_stack: bool,
+    workdir: str,
+    children: _Children,
+    stacks: list[LocalStack],
+) -> int:
     file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
     trainer = [
         "-m", "exporter.demo",
@@ -101,7 +127,6 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if use_stack:
         # A hang must page before the demo's watchdog fires: a short process-group timeout.
         trainer += ["--timeout", "60"]
-    children = _Children()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     master_port = str(free_port())
     if args.fault == "kill":
@@ -142,6 +167,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         try:
             stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show)
+            stacks.append(stack)
         except RuntimeError as exc:
             print(f"ddp-exporter demo: could not start the stack: {exc}", file=sys.stderr)
             return 1
@@ -153,42 +179,33 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     elif args.stack is None:
         print("(install prometheus and prometheus-alertmanager to also see alerts arrive)")
     urls: dict[int, str] = {}
-    try:
-        jobs = [
-            children.start(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
-            for c, e in commands
-        ]
+    jobs = [
+        children.start(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+        for c, e in commands
+    ]
 
-        def pump(job: subprocess.Popen) -> None:
-            assert job.stdout is not None
-            for line in job.stdout:
-                found = metrics_urls(line)
-                urls.update(found)
-                if found or "injecting fault" in line or "Error" in line or "error" in line:
-                    say(line.rstrip())  # one write: several pump threads share stdout
+    def pump(job: subprocess.Popen) -> None:
+        assert job.stdout is not None
+        for line in job.stdout:
+            found = metrics_urls(line)
+            urls.update(found)
+            if found or "injecting fault" in line or "Error" in line or "error" in line:
+                say(line.rstrip())  # one write: several pump threads share stdout
 
-        for job in jobs:
-            threading.Thread(target=pump, args=(job,), daemon=True).start()
-        previous: dict[str, topmod.RankRow] = {}
-        while any(job.poll() is None for job in jobs):
-            time.sleep(args.refresh)
-            if len(urls) < args.ranks or args.no_top:
-                continue
-            rows = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous)
-            previous = {r.target: r for r in rows}
-            tty = sys.stdout.isatty()
-            print(("\x1b[2J\x1b[H" if tty else "\n") + topmod.render(rows, color=tty), flush=True)
-        code = max(abs(job.wait()) for job in jobs)
-        print(f"ddp-exporter demo: training finished (exit {code})")
-        return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code
-    except KeyboardInterrupt:
-        print("\nddp-exporter demo: stopping every process it started", file=sys.stderr)
-        return 130
-    finally:
-        children.stop()
-        if stack is not None:
-            stack.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    for job in jobs:
+        threading.Thread(target=pump, args=(job,), daemon=True).start()
+    previous: dict[str, topmod.RankRow] = {}
+    while any(job.poll() is None for job in jobs):
+        time.sleep(args.refresh)
+        if len(urls) < args.ranks or args.no_top:
+            continue
+        rows = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous)
+        previous = {r.target: r for r in rows}
+        tty = sys.stdout.isatty()
+        print(("\x1b[2J\x1b[H" if tty else "\n") + topmod.render(rows, color=tty), flush=True)
+    code = max(abs(job.wait()) for job in jobs)
+    print(f"ddp-exporter demo: training finished (exit {code})")
+    return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code
 
 
 def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -197,13 +214,19 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
     if args.prometheus and not args.run:
         parser.error("--prometheus needs --run (the run label to show)")
+    if args.refresh <= 0:
+        parser.error("--refresh must be positive")
+    try:
+        duration_seconds(args.window)
+    except ValueError as exc:
+        parser.error(f"--window: {exc}")
 
     def read() -> list[topmod.RankRow]:
         if targets:
             return topmod.fetch(targets)
-        return topmod.fetch_prometheus(args.prometheus, args.run)
+        return topmod.fetch_prometheus(args.prometheus, args.run, window=args.window)
 
-    previous: dict[str, topmod.RankRow] = {}
+    previous: dict[str, topmod.RankRow] | None = None
     try:
         while True:
             try:
@@ -211,7 +234,11 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1
-            previous = {r.target: r for r in rows}
+            first, previous = previous is None, {r.target: r for r in rows}
+            if first and args.once:
+                # A verdict needs two reads (like an alert's "for"): take the second one.
+                time.sleep(args.refresh)
+                continue
             tty = sys.stdout.isatty()
             print(
                 ("\x1b[2J\x1b[H" if tty else "") + topmod.render(rows, args.worst, color=tty),
@@ -252,8 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prometheus", help="read from this Prometheus URL instead")
     t.add_argument("--run", help="with --prometheus: the run label to show")
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
-    t.add_argument("--refresh", type=float, default=2.0)
-    t.add_argument("--once", action="store_true", help="print one table and exit")
+    t.add_argument("--window", default=DEFAULT.rate_window,
+                   help="with --prometheus: rate window of the per-step figures (default: the "
+                   "alerts' %(default)s)")  # fmt: skip
+    t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
+    t.add_argument("--once", action="store_true",
+                   help="read twice, --refresh apart, print one table and exit")  # fmt: skip
     return p
 
 

@@ -1,8 +1,15 @@
 """Show every rank of a run in one terminal table, the outlier highlighted with its reason.
 
 Reads the ranks' own endpoints (no Prometheus or Grafana needed: useful over ssh during an
-incident), or one run's series from a Prometheus server. Rates come from two consecutive reads, so the first table after start shows
-totals since the job began. Sorts by badness and shows the worst N, so thousands of ranks fit.
+incident), or one run's series from a Prometheus server. Per-step figures cover the interval
+since the previous read (from endpoints) or the last rate window (from Prometheus). Sorts by
+badness and shows the worst N, so thousands of ranks fit.
+
+Verdicts follow the same definitions as the generated alerts: a straggler by compute or data
+time per step (:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
+:mod:`exporter.hung`. Every accusation (DOWN, HUNG, straggler) must hold in two consecutive
+reads, as an alert must hold for its ``for`` duration: one slow scrape or one odd interval
+accuses nobody.
 """
 
 from __future__ import annotations
@@ -18,35 +25,59 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from . import catalog as c
+from .hung import HangPolicy, SeqState, find_hangs
+from .mixin.config import DEFAULT
 
-__all__ = ["RankRow", "fetch", "fetch_prometheus", "diagnose", "render"]
-
-_STRAGGLER_FACTOR = 1.5
+__all__ = ["ACCUSATIONS", "RankRow", "accuses", "diagnose", "fetch", "fetch_prometheus", "render"]
 
 
 @dataclass
 class RankRow:
-    """What one rank's endpoint says, reduced to the figures ``top`` shows."""
+    """What one rank says, reduced to the figures ``top`` shows."""
 
     target: str
     rank: int = -1
     up: bool = False
+    # Totals since the rank started (counters as read).
     steps: float = 0.0
     step_sum: float = 0.0
     phase_sum: dict[str, float] = field(default_factory=dict)
     coll_sum: float = 0.0
     coll_count: float = 0.0
-    enqueued: float = 0.0
-    inflight_age: float = 0.0
-    timeout: float = 0.0
+    # Per process group: last enqueued sequence number, oldest in-flight age, timeout.
+    pg_seq: dict[str, float] = field(default_factory=dict)
+    pg_age: dict[str, float] = field(default_factory=dict)
+    pg_timeout: dict[str, float] = field(default_factory=dict)
     heartbeat: float = 0.0
     memory: float = 0.0
+    #: Increases over a window, when the source computed them (Prometheus); None: diagnose()
+    #: takes the difference to the previous read.
+    window: dict[str, float] | None = None
     # Derived by diagnose():
     step_time: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     coll_latency: float = 0.0
     seq_lag: float = 0.0
+    #: What this read alone suggests ("down", "behind", "stuck", "straggler:<phase>"); an
+    #: accusation needs the same suspicion in the previous read too.
+    suspect: str = ""
     verdict: str = ""
+    note: str = ""
+
+    @property
+    def enqueued(self) -> float:
+        """Return the highest last-enqueued sequence number over process groups."""
+        return max(self.pg_seq.values(), default=0.0)
+
+    @property
+    def inflight_age(self) -> float:
+        """Return the oldest in-flight age over process groups."""
+        return max(self.pg_age.values(), default=0.0)
+
+    @property
+    def timeout(self) -> float:
+        """Return the largest collective timeout over process groups."""
+        return max(self.pg_timeout.values(), default=0.0)
 
 
 def _read(target: str, timeout: float) -> RankRow:
@@ -64,6 +95,20 @@ def _read(target: str, timeout: float) -> RankRow:
     return row
 
 
+#: Cumulative samples whose increase gives the per-step figures.
+_COUNTERS = (
+    c.STEPS.name,
+    c.STEP_DURATION.name + "_sum",
+    c.STEP_PHASE.name + "_sum",
+    c.COLLECTIVE_DURATION.name + "_sum",
+    c.COLLECTIVE_DURATION.name + "_count",
+)
+
+
+def _counter_key(n: str, labels: dict[str, str]) -> str:
+    return f"{n}:{labels['phase']}" if n == c.STEP_PHASE.name + "_sum" else n
+
+
 def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
     """Fold one sample into ``row``."""
     if "rank" in labels and row.rank < 0:
@@ -79,11 +124,11 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
     elif n == c.COLLECTIVE_DURATION.name + "_count":
         row.coll_count += v
     elif n == c.LAST_ENQUEUED_SEQ.name:
-        row.enqueued = max(row.enqueued, v)
+        row.pg_seq[labels.get("pg", "")] = v
     elif n == c.INFLIGHT_AGE.name:
-        row.inflight_age = max(row.inflight_age, v)
+        row.pg_age[labels.get("pg", "")] = v
     elif n == c.COLLECTIVE_TIMEOUT.name:
-        row.timeout = max(row.timeout, v)
+        row.pg_timeout[labels.get("pg", "")] = v
     elif n == c.HEARTBEAT.name:
         row.heartbeat = v
     elif n == c.GPU_MEM_ALLOCATED.name or (n == c.HOST_MEM_RESIDENT.name and not row.memory):
@@ -91,11 +136,7 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
 
 
 _PROM_NAMES = (
-    c.STEPS.name,
-    c.STEP_DURATION.name + "_sum",
-    c.STEP_PHASE.name + "_sum",
-    c.COLLECTIVE_DURATION.name + "_sum",
-    c.COLLECTIVE_DURATION.name + "_count",
+    *_COUNTERS,
     c.LAST_ENQUEUED_SEQ.name,
     c.INFLIGHT_AGE.name,
     c.COLLECTIVE_TIMEOUT.name,
@@ -105,8 +146,14 @@ _PROM_NAMES = (
 )
 
 
-def fetch_prometheus(url: str, run: str, timeout: float = 5.0) -> list[RankRow]:
-    """Read one run's ranks from Prometheus with two queries (works for thousands of ranks)."""
+def fetch_prometheus(
+    url: str, run: str, timeout: float = 5.0, window: str = DEFAULT.rate_window
+) -> list[RankRow]:
+    """Read one run's ranks from Prometheus with three queries (any number of ranks).
+
+    Per-step figures come from the increase over ``window`` (the alerts' rate window by
+    default), so each table stands on its own whatever the scrape and refresh intervals.
+    """
 
     def query(expr: str) -> list[dict]:
         q = urllib.parse.urlencode({"query": expr})
@@ -118,18 +165,31 @@ def fetch_prometheus(url: str, run: str, timeout: float = 5.0) -> list[RankRow]:
 
     run_sel = f'run="{run}"'
     rows: dict[str, RankRow] = {}
-    for s in query(f'{{__name__=~"{"|".join(_PROM_NAMES)}", {run_sel}}}'):
-        lab = s["metric"]
+
+    def row_of(lab: dict[str, str]) -> RankRow:
         key = f"rank {lab.get('rank', '?')}"
-        row = rows.setdefault(key, RankRow(key, up=True))
-        _apply(row, lab["__name__"], lab, float(s["value"][1]))
-    for s in query(f"up{{{run_sel}}}"):
-        lab = s["metric"]
-        key = f"rank {lab.get('rank', '?')}"
-        row = rows.setdefault(key, RankRow(key))
+        row = rows.setdefault(key, RankRow(key, up=True, window={}))
         if lab.get("rank", "").isdigit():
             row.rank = int(lab["rank"])
-        row.up = float(s["value"][1]) == 1.0
+        return row
+
+    for s in query(f'{{__name__=~"{"|".join(_PROM_NAMES)}", {run_sel}}}'):
+        lab = s["metric"]
+        _apply(row_of(lab), lab["__name__"], lab, float(s["value"][1]))
+    # increase() drops the metric name: carry it over in a label of its own.
+    increases = " or ".join(
+        f"label_replace(sum by (rank, phase) (increase({n}{{{run_sel}}}[{window}])), "
+        f'"counter", "{n}", "", "")'
+        for n in _COUNTERS
+    )
+    for s in query(increases):
+        lab = s["metric"]
+        window_row = row_of(lab).window
+        assert window_row is not None
+        key = _counter_key(lab["counter"], lab)
+        window_row[key] = float(s["value"][1])
+    for s in query(f"up{{{run_sel}}}"):
+        row_of(s["metric"]).up = float(s["value"][1]) == 1.0
     return sorted(rows.values(), key=lambda r: r.rank)
 
 
@@ -139,46 +199,138 @@ def fetch(targets: list[str], timeout: float = 2.0) -> list[RankRow]:
         return list(pool.map(lambda t: _read(t, timeout), targets))
 
 
-def diagnose(rows: list[RankRow], previous: dict[str, RankRow] | None = None) -> list[RankRow]:
-    """Fill in per-step figures (over the interval since ``previous``) and each verdict."""
+def _increases(r: RankRow, p: RankRow | None) -> dict[str, float]:
+    """Return the counters' increases since ``p`` (or over the source's window)."""
+    if r.window is not None:
+        return r.window
+    now = {c.STEPS.name: r.steps, _COUNTERS[1]: r.step_sum, _COUNTERS[3]: r.coll_sum,
+           _COUNTERS[4]: r.coll_count}  # fmt: skip
+    for phase, v in r.phase_sum.items():
+        now[f"{_COUNTERS[2]}:{phase}"] = v
+    if p is None or not p.up:
+        return now
+    before = _increases(p, None)
+    return {k: v - before.get(k, 0.0) for k, v in now.items()}
+
+
+def _normal_latency(rows: list[RankRow]) -> float | None:
+    """Return the run's mean collective latency since the ranks started (None: none yet)."""
+    total = sum(r.coll_sum for r in rows)
+    count = sum(r.coll_count for r in rows)
+    return total / count if count > 0 else None
+
+
+def diagnose(
+    rows: list[RankRow],
+    previous: dict[str, RankRow] | None = None,
+    *,
+    straggler_ratio: float = DEFAULT.straggler_ratio,
+    straggler_min_excess: float = DEFAULT.straggler_min_excess_seconds,
+    policy: HangPolicy = DEFAULT.hang_policy,
+) -> list[RankRow]:
+    """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
+
+    A suspicion becomes a verdict only when the previous read held the same suspicion.
+    Strongest first: DOWN, HUNG (behind in a stalled collective), straggler; a weaker
+    signal never replaces a stronger one. ``STUCK`` (every rank inside a stalled collective,
+    nobody behind) and "waiting" notes describe the job and accuse no rank.
+    """
     previous = previous or {}
     for r in rows:
         p = previous.get(r.target)
         if r.rank < 0 and p is not None:
             r.rank = p.rank  # a rank that went down keeps its number
-        steps = r.steps - (p.steps if p else 0.0)
+        inc = _increases(r, p)
+        steps = inc.get(c.STEPS.name, 0.0)
         if steps > 0:
-            r.step_time = (r.step_sum - (p.step_sum if p else 0.0)) / steps
-            r.phases = {
-                k: (v - (p.phase_sum.get(k, 0.0) if p else 0.0)) / steps
-                for k, v in r.phase_sum.items()
-            }
-        n = r.coll_count - (p.coll_count if p else 0.0)
+            r.step_time = inc.get(_COUNTERS[1], 0.0) / steps
+            prefix = _COUNTERS[2] + ":"
+            r.phases = {k[len(prefix) :]: v / steps for k, v in inc.items() if k.startswith(prefix)}
+        n = inc.get(_COUNTERS[4], 0.0)
         if n > 0:
-            r.coll_latency = (r.coll_sum - (p.coll_sum if p else 0.0)) / n
+            r.coll_latency = inc.get(_COUNTERS[3], 0.0) / n
     live = [r for r in rows if r.up]
-    top_seq = max((r.enqueued for r in live), default=0.0)
-    stuck = any(r.inflight_age > 0 for r in live)
+
+    # Hangs, by the one definition shared with the alert rules and the forensics trigger.
+    states = [
+        SeqState(r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg))
+        for r in live
+        for pg, seq in r.pg_seq.items()
+    ]
+    findings = find_hangs(states, _normal_latency(live), policy)
+    by_rank = {r.rank: r for r in live}
+    for f in findings:
+        for rank in f.behind:
+            by_rank[rank].suspect = "behind"
+            by_rank[rank].note = (
+                f"{f.seq - by_rank[rank].pg_seq.get(f.pg, 0.0):.0f} collectives behind in pg "
+                f"{f.pg}: never entered #{f.seq:.0f}, which ranks {_ranks(f.waiting)} "
+                f"wait in for {f.age:.0f} s"
+            )
+        for rank in f.waiting:
+            r = by_rank[rank]
+            if f.kind == "behind":
+                r.note = f"waiting for rank(s) {_ranks(f.behind)} in pg {f.pg} for {f.age:.0f} s"
+            else:
+                r.suspect = r.suspect or "stuck"
+                r.note = (
+                    f"inside collective #{f.seq:.0f} of pg {f.pg} for {f.age:.0f} s, no rank behind"
+                )
+
+    # Stragglers, by compute and data time per step (never by collective latency).
     for key in ("compute", "data"):
         values = [r.phases.get(key, 0.0) for r in live if r.phases]
         med = statistics.median(values) if values else 0.0
         for r in live:
             v = r.phases.get(key, 0.0)
-            if med > 0 and v > _STRAGGLER_FACTOR * med and v - med > 0.005 and not r.verdict:
-                r.verdict = f"straggler: {key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+            if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
+                if not r.suspect:
+                    r.suspect = f"straggler:{key}"
+                    r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+
+    top_seq = {}
+    for s in states:
+        top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
     for r in rows:
         if not r.up:
-            r.verdict = "DOWN: endpoint unreachable"
+            r.suspect, r.note = "down", "endpoint unreachable"
+        else:
+            r.seq_lag = max((top_seq[pg] - seq for pg, seq in r.pg_seq.items()), default=0.0)
+        p = previous.get(r.target)
+        confirmed = bool(r.suspect) and p is not None and p.suspect == r.suspect
+        if not confirmed:
+            if r.suspect == "down":
+                r.note = "unreachable in this read"
             continue
-        r.seq_lag = top_seq - r.enqueued
-        if stuck and r.seq_lag > 0:
-            r.verdict = f"HUNG: {r.seq_lag:.0f} collectives behind, never entered"
+        if r.suspect == "down":
+            r.verdict = "DOWN: endpoint unreachable"
+        elif r.suspect == "behind":
+            r.verdict = f"HUNG: {r.note}"
+        elif r.suspect == "stuck":
+            r.verdict = f"STUCK: {r.note}"
+        else:
+            r.verdict = f"straggler: {r.note}"
     return rows
 
 
+def _ranks(ranks: tuple[int, ...]) -> str:
+    shown = ",".join(map(str, ranks[:8]))
+    return shown + (f",... ({len(ranks)})" if len(ranks) > 8 else "")
+
+
+#: Verdict prefixes that blame a rank, strongest first (STUCK describes the whole job).
+ACCUSATIONS = ("DOWN", "HUNG", "straggler")
+
+
+def accuses(row: RankRow) -> bool:
+    """Say whether the row's verdict blames this rank (DOWN, HUNG or straggler)."""
+    return row.verdict.startswith(ACCUSATIONS)
+
+
 def _badness(r: RankRow) -> tuple:
-    order = 0 if r.verdict.startswith("DOWN") else 1 if r.verdict.startswith("HUNG") else 2
-    return (order if r.verdict else 3, -r.phases.get("compute", 0.0), r.rank)
+    order = {"DOWN": 0, "HUNG": 1, "STUCK": 2, "straggler": 3}
+    rank = next((o for prefix, o in order.items() if r.verdict.startswith(prefix)), 4)
+    return (rank if r.verdict else 5 - bool(r.note), -r.phases.get("compute", 0.0), r.rank)
 
 
 def render(
@@ -200,7 +352,8 @@ def render(
             f"{ph.get('data', 0) * 1e3:7.1f} {ph.get('compute', 0) * 1e3:8.1f} "
             f"{ph.get('comm_wait', 0) * 1e3:8.1f} {ph.get('optimizer', 0) * 1e3:7.1f} "
             f"{r.coll_latency * 1e3:8.2f} {r.inflight_age:7.1f}/{r.timeout:<9.0f} "
-            f"{r.seq_lag:7.0f} {hb:>7} {r.memory / 2**20:8.0f}  {r.verdict}"
+            f"{r.seq_lag:7.0f} {hb:>7} {r.memory / 2**20:8.0f}  "
+            + (r.verdict or (f"({r.note})" if r.note else ""))
         )
         if color and r.verdict:
             line = f"\x1b[1;31m{line}\x1b[0m"
