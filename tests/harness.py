@@ -13,8 +13,10 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import exporter.top as top
 from exporter.demo import metrics_urls
 from exporter.localstack import free_port
+from exporter.mixin.config import FAST
 from exporter.reaper import stop_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,3 +147,29 @@ class Job:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+
+
+class TopReader:
+    """Read one run with ``top``'s own code, from the ranks' endpoints and from Prometheus."""
+
+    MODES = ("targets", "prometheus")
+
+    def __init__(self, targets: list[str], prometheus_url: str, run: str) -> None:
+        self.targets, self.prometheus_url, self.run = targets, prometheus_url, run
+        self.prev: dict[str, dict | None] = dict.fromkeys(self.MODES)
+        #: Every table read so far, per mode: ``{rank: verdict}``.
+        self.tables: dict[str, list[dict[int, str]]] = {m: [] for m in self.MODES}
+
+    def read(self) -> dict[str, dict[int, str]]:
+        """Read both sources once (FAST rate window, as the drills' rules); return the tables."""
+        out = {}
+        for mode in self.MODES:
+            if mode == "targets":
+                rows = top.fetch(self.targets)
+            else:
+                rows = top.fetch_prometheus(self.prometheus_url, self.run, window=FAST.rate_window)
+            rows = top.diagnose(rows, self.prev[mode])
+            self.prev[mode] = {r.target: r for r in rows}
+            out[mode] = {r.rank: r.verdict for r in rows}
+            self.tables[mode].append(out[mode])
+        return out

@@ -1,7 +1,10 @@
 """Fault drills: a real job, a real Prometheus (1 s scrapes, FAST rules), a real Alertmanager
 and a webhook receiver here. Each fault, on two different ranks, must page naming that rank,
-and no alert may blame a healthy rank. Ranks are launched one process each (as a scheduler
-like srun does): under torchrun the agent tears the whole job down when one rank is killed.
+and no alert may blame a healthy rank. ``ddp-exporter top`` reads the same job throughout,
+from the ranks' endpoints and from Prometheus, and must agree: it names the faulty rank with
+the matching verdict and never accuses a healthy one. Ranks are launched one process each (as a
+scheduler like srun does): under torchrun the agent tears the whole job down when one rank
+is killed.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import threading
 import time
 
 import pytest
-from harness import REPO, free_port
+from harness import REPO, TopReader, free_port, wait_for
 
+import exporter.top as top
+from exporter.demo import metrics_urls
 from exporter.localstack import LocalStack, MissingBinaryError, find_binaries
 
 RANKS = 3
@@ -29,6 +34,14 @@ EXPECTED = {
     "hang": ({"DDPCollectiveTimeoutImminent", "DDPCollectiveStalled"}, 90),
     "kill": ({"DDPRankDown"}, 60),
     "freeze": ({"DDPRankDown"}, 60),
+}
+#: The verdict ``top`` must give the faulty rank for each fault.
+TOP_VERDICT = {
+    "straggler": "straggler: compute",
+    "slow-data": "straggler: data",
+    "hang": "HUNG",
+    "kill": "DOWN",
+    "freeze": "DOWN",
 }
 TIMES: list[tuple[str, int, str, float]] = []
 
@@ -66,6 +79,7 @@ class Ranks:
         port = free_port()
         self.onset: float | None = None
         self.lines: list[str] = []
+        self.urls: dict[int, str] = {}
         self.procs = []
         for r in range(RANKS):
             env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(RANKS),
@@ -83,6 +97,7 @@ class Ranks:
         for line in p.stdout:
             if "injecting fault" in line and self.onset is None:
                 self.onset = time.monotonic()
+            self.urls.update(metrics_urls(line))
             self.lines.append(line)
 
     def stop(self, sd) -> None:
@@ -95,6 +110,43 @@ class Ranks:
             p.wait(timeout=30)
         for f in sd.glob("*.json"):
             f.unlink()
+
+
+class TopWatch:
+    """Read the run with ``top`` once a second in the background while a drill runs."""
+
+    def __init__(self, st: LocalStack, ranks: Ranks, run: str) -> None:
+        wait_for(lambda: len(ranks.urls) == RANKS, 180, "every rank's metrics URL")
+        self.reader = TopReader([ranks.urls[r] for r in range(RANKS)], st.prometheus_url, run)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.reader.read()
+            except OSError:
+                pass  # Prometheus busy for a moment: the next read counts
+
+    def named(self, rank: int, verdict: str) -> bool:
+        """Say whether the latest table of each source gives ``rank`` this verdict."""
+        tables = self.reader.tables
+        return all(tables[m] and tables[m][-1].get(rank, "").startswith(verdict) for m in tables)
+
+    def wrongly_accused(self, culprit: int | None) -> list[tuple[str, int, str]]:
+        """Return every (source, rank, verdict) that blamed a rank other than ``culprit``."""
+        return [
+            (mode, rank, verdict)
+            for mode, tables in self.reader.tables.items()
+            for table in tables
+            for rank, verdict in table.items()
+            if rank != culprit and verdict.startswith(top.ACCUSATIONS)
+        ]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def wait_alert(st: LocalStack, run: str, names: set[str], rank: int, timeout: float):
@@ -114,7 +166,9 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
     run = f"drill-{fault}-{fault_rank}"
     names, bound = EXPECTED[fault]
     ranks = Ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank)])
+    watch = None
     try:
+        watch = TopWatch(st, ranks, run)
         hit = wait_alert(st, run, names, fault_rank, FAULT_AFTER + 60 + bound)
         assert ranks.onset is not None, "".join(ranks.lines[-30:])
         assert hit is not None, (
@@ -133,7 +187,13 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
         wrong += [s["metric"] for s in firing if accuses({"labels": s["metric"]})
                   and s["metric"].get("rank") != str(fault_rank)]  # fmt: skip
         assert not wrong, f"healthy ranks blamed: {wrong}"
+        # top agrees with the alert: it names the same rank, for the same reason, and nobody else.
+        wait_for(lambda: watch.named(fault_rank, TOP_VERDICT[fault]), 30,
+                 f"top to give rank {fault_rank} {TOP_VERDICT[fault]!r}")  # fmt: skip
+        assert not watch.wrongly_accused(fault_rank), watch.wrongly_accused(fault_rank)
     finally:
+        if watch is not None:
+            watch.stop()
         ranks.stop(sd)
 
 
@@ -144,7 +204,9 @@ def test_healthy_run_delivers_no_alert(stack):
     st, sd = stack
     run = "drill-healthy"
     ranks = Ranks(run, sd, ["--fault", "none"])
+    watch = None
     try:
+        watch = TopWatch(st, ranks, run)
         deadline = time.monotonic() + HEALTHY_SECONDS
         while time.monotonic() < deadline:
             pending = st.query(f'ALERTS{{run="{run}"}}')
@@ -153,5 +215,13 @@ def test_healthy_run_delivers_no_alert(stack):
             time.sleep(1.0)
         up = st.query(f'up{{run="{run}"}} == 1')
         assert len(up) == RANKS, up  # it really was scraped all along
+        watch.stop()
+        reads = {m: len(t) for m, t in watch.reader.tables.items()}
+        assert min(reads.values()) >= HEALTHY_SECONDS / 4, reads
+        verdicts = [v for t in watch.reader.tables.values() for x in t for v in x.values() if v]
+        assert not verdicts, verdicts  # not even a job-wide STUCK
+        print(f"\ntop: {reads} reads of the healthy run, no verdict")
     finally:
+        if watch is not None:
+            watch.stop()
         ranks.stop(sd)

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from harness import REPO, Job, wait_for
+from harness import REPO, Job, TopReader, wait_for
 
 import exporter.top as top
 from exporter.localstack import LocalStack, MissingBinaryError, find_binaries
@@ -90,31 +90,6 @@ def _stack(tmp_path) -> tuple[LocalStack, object]:
     return LocalStack(tmp_path / "stack", sd), sd
 
 
-class Reader:
-    """Read one run with top's own code, from the endpoints and from Prometheus."""
-
-    def __init__(self, job: Job, st: LocalStack, run: str) -> None:
-        self.targets = [job.urls[r] for r in sorted(job.urls)]
-        self.st, self.run = st, run
-        self.prev: dict[str, dict] = {"targets": None, "prometheus": None}
-        self.tables: dict[str, list[dict[int, str]]] = {"targets": [], "prometheus": []}
-
-    def read(self) -> dict[str, dict[int, str]]:
-        out = {}
-        for mode in self.tables:
-            if mode == "targets":
-                rows = top.fetch(self.targets)
-            else:
-                rows = top.fetch_prometheus(
-                    self.st.prometheus_url, self.run, window=FAST.rate_window
-                )
-            rows = top.diagnose(rows, self.prev[mode])
-            self.prev[mode] = {r.target: r for r in rows}
-            out[mode] = {r.rank: r.verdict for r in rows}
-            self.tables[mode].append(out[mode])
-        return out
-
-
 def test_healthy_then_hung_job_under_torchrun(tmp_path):
     st, sd = _stack(tmp_path)
     run = "top-hang"
@@ -123,7 +98,7 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
     with st, Job(3, args, env={"DDP_EXPORTER_RUN": run}) as job:
         job.wait_urls()
         wait_for(lambda: len(st.query(f'ddp_steps_total{{run="{run}"}} > 5')) == 3, 60, "scrapes")
-        reader = Reader(job, st, run)
+        reader = TopReader([job.urls[r] for r in sorted(job.urls)], st.prometheus_url, run)
         healthy_reads = 0
         while "injecting fault hang" not in job.output():
             for mode, table in reader.read().items():
@@ -162,7 +137,7 @@ def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
         # Prometheus has a full rate window of the straggling job.
         window = f'count_over_time(ddp_steps_total{{run="{run}"}}[{FAST.rate_window}]) > 15'
         wait_for(lambda: len(st.query(window)) == 3, 90, "a full rate window of scrapes")
-        reader = Reader(job, st, run)
+        reader = TopReader([job.urls[r] for r in sorted(job.urls)], st.prometheus_url, run)
         for _ in range(8):
             reader.read()
             time.sleep(1.0)
