@@ -185,6 +185,24 @@ def test_no_legacy_keys_grafana_would_migrate(stem: str) -> None:
 
 
 @pytest.mark.parametrize("stem", sorted(BUILT))
+def test_grafana_12_schema_migrations_change_nothing(stem: str) -> None:
+    """Grafana 12 migrates schemaVersion 39 up to 42; each of those steps must be a no-op here.
+
+    The steps (Grafana's dashboard schemaversion migrations): 40 replaces a non-string
+    ``refresh`` by "", 41 deletes ``timepicker.time_options``, 42 adds ``tooltip: true`` to a
+    ``custom.hideFrom`` override that hides a field from the visualisation.
+    """
+    dash = BUILT[stem]
+    assert dash["schemaVersion"] == 39
+    assert isinstance(dash["refresh"], str) and dash["refresh"]
+    assert "time_options" not in dash.get("timepicker", {})
+    for panel in dash["panels"]:
+        for override in panel["fieldConfig"].get("overrides", []):
+            for prop in override.get("properties", []):
+                assert prop["id"] != "custom.hideFrom", panel["title"]
+
+
+@pytest.mark.parametrize("stem", sorted(BUILT))
 def test_every_panel_has_a_description_and_a_unit(stem: str) -> None:
     for panel in BUILT[stem]["panels"]:
         assert len(panel.get("description", "")) > 20, panel["title"]
