@@ -65,7 +65,13 @@ def apply_overrides(cfg: MixinConfig, pairs: Sequence[str]) -> MixinConfig:
             raise ValueError(
                 f"--set expects FIELD=VALUE with FIELD one of {sorted(types)}: {pair!r}"
             )
-        changes[name] = float(raw) if types[name] in (float, "float") else raw
+        changes[name] = (
+            float(raw)
+            if types[name] in (float, "float")
+            else int(raw)
+            if types[name] in (int, "int")
+            else raw
+        )
     return dataclasses.replace(cfg, **changes)
 
 

@@ -94,6 +94,24 @@ class MixinConfig:
     #: Grafana dashboard refresh interval.
     dashboard_refresh: str = "10s"
 
+    # --- Kubernetes (deploy/kubernetes/, see docs/kubernetes.md) ---------------------------------
+    #: Training processes per pod: the PodMonitor scrapes ``base_port + 0 .. ranks_per_pod - 1``.
+    ranks_per_pod: int = 8
+    #: The exporter's base port (``DDP_EXPORTER_PORT``; each rank serves base + LOCAL_RANK).
+    base_port: int = 19400
+    #: Namespace of the PodMonitor, PrometheusRule and dashboard ConfigMaps.
+    k8s_namespace: str = "monitoring"
+    #: ``release`` label kube-prometheus-stack selects PodMonitors and rules by (its Helm release).
+    k8s_release: str = "kube-prometheus-stack"
+    #: ``key=value`` pod label that marks training pods to scrape (any namespace).
+    k8s_pod_selector: str = "ddp-exporter/scrape=true"
+    #: Pod labels tried in order for a target's ``run`` label (comma-separated).
+    k8s_run_labels: str = (
+        "ddp-exporter/run,training.kubeflow.org/job-name,jobset.sigs.k8s.io/jobset-name"
+    )
+    #: Pod labels tried in order for a target's ``node_rank`` label (comma-separated).
+    k8s_node_rank_labels: str = "ddp-exporter/node-rank,batch.kubernetes.io/job-completion-index"
+
     def __post_init__(self) -> None:
         """Reject malformed durations and inverted timeout levels early."""
         for name in (
@@ -119,6 +137,12 @@ class MixinConfig:
         if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
             raise ValueError("need 0 < timeout_warning_ratio < timeout_critical_ratio <= 1")
         self.hang_policy  # noqa: B018 - validates the stall thresholds
+        if not 1 <= int(self.ranks_per_pod) <= 64 or not 0 < int(self.base_port) <= 65535:
+            raise ValueError("need 1 <= ranks_per_pod <= 64 and a base_port in 1..65535")
+        if int(self.base_port) + int(self.ranks_per_pod) - 1 > 65535:
+            raise ValueError("base_port + ranks_per_pod - 1 exceeds 65535")
+        if not re.fullmatch(r"[\w./-]+=[\w.-]*", self.k8s_pod_selector):
+            raise ValueError(f"k8s_pod_selector must be key=value: {self.k8s_pod_selector!r}")
 
     @property
     def hang_policy(self) -> HangPolicy:

@@ -21,16 +21,21 @@ from .render import dump_json
 from .rules import recorded, selector
 
 __all__ = [
+    "BUILTIN_ANNOTATION",
+    "LEGACY_KEYS",
     "SCHEMA_VERSION",
     "DashboardSpec",
     "PanelSpec",
     "Target",
     "build",
     "dashboard_specs",
+    "modernize",
     "render_dashboards",
 ]
 
-#: Dashboard JSON schema version (Grafana 11.0); Grafana 11 and 12 load it without migration.
+#: Dashboard JSON schema version of Grafana 11.0, so every Grafana 11 loads it as is. Grafana 12's
+#: later steps (40: string refresh, 41: drop timepicker.time_options, 42: hideFrom.tooltip in
+#: overrides) change nothing in these dashboards; tests/test_mixin_dashboards.py checks that.
 SCHEMA_VERSION = 39
 
 #: Datasource reference used by every panel, target and query variable.
@@ -144,6 +149,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Alerts firing",
                 (Target('count(ALERTS{alertstate="firing", run=~"$run"}) or vector(0)', "firing"),),
+                description=(
+                    "Alerts of the selected runs firing now (all severities). The list at the "
+                    "bottom names them."
+                ),
                 kind="stat",
                 width=4,
                 height=5,
@@ -152,6 +161,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Steps/s (slowest rank)",
                 (Target(f"min by (run) ({_rate(cfg, catalog.STEPS, 'run, rank')})", "{{run}}"),),
+                description=(
+                    "Training steps per second of the slowest rank: DDP runs at the pace of "
+                    "its slowest rank."
+                ),
                 kind="stat",
                 unit="ops",
                 width=4,
@@ -160,6 +173,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Ranks reporting",
                 (Target(f"count by (run) ({_s(cfg, catalog.RANK_INFO)})", "{{run}}"),),
+                description=(
+                    "Ranks whose exporter publishes ddp_rank_info. Fewer than the world size: "
+                    "a rank is not scraped."
+                ),
                 kind="stat",
                 width=4,
                 height=5,
@@ -173,6 +190,7 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         "{{run}}",
                     ),
                 ),
+                description=("Median over ranks of each rank's mean step time."),
                 kind="stat",
                 unit="s",
                 width=4,
@@ -181,11 +199,19 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Steps/s per rank",
                 (Target(_rate(cfg, catalog.STEPS, "run, rank"), ranks),),
+                description=(
+                    "Training steps per second of each rank. Ranks of one DDP job step "
+                    "together; a gap is a rank that stopped."
+                ),
                 unit="ops",
             ),
             PanelSpec(
                 "Step time per rank (mean)",
                 (Target(_mean(cfg, catalog.STEP_DURATION, "run, rank"), ranks),),
+                description=(
+                    "Mean wall time of one training step per rank (forward, backward, "
+                    "optimizer, data wait)."
+                ),
                 unit="s",
             ),
             PanelSpec(
@@ -208,6 +234,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     # Recorded: a range query of per-rank quantiles at 4096 ranks took > 1 s.
                     Target(_rec(r.step_p90), ranks),
                 ),
+                description=(
+                    "90th percentile of the step time per rank, from the recorded histogram "
+                    "quantile."
+                ),
                 unit="s",
             ),
             PanelSpec(
@@ -218,6 +248,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         '(ALERTS{alertstate="firing", run=~"$run"})',
                         "{{alertname}} {{severity}} rank {{rank}}",
                     ),
+                ),
+                description=(
+                    "Every firing alert with the labels that name the rank, cause, role and "
+                    "process group."
                 ),
                 kind="table",
                 width=24,
@@ -258,6 +292,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     Target(_rec(r.phase_mean, 'phase="compute"'), ranks),
                     Target(f'{r.phase_median}{{run=~"$run", phase="compute"}}', "median {{run}}"),
                 ),
+                description=(
+                    "Compute time per step of each rank against the run's median rank; the "
+                    "straggler is above the median line."
+                ),
                 unit="s",
             ),
             PanelSpec(
@@ -266,11 +304,19 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     Target(_rec(r.phase_mean, 'phase="data"'), ranks),
                     Target(f'{r.phase_median}{{run=~"$run", phase="data"}}', "median {{run}}"),
                 ),
+                description=(
+                    "Time per step each rank waits for its dataloader against the run's "
+                    "median rank; an input-bound rank is above it."
+                ),
                 unit="s",
             ),
             PanelSpec(
                 "Phase share of the step, by rank",
                 (Target(_rec(r.phase_share), "rank {{rank}} {{phase}}"),),
+                description=(
+                    "Share of each rank's step spent in each phase. A data share above the "
+                    "input-bound threshold marks an input-bound rank."
+                ),
                 kind="bargauge",
                 unit="percentunit",
                 min=0,
@@ -289,6 +335,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         _mean(cfg, catalog.STEP_PHASE, "run, rank", 'phase="comm_wait"'),
                         ranks,
                     ),
+                ),
+                description=(
+                    "Time per step a rank waits in gradient collectives. High on every rank "
+                    "but one: that one is the straggler."
                 ),
                 unit="s",
                 width=24,
@@ -317,11 +367,18 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Collective latency p90 per rank and pg",
                 (Target(_rec(r.coll_p90_rank), "rank {{rank}} {{op}} pg {{pg}}"),),
+                description=(
+                    "90th percentile of collective latency per rank, op and process group."
+                ),
                 unit="s",
             ),
             PanelSpec(
                 "Collective bytes/s per rank and pg",
                 (Target(_rate(cfg, catalog.COLLECTIVE_BYTES, coll_by), "rank {{rank}} pg {{pg}}"),),
+                description=(
+                    "Bytes per second moved by gradient-bucket collectives per rank and "
+                    "process group."
+                ),
                 unit="Bps",
             ),
             PanelSpec(
@@ -336,11 +393,19 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         "timeout pg {{pg}}",
                     ),
                 ),
+                description=(
+                    "Age of the oldest in-flight collective per rank against the process "
+                    "group's collective timeout."
+                ),
                 unit="s",
             ),
             PanelSpec(
                 "In-flight age / timeout",
                 (Target(_rec(r.inflight_ratio_rank), "rank {{rank}} pg {{pg}}"),),
+                description=(
+                    "In-flight age as a fraction of the collective timeout: warning and "
+                    "critical alert levels as thresholds."
+                ),
                 unit="percentunit",
                 min=0,
                 max=1,
@@ -368,6 +433,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         "completed rank {{rank}} pg {{pg}}",
                     ),
                 ),
+                description=(
+                    "Collective sequence numbers per rank and process group; a rank whose "
+                    "numbers stop is stuck."
+                ),
                 width=24,
             ),
         ),
@@ -390,12 +459,20 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                         (catalog.GPU_MEM_TOTAL, "total"),
                     )
                 ),
+                description=(
+                    "CUDA allocated, reserved, peak and total device memory per rank. Empty "
+                    "on CPU-only runs."
+                ),
                 unit="bytes",
                 needs="gpu",
             ),
             PanelSpec(
                 "GPU reserved / total",
                 (Target(_rec(r.gpu_reserved_ratio), ranks),),
+                description=(
+                    "Memory the CUDA caching allocator reserved as a fraction of the device's "
+                    "total. Empty on CPU-only runs."
+                ),
                 kind="bargauge",
                 unit="percentunit",
                 min=0,
@@ -406,6 +483,7 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Host resident memory per rank",
                 (Target(f"max by ({mem}) ({_s(cfg, catalog.HOST_MEM_RESIDENT)})", ranks),),
+                description=("Resident set size of each rank's process."),
                 unit="bytes",
                 width=24,
             ),
@@ -422,6 +500,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Heartbeat age per rank (time since last progress)",
                 (Target(f"time() - max by (run, rank) ({_s(cfg, catalog.HEARTBEAT)})", ranks),),
+                description=(
+                    "Seconds since each rank last made progress (finished a step or "
+                    "collective), from its own endpoint."
+                ),
                 unit="s",
             ),
             PanelSpec(
@@ -443,6 +525,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             PanelSpec(
                 "Scrape up per rank",
                 (Target(f"max by (run, rank) ({_up(cfg)})", ranks),),
+                description=(
+                    "1 when Prometheus scraped the rank's endpoint, 0 when the scrape failed "
+                    "(dead or unreachable rank)."
+                ),
                 min=0,
                 max=1,
             ),
@@ -452,12 +538,20 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     # Recorded with only the places that have errors (32k zero series at 4096).
                     Target(_rec(r.errors_rate), "rank {{rank}} {{where}}"),
                 ),
+                description=(
+                    "Errors the exporter caught and counted, by place; training continues. "
+                    "Empty when there are none."
+                ),
                 unit="ops",
                 needs="errors",
             ),
             PanelSpec(
                 "Rank info",
                 (Target(_s(cfg, catalog.RANK_INFO), ranks),),
+                description=(
+                    "Static facts of each rank: node, local rank, world size, backend, device "
+                    "and versions."
+                ),
                 kind="table",
                 width=24,
             ),
@@ -474,6 +568,9 @@ def _thresholds(spec: PanelSpec) -> dict[str, Any]:
 
 def _panel(spec: PanelSpec, pos: g.GridPos, panel_id: int) -> g.Panel:
     """Return the grafanalib panel of ``spec`` at ``pos``."""
+    if not spec.description or not spec.unit:
+        # Grafana shows the description as the panel's (i) tooltip: the only help a reader gets.
+        raise ValueError(f"panel {spec.title!r} needs a description and a unit")
     instant = spec.kind in ("bargauge", "table")
     targets = [
         g.Target(
@@ -505,7 +602,7 @@ def _panel(spec: PanelSpec, pos: g.GridPos, panel_id: int) -> g.Panel:
         "id": panel_id,
         "maxDataPoints": None,
     }
-    extra: dict[str, Any] = {"fieldConfig": {"defaults": defaults}}
+    extra: dict[str, Any] = {"fieldConfig": {"defaults": defaults, "overrides": []}}
     if spec.kind in ("timeseries", "bars"):
         return g.TimeSeries(
             **common,
@@ -639,7 +736,75 @@ def build(spec: DashboardSpec, cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     for var in data["templating"]["list"]:
         if var["includeAll"]:  # Grafana's shape of a multi-value "All" selection
             var["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
-    return data
+    return modernize(data)
+
+
+#: Keys grafanalib still writes for Grafana < 7 (Angular graph/table/singlestat era); Grafana
+#: 11/12 ignore or migrate them, so the generated JSON leaves them out.
+LEGACY_KEYS: dict[str, tuple[str, ...]] = {
+    "dashboard": ("rows", "style", "hideControls", "sharedCrosshair", "__inputs", "gnetId"),
+    "timepicker": ("time_options", "nowDelay"),
+    "panel": ("span", "minSpan", "height", "error", "cacheTimeout", "editable"),
+    # The old React table kept these at panel level; now they live in fieldConfig/options.
+    "table": ("columns", "fontSize", "mappings", "color"),
+    # Gauge options grafanalib puts on bar gauges; fieldOptions is the pre-7 bar gauge model.
+    "bargauge": ("fieldOptions", "showThresholdLabels", "showThresholdMarkers"),
+    "target": ("query", "target", "metric", "step"),
+    "variable": ("useTags", "tagsQuery", "tagValuesQuery", "auto", "auto_min", "auto_count"),
+}
+
+#: The annotation every dashboard saved by Grafana carries (alerts and annotations overlay).
+BUILTIN_ANNOTATION = {
+    "builtIn": 1,
+    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+    "enable": True,
+    "hide": True,
+    "iconColor": "rgba(0, 211, 255, 1)",
+    "name": "Annotations & Alerts",
+    "type": "dashboard",
+}
+
+
+def _drop_nulls(obj: Any) -> Any:
+    """Return ``obj`` without ``null`` values, except a threshold step's base ``value: null``."""
+    if isinstance(obj, dict):
+        is_step = "color" in obj and "value" in obj
+        return {
+            k: _drop_nulls(v) for k, v in obj.items() if v is not None or (is_step and k == "value")
+        }
+    if isinstance(obj, list):
+        return [_drop_nulls(v) for v in obj]
+    return obj
+
+
+def modernize(data: dict[str, Any]) -> dict[str, Any]:
+    """Return grafanalib's dashboard JSON as Grafana 11/12 saves it: no legacy keys, no nulls."""
+    for key in LEGACY_KEYS["dashboard"]:
+        data.pop(key, None)
+    for key in LEGACY_KEYS["timepicker"]:
+        data.get("timepicker", {}).pop(key, None)
+    # sharedCrosshair=True in the pre-schema model is graphTooltip 1 (shared crosshair) today.
+    data["graphTooltip"] = 1
+    data["annotations"] = {"list": [dict(BUILTIN_ANNOTATION)]}
+    for panel in data["panels"]:
+        for key in LEGACY_KEYS["panel"]:
+            panel.pop(key, None)
+        if panel["type"] == "table":
+            for key in LEGACY_KEYS["table"]:
+                panel.pop(key, None)
+        if panel["type"] == "bargauge":
+            for key in LEGACY_KEYS["bargauge"]:
+                panel["options"].pop(key, None)
+        if panel["type"] == "timeseries":
+            panel["options"]["legend"]["showLegend"] = True
+        for target in panel["targets"]:
+            for key in LEGACY_KEYS["target"]:
+                target.pop(key, None)
+    for var in data["templating"]["list"]:
+        for key in LEGACY_KEYS["variable"]:
+            var.pop(key, None)
+        var.get("current", {}).pop("tags", None)
+    return _drop_nulls(data)
 
 
 def json_roundtrip(obj: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from .alertmanager import render_alertmanager
 from .config import DEFAULT, MixinConfig
 from .dashboards import render_dashboards
+from .kubernetes import render_kubernetes
 from .rules import render_rules
 from .runbook import render_runbook
 from .stack import render_stack
@@ -21,6 +22,7 @@ def generated_files(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
     out["dashboards/alertmanager/alertmanager.yml"] = render_alertmanager(cfg)
     out["docs/runbook.md"] = render_runbook(cfg)
     out.update(render_stack(cfg))
+    out.update(render_kubernetes(cfg))
     return dict(sorted(out.items()))
 
 
