@@ -32,6 +32,8 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from exporter.reaper import raise_on_signals  # noqa: E402
+
 ARMS = ("plain", "instr", "hook", "control")
 
 
@@ -124,9 +126,22 @@ def run_world(world: int, args: argparse.Namespace) -> float:
     """Run one world size; print its table; return the median instr/plain ratio."""
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(
-        _worker, args=(world, _free_port(), args, out), nprocs=world, start_method="spawn"
+    procs = mp.start_processes(
+        _worker,
+        args=(world, _free_port(), args, out),
+        nprocs=world,
+        start_method="spawn",
+        join=False,
     )
+    try:
+        while not procs.join():
+            pass
+    finally:
+        # Interrupted (Ctrl-C, SIGTERM) or failed: no rank outlives the benchmark.
+        for proc in procs.processes:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
     times, steps_seen = out.get()
     if args.verbose:
         for a in ARMS:
@@ -159,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256, help="batch size")
     p.add_argument("--verbose", action="store_true", help="print every block time")
     args = p.parse_args(argv)
+    raise_on_signals()  # SIGTERM/SIGHUP stop the ranks like Ctrl-C does
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo")
     medians = [run_world(w, args) for w in args.world]
     print(f"overhead_ratio={max(medians):.4f}")

@@ -46,6 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from exporter import catalog as c  # noqa: E402
+from exporter.reaper import raise_on_signals  # noqa: E402
 
 GOAL_GROUP_S = 2.0
 GOAL_PANEL_S = 1.0
@@ -521,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the TSDB directories")
     p.add_argument("--verbose", action="store_true", help="print every rule's time")
     args = p.parse_args(argv)
+    raise_on_signals()  # SIGTERM/SIGHUP run the finally blocks that stop Prometheus
     for tool in ("promtool", "prometheus"):
         if shutil.which(tool) is None:
             print(f"{tool} not found (Debian: apt-get install prometheus)", file=sys.stderr)
