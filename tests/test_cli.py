@@ -1,12 +1,18 @@
-"""The ddp-exporter command: usage errors, taken ports, and the demo's live table."""
+"""The ddp-exporter command: usage errors, taken ports, the demo's live table, and a demo
+stopped by a signal at any time leaving no process behind."""
 
+import signal
 import socket
 import subprocess
 import sys
+import threading
 
-from harness import REPO
+import leftovers
+import pytest
+from harness import REPO, wait_for
 
-import exporter.top as top
+from exporter.localstack import MissingBinaryError, find_binaries
+from exporter.reaper import stop_tree
 
 
 def run_cli(*args, timeout=120):
@@ -64,17 +70,6 @@ def test_demo_runs_and_the_table_names_the_straggler():
     assert verdicts and all(line.split()[0] == "2" for line in verdicts), res.stdout
 
 
-def test_diagnose_names_a_rank_that_is_behind_in_a_hang():
-    rows = [top.RankRow(f"t{i}", rank=i, up=True, enqueued=10, inflight_age=5.0) for i in range(3)]
-    rows[1].enqueued, rows[1].inflight_age = 9, 0.0
-    rows.append(top.RankRow("t3", rank=3, up=False))
-    out = {r.rank: r.verdict for r in top.diagnose(rows)}
-    assert out[1].startswith("HUNG") and out[3].startswith("DOWN")
-    assert out[0] == "" and out[2] == ""
-    table = top.render(rows, worst=2)
-    assert table.splitlines()[1].split()[0] == "3" and "2 more ranks" in table
-
-
 def test_stack_without_binaries_says_how_to_install():
     import os
 
@@ -102,3 +97,47 @@ def test_demo_with_stack_prints_the_alert_naming_the_killed_rank():
     assert "Prometheus: http://127.0.0.1:" in res.stdout
     down = [line for line in res.stdout.splitlines() if line.startswith("ALERT DDPRankDown")]
     assert down and all("rank=2 " in line for line in down), res.stdout
+
+
+def _has_stack() -> bool:
+    try:
+        find_binaries()
+    except MissingBinaryError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("fault", "sig", "when", "stack"),
+    [
+        ("hang", signal.SIGINT, "injecting fault", False),
+        ("hang", signal.SIGTERM, "injecting fault", True),
+        ("freeze", signal.SIGINT, "injecting fault", True),
+        ("freeze", signal.SIGTERM, "injecting fault", False),
+        ("hang", signal.SIGTERM, "ranks on gloo", False),  # while torchrun starts its ranks
+    ],
+)
+def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
+    if stack and not _has_stack():
+        pytest.skip("prometheus and prometheus-alertmanager not installed")
+    cmd = [sys.executable, "-m", "exporter.cli", "demo", "--ranks", "3", "--fault", fault,
+           "--fault-rank", "1", "--fault-after", "2", "--duration", "0", "--port", "0",
+           "--no-top", "--stack" if stack else "--no-stack"]  # fmt: skip
+    # Like a shell does for a foreground job: the demo leads its own process group.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(x) for x in proc.stdout], daemon=True).start()
+    try:
+        wait_for(lambda: when in "".join(lines), 180, f"the demo to print {when!r}")
+        mine = [x for x in leftovers.leftovers() if x.test == request.node.nodeid]
+        if when == "injecting fault":
+            assert len(mine) >= 4, mine  # the CLI, torchrun and its ranks (+ the stack)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=90)
+    finally:
+        stop_tree(proc)
+    assert code == 128 + sig, "".join(lines)
+    left = [x for x in leftovers.leftovers() if x.test == request.node.nodeid]
+    assert not left, [(x.proc.pid, x.cmdline) for x in left]
+    assert "stopping every process it started" in "".join(lines)
