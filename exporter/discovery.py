@@ -1,13 +1,14 @@
 """Let Prometheus find every rank from the job itself: ``/sd`` on the monitoring rank, or file_sd.
 
-Registration: at start-up each rank appends one line, ``{"rank", "target", "labels"}`` as JSON,
-to a single c10d store key per run (``Store.append``: one write per rank, atomic at the store).
+Registration: at start-up each rank appends one line, its target group as JSON, to a single
+c10d store key per run (``Store.append``: one write per rank, atomic at the store).
 One key rather than one key per rank because ``get``/``multi_get`` block until every key
 exists: a single appended key can be read whole at any time, so the list grows as ranks
 register instead of staying empty until the last one has.
 
-Serving: the monitoring rank reads that key once a second (one ``get``) until every rank has
-registered, and keeps the Prometheus HTTP service discovery answer (``http_sd_configs``: a list
+Serving: the monitoring rank reads that key once a second (one ``get``; backing off to every
+16 s while nothing new arrives) until every rank has registered, parses only the lines appended
+since its last read, and keeps the Prometheus HTTP service discovery answer (``http_sd_configs``: a list
 of ``{"targets": [...], "labels": {...}}``) ready in memory, plain and gzipped; a request for
 ``/sd`` never touches the store. A rank that dies stays in the list, so ``up == 0`` pages for
 it. When the monitoring rank itself dies, ``/sd`` is unreachable and Prometheus keeps the
@@ -36,6 +37,7 @@ from . import env
 from .errors import ErrorCounter
 
 __all__ = [
+    "MAX_REFRESH_S",
     "REFRESH_S",
     "Directory",
     "Discovery",
@@ -48,8 +50,10 @@ __all__ = [
     "target_group",
 ]
 
-#: Seconds between the monitoring rank's reads of the registrations, until all ranks are in.
+#: Seconds between the monitoring rank's reads of the registrations, until all ranks are in;
+#: doubled after each read that finds nothing new, up to :data:`MAX_REFRESH_S`.
 REFRESH_S = 1.0
+MAX_REFRESH_S = 16.0
 
 _WILDCARD = ("", "0.0.0.0", "::")
 # A TEST-NET-1 address (RFC 5737): connecting a UDP socket to it picks the default route's
@@ -121,10 +125,14 @@ def target_group(target: str, labels: Mapping[str, str]) -> dict[str, Any]:
     return {"targets": [target], "labels": dict(labels)}
 
 
-def register(store: Any, run: str, rank: int, target: str, labels: Mapping[str, str]) -> None:
-    """Register this rank's target and labels for ``run``: one store write."""
-    record = {"rank": rank, "target": target, "labels": dict(labels)}
-    store.append(sd_key(run), (json.dumps(record, separators=(",", ":")) + "\n").encode())
+def register(store: Any, run: str, target: str, labels: Mapping[str, str]) -> None:
+    """Register this rank's target group for ``run``: one store write.
+
+    The record is the target group itself, one JSON line, so the monitoring rank serves it
+    as written; ``labels`` must hold the rank (``labels["rank"]``).
+    """
+    line = json.dumps(target_group(target, labels), separators=(",", ":")) + "\n"
+    store.append(sd_key(run), line.encode())
 
 
 class Directory:
@@ -143,7 +151,9 @@ class Directory:
         self.world_size = world_size
         self._errors = errors
         self._interval = interval_s
-        self._records: dict[int, dict[str, Any]] = {}
+        self._groups: dict[int, str] = {}  # rank -> its target group, serialised
+        self._offset = 0  # bytes of the registrations key parsed so far
+        self.registered = 0
         self._answer: tuple[bytes, bytes] = (b"[]", gzip.compress(b"[]"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,7 +161,7 @@ class Directory:
     @property
     def complete(self) -> bool:
         """Return True once every rank of the job has registered."""
-        return len(self._records) >= self.world_size
+        return self.registered >= self.world_size
 
     def start(self) -> None:
         """Read once now, then in the background until the list is complete."""
@@ -168,34 +178,65 @@ class Directory:
             )
             self._thread.start()
 
-    def refresh(self) -> None:
-        """Read every registration with one store read and rebuild the answer."""
+    def refresh(self) -> bool:
+        """Read the registrations with one store read; rebuild the answer if any is new.
+
+        Only the bytes appended since the last read are parsed (the value only grows), so a
+        read that finds nothing new costs one store round trip and no parsing. Returns True
+        when the answer changed.
+        """
         raw = self._store.get(self._key)
-        records: dict[int, dict[str, Any]] = {}
-        for line in raw.splitlines():
-            if not line.strip():
+        if len(raw) < self._offset:  # the key was recreated: start over
+            self._offset, self._groups = 0, {}
+        end = raw.rfind(b"\n") + 1
+        changed = False
+        lines = [x for x in raw[self._offset : end].decode(errors="replace").split("\n") if x]
+        for line, group in zip(lines, self._parse(lines)):
+            if group is None:
                 continue
             try:
-                rec = json.loads(line)
-                rank = int(rec["rank"])
-                target, labels = str(rec["target"]), dict(rec["labels"])
+                rank = int(group["labels"]["rank"])
+                if not all(isinstance(t, str) for t in group["targets"]):
+                    raise ValueError(f"bad targets in {line[:200]!r}")
             except (ValueError, KeyError, TypeError) as exc:
                 self._errors.record("discovery", exc)  # skip it; the others still count
                 continue
             if 0 <= rank < self.world_size:
-                # A rank that registered again (a restarted process): its last record wins.
-                records[rank] = {"target": target, "labels": labels}
-        if records == self._records:
-            return
-        groups = [target_group(records[r]["target"], records[r]["labels"]) for r in sorted(records)]
-        body = json.dumps(groups, separators=(",", ":")).encode()
-        self._answer = (body, gzip.compress(body, compresslevel=6))
-        self._records = records
+                # A rank that registered again (a restarted process): its last record wins;
+                # the line is served as written.
+                self._groups[rank] = line
+                changed = True
+        self._offset = max(self._offset, end)
+        if changed:
+            body = ("[" + ",".join(self._groups[r] for r in sorted(self._groups)) + "]").encode()
+            self._answer = (body, gzip.compress(body, compresslevel=6))
+            self.registered = len(self._groups)
+        return changed
+
+    def _parse(self, lines: list[str]) -> list[Any]:
+        """Decode JSON lines in one call; line by line (bad ones as None) if any is bad."""
+        try:
+            out = json.loads("[" + ",".join(lines) + "]")
+            if isinstance(out, list) and len(out) == len(lines):
+                return out
+        except ValueError:
+            pass
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError as exc:
+                self._errors.record("discovery", exc)
+                out.append(None)
+        return out
 
     def _run(self) -> None:
-        while not self.complete and not self._stop.wait(self._interval):
+        wait = self._interval
+        while not self.complete and not self._stop.wait(wait):
             try:
-                self.refresh()
+                # Back off while nothing new arrives (a rank that died before registering
+                # would otherwise cost a read of every registration each second, forever).
+                wait = self._interval if self.refresh() else min(wait * 2, MAX_REFRESH_S)
             except Exception as exc:  # noqa: BLE001 - a dead store must not kill training
                 self._errors.record("discovery", exc)
 
@@ -278,7 +319,7 @@ class Discovery:
         if store is None:
             return
         try:
-            register(store, run, rank, self.target, self.labels)
+            register(store, run, self.target, self.labels)
         except Exception as exc:  # noqa: BLE001
             errors.record("discovery", exc)
         if monitor:
