@@ -5,11 +5,13 @@ launch give them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT, SLURM_JOB_ID; 
 Prometheus has a single ``http_sd_configs`` URL, rank 0's ``/sd``. The test checks that every
 rank is discovered and scraped with its run (the Slurm job id) and rank labels, then SIGKILLs
 rank 0 and checks that Prometheus keeps every target although ``/sd`` is gone: the dead
-monitoring rank is a target that is down (so DDPRankDown can fire), the others stay up.
+monitoring rank is a target that is down (so DDPRankDown can fire), the others stay up. The
+ranks also write file_sd files (``DDP_EXPORTER_FILE_SD``), checked against what /sd served.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,7 +32,7 @@ JOB_ID = "4242"
 class Rank:
     """One rank process started like an srun task, killed by pid at the end."""
 
-    def __init__(self, rank: int, master_port: int) -> None:
+    def __init__(self, rank: int, master_port: int, file_sd: str) -> None:
         environ = {
             k: v
             for k, v in os.environ.items()
@@ -49,6 +51,7 @@ class Rank:
             SLURM_JOB_ID=JOB_ID,
             SLURM_PROCID=str(rank),
             SLURM_LOCALID=str(rank),
+            DDP_EXPORTER_FILE_SD=file_sd,
         )
         cmd = [sys.executable, "-m", "exporter.demo", "--duration", "0", "--port", "0"]
         cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
@@ -79,10 +82,10 @@ class Rank:
 
 
 @pytest.fixture
-def ranks():
+def ranks(tmp_path):
     require("prometheus")
     port = free_port()
-    started = [Rank(r, port) for r in range(WORLD)]
+    started = [Rank(r, port, str(tmp_path / "file_sd")) for r in range(WORLD)]
     try:
         yield started
     finally:
@@ -155,6 +158,17 @@ def test_prometheus_discovers_every_srun_rank_through_sd_and_keeps_them(ranks, t
         targets = _targets(prom)
         assert sorted(targets) == ["0", "1", "2"], "Prometheus dropped discovered targets"
         assert targets["1"]["health"] == "up" and targets["2"]["health"] == "up"
+        # DDP_EXPORTER_FILE_SD: each rank wrote the same target group to its own file; the
+        # killed rank's file stays (its target must keep paging), nothing half-written is left.
+        sd_dir = tmp_path / "file_sd"
+        names = sorted(os.listdir(sd_dir))
+        assert names == [f"ddp-{JOB_ID}-rank-{r}.json" for r in range(WORLD)]
+        for r, name in enumerate(names):
+            (group,) = json.loads((sd_dir / name).read_text())
+            assert group["targets"] == [targets[str(r)]["labels"]["instance"]]
+            assert group["labels"] == {
+                k: targets[str(r)]["labels"][k] for k in ("run", "rank", "local_rank", "node")
+            }
         wait_for(
             lambda: prom.query(f'up{{job="ddp", run="{JOB_ID}", rank="0"}} == 0'),
             30,
