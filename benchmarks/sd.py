@@ -7,6 +7,8 @@ with a counting wrapper that counts every store call. Then it builds the monitor
 :class:`exporter.discovery.Discovery` over the same store (one ``get`` of all registrations),
 mounts its ``/sd`` on a real :class:`exporter.server.MetricsServer` on loopback and GETs it
 ``--requests`` times per encoding on fresh connections, as Prometheus's http_sd refresh does.
+Last, a real Prometheus (when installed) is pointed at that ``/sd`` and timed until it lists
+every rank as an active target.
 
     python benchmarks/sd.py
     python benchmarks/sd.py --ranks 1024 --requests 50
@@ -18,13 +20,16 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
 
 import torch.distributed as dist  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
@@ -78,12 +83,49 @@ def _stats(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.2f} ms, p90 {p90:.2f}, max {xs[-1]:.2f}"
 
 
+def _prometheus_discovers(url: str, ranks: int, workdir: str) -> float:
+    """Start a real Prometheus with ``url`` as its only http_sd; return seconds to see all.
+
+    The targets are unroutable addresses: Prometheus's first scrape of each is spread over
+    the hour-long interval, so discovery is measured, not scraping.
+    """
+    from pathlib import Path
+
+    import promstack
+
+    config = {
+        "scrape_configs": [
+            {
+                "job_name": "ddp",
+                "honor_labels": True,
+                "scrape_interval": "1h",
+                "http_sd_configs": [{"url": url, "refresh_interval": "5s"}],
+            }
+        ]
+    }
+    with promstack.run_prometheus(Path(workdir), config, timeout=120) as prom:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 120:
+            active = prom.api("targets", state="active")["activeTargets"]
+            if len(active) >= ranks:
+                elapsed = time.perf_counter() - t0
+                last = max(active, key=lambda t: int(t["labels"]["rank"]))
+                assert last["labels"]["rank"] == str(ranks - 1), last
+                assert {"run", "local_rank", "node"} <= set(last["labels"]), last
+                return elapsed
+            time.sleep(0.2)
+    raise RuntimeError(f"Prometheus did not discover {ranks} targets in 120 s")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the measurement and print the figures; exit 1 when a goal is missed."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4096)
     p.add_argument("--clients", type=int, default=16, help="store client connections")
     p.add_argument("--requests", type=int, default=100, help="GETs of /sd per encoding")
+    p.add_argument(
+        "--no-prometheus", action="store_true", help="skip the real Prometheus discovery step"
+    )
     args = p.parse_args(argv)
     run = "bench-sd-4096"
 
@@ -162,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"GET /sd ({label}): {len(groups)} targets, {size / 1024:.0f} KiB; {_stats(times)}"
             )
             worst = max(worst, statistics.median(times))
+        if not args.no_prometheus and shutil.which("prometheus"):
+            with tempfile.TemporaryDirectory() as workdir:
+                seconds = _prometheus_discovers(url, args.ranks, workdir)
+            print(f"real Prometheus (http_sd, refresh 5s): all {args.ranks} targets active in")
+            print(f"  {seconds:.1f} s after it was ready, with run/rank/local_rank/node labels")
     finally:
         server.close()
         found.close()
