@@ -73,6 +73,13 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
 def _route_ip(host: str) -> str | None:
     """Return the local IP of the interface that routes to ``host`` (no packet is sent)."""
     try:
@@ -90,11 +97,17 @@ def advertise_host(bind_addr: str, environ: Mapping[str, str] | None = None) -> 
     Order: ``DDP_EXPORTER_ADVERTISE_ADDR``; the bind address when it is a specific one; the IP
     of the interface routing to ``MASTER_ADDR``; the hostname's address; the IP of the default
     route's interface; the hostname. Loopback answers are skipped after the bind address, so a
-    rank bound to 0.0.0.0 never advertises 127.0.0.1.
+    rank bound to 0.0.0.0 never advertises 127.0.0.1. Raises ValueError for a
+    ``DDP_EXPORTER_ADVERTISE_ADDR`` that is not a host (e.g. ``host:port`` or a URL).
     """
     environ = os.environ if environ is None else environ
     explicit = environ.get(env.ADVERTISE_ADDR, "").strip()
     if explicit:
+        if ":" in explicit and not _is_ipv6(explicit) or "/" in explicit or " " in explicit:
+            raise ValueError(
+                f"{env.ADVERTISE_ADDR}={explicit!r}: expected a host name or IP address "
+                "without port or scheme (the port is the metrics port)"
+            )
         return explicit
     if bind_addr not in _WILDCARD:
         return bind_addr
@@ -252,6 +265,16 @@ class Directory:
             self._thread.join(timeout=2.0)
 
 
+def _not_served(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    """Answer ``/sd`` with 404 where it is not served (not the monitoring rank, or an error)."""
+    body = (
+        b"/sd is served by the monitoring rank only (DDP_EXPORTER_MONITOR_RANK); "
+        b'see ddp_exporter_errors_total{where="discovery"} if this is it\n'
+    )
+    start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+    return [body]
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -332,9 +355,7 @@ class Discovery:
     def sd_app(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
         """Answer ``GET /sd`` (a WSGI app): the http_sd JSON, or 404 off the monitoring rank."""
         if self.directory is None:
-            body = b"/sd is served by the monitoring rank only (DDP_EXPORTER_MONITOR_RANK)\n"
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [body]
+            return _not_served(environ, start_response)
         gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
         body = self.directory.answer(gzipped)
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
@@ -383,4 +404,5 @@ def start(observer: Any, server: Any, bind_addr: str, monitor_rank: int) -> Disc
         return found
     except Exception as exc:  # noqa: BLE001
         observer.errors.record("discovery", exc)
+        server.route("/sd", _not_served)
         return None

@@ -75,6 +75,10 @@ def test_advertised_address() -> None:
         "node7.cluster"
     )
     assert discovery.advertise_host("10.1.2.3", {}) == "10.1.2.3"
+    assert discovery.advertise_host("0.0.0.0", {env.ADVERTISE_ADDR: "fd00::7"}) == "fd00::7"
+    for bad in ("node7:19400", "http://node7"):
+        with pytest.raises(ValueError, match="DDP_EXPORTER_ADVERTISE_ADDR"):
+            discovery.advertise_host("0.0.0.0", {env.ADVERTISE_ADDR: bad})
     # Bound to every interface, the job on one node: never the loopback address.
     for bind in ("0.0.0.0", "::"):
         host = discovery.advertise_host(bind, {env.MASTER_ADDR: "127.0.0.1"})
@@ -151,3 +155,13 @@ def test_other_ranks_answer_404_on_sd(ddp, monkeypatch) -> None:
     status, _, body = _get(f"http://127.0.0.1:{obs.port}/sd")
     assert status == 404 and b"monitoring rank" in body
     assert obs.discovery is not None and obs.discovery.directory is None
+
+
+def test_a_bad_advertise_address_is_logged_and_counted_not_raised(ddp, monkeypatch) -> None:
+    model, loader, opt = ddp
+    monkeypatch.setenv(env.ADVERTISE_ADDR, "node7:19400")
+    obs = exporter.instrument(model, port=0, addr="127.0.0.1", run="sd-bad")
+    assert obs.discovery is None and obs.errors.snapshot()["discovery"] == 1
+    status, _, body = _get(f"http://127.0.0.1:{obs.port}/metrics")
+    assert status == 200 and b'where="discovery"} 1.0' in body
+    assert _get(f"http://127.0.0.1:{obs.port}/sd")[0] == 404
