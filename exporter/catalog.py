@@ -55,6 +55,7 @@ ERROR_WHERE: tuple[str, ...] = (
     "heartbeat",
     "memory",
     "collect",
+    "discovery",
 )
 
 #: Histogram bounds (seconds) for whole training steps.

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 from torch.nn.parallel import DistributedDataParallel
 
-from . import env
+from . import discovery, env
 from .catalog import DEFAULT_PEER_SERIES
 from .collector import DDPCollector
 from .commhook import CommHookWrapper, CudaEventResolver, allreduce_mean_hook
@@ -65,6 +65,9 @@ def _default_run() -> str:
         return run
     run = os.environ.get(env.TORCHELASTIC_RUN_ID)
     if run and run != "none":
+        return run
+    run = os.environ.get(env.SLURM_JOB_ID)
+    if run:
         return run
     addr, port = os.environ.get(env.MASTER_ADDR), os.environ.get(env.MASTER_PORT)
     if addr and port:
@@ -169,6 +172,7 @@ class Observer:
         self.registry.register(DDPCollector(self))
         self._server = MetricsServer(self.registry, addr, port) if serve else None
         self.port: int | None = self._server.start() if self._server else None
+        self.discovery = discovery.start(self, self._server, addr, monitor_rank)
         self._otlp = self._start_otlp(otlp)
 
     # -- setup -------------------------------------------------------------------------------
@@ -350,6 +354,8 @@ class Observer:
                 self._otlp.close()  # final flush: a short job's last steps are not lost
             except Exception as exc:  # noqa: BLE001
                 self.errors.record("collect", exc)
+        if self.discovery is not None:
+            self.discovery.close()
         if self._server is not None:
             self._server.close()
 

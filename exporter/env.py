@@ -18,11 +18,22 @@ Variable                        Meaning                                         
                                 only late peers, oldest first. ``0`` none.
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
                                 bookkeeping only).
+``DDP_EXPORTER_ADVERTISE_ADDR``  Host or IP registered for discovery (``/sd``,          see below
+                                file_sd): where Prometheus scrapes this rank.
+``DDP_EXPORTER_FILE_SD``        Directory where each rank writes its file_sd target    unset
+                                file (removed at a clean exit).
 ==============================  =====================================================  =========
 
-The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
-``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between concurrent
-jobs), then to ``local``.
+The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun; ignored when it is
+torchrun's placeholder ``none``), then to ``SLURM_JOB_ID`` (set by Slurm on every task of a
+job), then to ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between
+concurrent jobs), then to ``local``. An explicit rendezvous id (``torchrun --rdzv-id``) thus
+wins over the Slurm job id; pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way.
+
+The advertised address defaults to the bind address when it names one interface; when bound
+to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
+the hostname's address, else the default route's interface IP (never a loopback address),
+else the hostname (see :func:`exporter.discovery.advertise_host`).
 """
 
 from __future__ import annotations
@@ -43,6 +54,9 @@ __all__ = [
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "ADVERTISE_ADDR",
+    "FILE_SD",
+    "SLURM_JOB_ID",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -64,3 +78,10 @@ WORLD_SIZE = "WORLD_SIZE"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+
+# Discovery (exporter.discovery).
+ADVERTISE_ADDR = "DDP_EXPORTER_ADVERTISE_ADDR"
+FILE_SD = "DDP_EXPORTER_FILE_SD"
+
+# Set by Slurm (srun/sbatch); read for the default run label, never written.
+SLURM_JOB_ID = "SLURM_JOB_ID"

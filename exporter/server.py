@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -12,8 +13,16 @@ __all__ = ["MetricsServer"]
 log = logging.getLogger("exporter")
 
 
+#: A WSGI application: what :meth:`MetricsServer.route` mounts on a path.
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
 class MetricsServer:
-    """Serve ``/metrics`` for one registry; ``port`` is the bound port or None if none."""
+    """Serve ``/metrics`` for one registry; ``port`` is the bound port or None if none.
+
+    Other paths can be mounted with :meth:`route` (the monitoring rank's ``/sd``); every path
+    not mounted is answered by prometheus_client's own handler, as before.
+    """
 
     def __init__(self, registry: CollectorRegistry, addr: str, port: int) -> None:
         self._registry = registry
@@ -22,6 +31,20 @@ class MetricsServer:
         self.port: int | None = None
         self._httpd: Any = None
         self._thread: Any = None
+        self._routes: dict[str, WSGIApp] = {}
+
+    def route(self, path: str, app: WSGIApp) -> None:
+        """Serve ``path`` with the WSGI ``app`` instead of the metrics handler."""
+        self._routes[path] = app
+
+    def _dispatch(self, metrics_app: WSGIApp) -> WSGIApp:
+        routes = self._routes
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            handler = routes.get(environ.get("PATH_INFO", ""), metrics_app)
+            return handler(environ, start_response)
+
+        return app
 
     def start(self) -> int | None:
         """Bind and serve; on a taken port log one clear line and return None."""
@@ -38,6 +61,8 @@ class MetricsServer:
                 exc.strerror or exc,
             )
             return None
+        # Keep prometheus_client's server, thread and handler; only put a path switch in front.
+        self._httpd.set_app(self._dispatch(self._httpd.get_app()))
         self.port = self._httpd.server_port
         return self.port
 
