@@ -20,6 +20,12 @@ Variable                        Meaning                                         
                                 bookkeeping only).
 ==============================  =====================================================  =========
 
+Test-only (never set in production; ``ddp-exporter doctor`` would report a skew that is not there):
+
+``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``: comma-separated ``KEY=VERSION`` (KEY one of ``python``,
+``torch``, ``cuda``, ``nccl``) that this rank's doctor reports instead of its real versions, so a
+test can inject version skew between ranks, e.g. ``torch=9.9.9``.
+
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
 ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between concurrent
 jobs), then to ``local``.
@@ -43,6 +49,7 @@ __all__ = [
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "DOCTOR_FAKE_VERSIONS",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -64,3 +71,6 @@ WORLD_SIZE = "WORLD_SIZE"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+
+# Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
+DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
