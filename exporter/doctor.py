@@ -404,7 +404,7 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
         notes.append(f"version skew: {note}")
         for rep in reports:
             if rep.versions.get(key, "?") != common:
-                detail = f"{key} {rep.versions.get(key, '?')} (most ranks: {common})"
+                detail = f"{key} {rep.versions.get(key, '?')}, not {common} like {_ranks(rest)}"
                 old = rep.checks["versions"]
                 if old.failed:
                     detail = f"{old.detail}; {detail}"
@@ -656,6 +656,7 @@ class _Doctor:
                 )
         else:
             self._publish("plan", "skip")
+            notes.append("gloo all_reduce skipped: it needs every rank, each exactly once")
         missing = (
             f"it never reported within {self.dl.elapsed():.0f} s: check that it was started "
             "(launcher logs) and read its own doctor output (a rank that cannot reach "
@@ -737,7 +738,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         doctor = _Doctor(environ, args.timeout, args.step_timeout)
     except ValueError as exc:
         parser.error(str(exc))
-    code = doctor.run()
+    try:
+        code = doctor.run()
+    except Exception as exc:  # noqa: BLE001 - a preflight reports, it never dies with a traceback
+        print(f"ddp-exporter doctor: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
     if _abandoned and any(t.is_alive() for t in _abandoned):
         # A step stuck in C++ (gloo, DNS) would keep the interpreter from exiting: leave now.
         sys.stdout.flush()
