@@ -289,7 +289,7 @@ def _resolve(addr: str, seconds: float) -> tuple[Check, str | None]:
     if not finished:
         return Check(
             FAIL,
-            f"MASTER_ADDR={addr} did not resolve within {seconds:.0f} s ({value})",
+            f"MASTER_ADDR={addr} does not resolve ({value})",
             "fix this node's DNS or /etc/hosts, or set MASTER_ADDR to rank 0's IP address",
         ), None
     ip = value[0][4][0]
@@ -536,6 +536,8 @@ class _Doctor:
         host = self.rank == 0 and not self.agent_store
         if host:
             checks["addr"] = _check_master_is_here(addr, ip)
+            if checks["addr"].failed:
+                return  # the store's own client would dial MASTER_ADDR: another host
             try:
                 self.store = TCPStore(addr, port, None, True, timeout, wait_for_workers=False)
             except Exception as exc:  # noqa: BLE001 - reported with its fix
@@ -667,7 +669,7 @@ class _Doctor:
         verdict = 1 if failed else 0
         mode = "torchrun agent store" if self.agent_store else "store hosted by rank 0"
         head = (
-            f"ddp-exporter doctor: {self.world} ranks, MASTER "
+            f"ddp-exporter doctor: {self.world} rank{'' if self.world == 1 else 's'}, MASTER "
             f"{self.env[envvars.MASTER_ADDR]}:{self.env[envvars.MASTER_PORT]} ({mode})"
         )
         tail = (
