@@ -268,7 +268,7 @@ def local_versions(environ: Mapping[str, str]) -> dict[str, str]:
     }
     try:
         versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except (AttributeError, RuntimeError):
+    except (AttributeError, ImportError, RuntimeError):
         pass  # a CPU build has no NCCL
     fake = environ.get(envvars.DOCTOR_FAKE_VERSIONS, "")
     for item in filter(None, (x.strip() for x in fake.split(","))):

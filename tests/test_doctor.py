@@ -84,7 +84,9 @@ def test_compare_names_duplicate_ranks_other_world_size_and_skew():
 def _table(text: str) -> dict[str, dict[str, str]]:
     """Parse rank 0's table into ``{rank: {column: status}}``."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "host"])
+    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "host"]]
+    assert heads, f"no table in:\n{text}"
+    start = heads[0]
     header = lines[start].split()
     rows = {}
     for line in lines[start + 1 :]:
@@ -166,7 +168,10 @@ class Ranks:
     def __exit__(self, *exc) -> None:
         for p in self.procs.values():
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             p.wait(timeout=30)
 
 
