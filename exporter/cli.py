@@ -285,11 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
     t.add_argument("--once", action="store_true",
                    help="read twice, --refresh apart, print one table and exit")  # fmt: skip
+    # Listed for --help only: main() hands "doctor ..." to exporter.doctor's own parser.
+    sub.add_parser("doctor", help="preflight: check that the ranks of a job can meet")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ddp-exporter`` command."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:
+        from . import doctor
+
+        return doctor.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":

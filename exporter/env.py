@@ -34,6 +34,12 @@ The advertised address defaults to the bind address when it names one interface;
 to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
 the hostname's address, else the default route's interface IP (never a loopback address),
 else the hostname (see :func:`exporter.discovery.advertise_host`).
+
+Test-only (never set in production; ``ddp-exporter doctor`` would report a skew that is not there):
+
+``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``: comma-separated ``KEY=VERSION`` (KEY one of ``python``,
+``torch``, ``cuda``, ``nccl``) that this rank's doctor reports instead of its real versions, so a
+test can inject version skew between ranks, e.g. ``torch=9.9.9``.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ __all__ = [
     "ADVERTISE_ADDR",
     "FILE_SD",
     "SLURM_JOB_ID",
+    "DOCTOR_FAKE_VERSIONS",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -85,3 +92,5 @@ FILE_SD = "DDP_EXPORTER_FILE_SD"
 
 # Set by Slurm (srun/sbatch); read for the default run label, never written.
 SLURM_JOB_ID = "SLURM_JOB_ID"
+# Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
+DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"

@@ -1,0 +1,247 @@
+"""ddp-exporter doctor: real ranks under torchrun or started one process per rank (srun style)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from harness import REPO, Job, free_port
+
+from exporter import doctor
+from exporter import env as envvars
+from exporter.doctor import Check, Report
+
+# --- pure parts: no processes ------------------------------------------------------------------
+
+
+def test_env_check_names_what_is_missing_or_wrong():
+    good = {"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "2"}
+    assert doctor.check_env({**good, "LOCAL_RANK": "0"}).status == "ok"
+    miss = doctor.check_env(good)
+    assert miss.failed and "LOCAL_RANK" in miss.detail and "torchrun" in miss.fix
+    bad = doctor.check_env({**good, "LOCAL_RANK": "0", "RANK": "2"})
+    assert bad.failed and "RANK=2" in bad.detail
+    port = doctor.check_env({**good, "LOCAL_RANK": "0", "MASTER_PORT": "70000"})
+    assert port.failed and "MASTER_PORT=70000" in port.detail
+
+
+def test_ifname_check_follows_gloo_and_nccl_syntax():
+    have = ["eth0", "ib0", "lo"]
+    assert doctor.check_ifnames({}, have).status == "-"
+    assert doctor.check_ifnames({"GLOO_SOCKET_IFNAME": "eth0,lo"}, have).status == "ok"
+    assert doctor.check_ifnames({"NCCL_SOCKET_IFNAME": "eth"}, have).status == "ok"  # prefix
+    assert doctor.check_ifnames({"NCCL_SOCKET_IFNAME": "^docker"}, have).status == "ok"
+    bad = doctor.check_ifnames({"GLOO_SOCKET_IFNAME": "eth0,eth9"}, have)
+    assert bad.failed and "eth9" in bad.detail and "eth0, ib0, lo" in bad.fix
+    exact = doctor.check_ifnames({"NCCL_SOCKET_IFNAME": "=eth"}, have)
+    assert exact.failed and "NCCL_SOCKET_IFNAME==eth" in exact.detail
+
+
+def test_fake_versions_override_is_validated():
+    fake = {envvars.DOCTOR_FAKE_VERSIONS: "torch=9.9.9, cuda=12.1"}
+    v = doctor.local_versions(fake)
+    assert v["torch"] == "9.9.9" and v["cuda"] == "12.1"
+    assert doctor.local_versions({})["torch"] == torch.__version__
+    with pytest.raises(ValueError, match="KEY=VERSION"):
+        doctor.local_versions({envvars.DOCTOR_FAKE_VERSIONS: "gcc=13"})
+
+
+def _report(rank, world=3, host="n1", local=None, **versions):
+    checks = {name: Check("ok") for name in doctor.CHECKS}
+    base = {"python": "3.11", "torch": "2.13", "cuda": "none", "nccl": "none"}
+    return Report(rank, world, rank if local is None else local, host, 100 + rank,
+                  {**base, **versions}, checks)  # fmt: skip
+
+
+def test_compare_names_duplicate_ranks_other_world_size_and_skew():
+    reps = [_report(0), _report(1), _report(1, host="n2"), _report(2, world=4, host="n3")]
+    rows, notes = doctor.compare(reps, 3)
+    assert [r.rank for r in rows] == [0, 1, 1, 2]
+    assert "claimed by 2 processes" in reps[1].checks["env"].detail
+    assert "WORLD_SIZE=4 here, 3 on rank 0" in reps[3].checks["env"].detail
+    assert not reps[0].failures() and not notes
+    skew = [_report(0), _report(1, cuda="12.1"), _report(2, cuda="12.4", host="n2")]
+    rows, notes = doctor.compare(skew, 4)
+    assert rows[-1] == 3  # never reported: a missing row
+    # A three-way tie: rank 0's value is the reference, the others are named.
+    assert notes == [
+        "version skew: cuda differs: rank 1 has 12.1; rank 2 has 12.4, rank 0 has none"
+    ]
+    text = doctor.render(rows, notes, "start it")
+    assert re.search(r"^3\s+\?\s+missing$", text, re.M)
+    assert "FAIL rank 3 missing: start it" in text and "FAIL rank 2 versions: cuda 12.4" in text
+
+
+# --- real ranks --------------------------------------------------------------------------------
+
+
+def _table(text: str) -> dict[str, dict[str, str]]:
+    """Parse rank 0's table into ``{rank: {column: status}}``."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "host"]]
+    assert heads, f"no table in:\n{text}"
+    start = heads[0]
+    header = lines[start].split()
+    rows = {}
+    for line in lines[start + 1 :]:
+        cells = line.split()
+        if not cells or not cells[0].isdigit():
+            break
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun's workers run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Ranks:
+    """Start one doctor process per rank with its own env (like srun); kill them all at the end."""
+
+    def __init__(self, tmp_path, world: int, ranks: list[int], args: list[str], per_rank=None):
+        self.port = free_port()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.paths: dict[int, str] = {}
+        self.started = time.monotonic()
+        for r in ranks:
+            env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+            env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))  # fmt: skip
+            for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
+                env.pop(var, None)
+            env.update((per_rank or {}).get(r, {}))
+            self.paths[r] = str(tmp_path / f"rank{r}.out")
+            with open(self.paths[r], "w") as out:
+                self.procs[r] = subprocess.Popen(
+                    [sys.executable, "-m", "exporter.doctor", *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                    start_new_session=True,
+                )
+
+    def wait(self, timeout: float) -> dict[int, int]:
+        """Wait for every rank to exit; return the exit codes."""
+        end = time.monotonic() + timeout
+        codes = {}
+        for r, p in self.procs.items():
+            try:
+                codes[r] = p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"rank {r} still running after {timeout}s\n{self.output()}"
+                ) from None
+        return codes
+
+    def out(self, rank: int) -> str:
+        with open(self.paths[rank]) as f:
+            return f.read()
+
+    def output(self) -> str:
+        return "\n".join(f"--- rank {r}\n{self.out(r)}" for r in self.procs)
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait(timeout=30)
+
+
+def test_healthy_torchrun_job_passes_every_check():
+    with Job(
+        3, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1"}, module="exporter.cli"
+    ) as job:
+        try:
+            code = job.wait(timeout=180)
+        finally:
+            for pid in _descendants(job.proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        out = "".join(job.lines)
+        assert code == 0, out
+        rows = _table(out)
+        assert sorted(rows) == ["0", "1", "2"], out
+        for rank, row in rows.items():
+            assert [row[c] for c in ("env", "addr", "port", "store", "gloo", "versions")] == [
+                "ok"
+            ] * 6, (rank, out)
+        assert "torchrun agent store" in out
+        assert f"torch {torch.__version__}" in out and "on every rank" in out
+        assert "all checks passed" in out and "FAIL" not in out
+
+
+def test_wrong_master_port_fails_that_rank_with_the_fix(tmp_path):
+    wrong = free_port()  # nothing listens there
+    args = ["--timeout", "15", "--step-timeout", "4"]
+    with Ranks(tmp_path, 3, [0, 1, 2], args, {2: {"MASTER_PORT": str(wrong)}}) as ranks:
+        codes = ranks.wait(timeout=150)
+        own = ranks.out(2)
+        assert codes[2] == 1, ranks.output()
+        assert f"rank 2: FAIL port: MASTER_ADDR:MASTER_PORT 127.0.0.1:{wrong} refused" in own
+        assert "Fix: nothing listens there" in own
+        rows = _table(ranks.out(0))
+        assert rows["2"]["env"] == "missing" and rows["1"]["port"] == "ok", ranks.output()
+        assert "FAIL rank 2 missing" in ranks.out(0)
+        assert codes[0] == 1 and codes[1] == 1, ranks.output()
+
+
+def test_missing_rank_is_named_and_doctor_ends_within_its_deadline(tmp_path):
+    args = ["--timeout", "15", "--step-timeout", "4"]
+    with Ranks(tmp_path, 3, [0, 1], args) as ranks:
+        codes = ranks.wait(timeout=150)
+        wall = time.monotonic() - ranks.started
+        out = ranks.out(0)
+        assert codes == {0: 1, 1: 1}, ranks.output()
+        rows = _table(out)
+        assert rows["2"]["env"] == "missing" and rows["1"]["store"] == "ok", out
+        assert rows["0"]["gloo"] == "skip"  # no collective without every rank: it would hang
+        assert "gloo all_reduce skipped" in out
+        assert "FAIL rank 2 missing: it never reported" in out
+        took = float(re.search(r"FAIL after ([\d.]+) s", out).group(1))
+        assert took <= 15, out  # the doctor's own clock, from its start to the table
+        # Whole processes (torch import included, on a loaded 2-core machine): generous.
+        assert wall < 15 + doctor.VERDICT_GRACE_S + 60, wall
+
+
+def test_version_skew_names_the_rank_and_the_versions(tmp_path):
+    fake = {1: {envvars.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
+    with Ranks(tmp_path, 3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
+        codes = ranks.wait(timeout=150)
+        out = ranks.out(0)
+        assert codes == {0: 1, 1: 1, 2: 1}, ranks.output()
+        rows = _table(out)
+        assert [rows[r]["versions"] for r in "012"] == ["ok", "FAIL", "ok"], out
+        assert all(rows[r]["gloo"] == "ok" for r in "012"), out
+        want = f"torch differs: rank 1 has 9.9.9, ranks 0,2 have {torch.__version__}"
+        assert want in out
+        assert f"FAIL rank 1 versions: torch 9.9.9, not {torch.__version__} like ranks 0,2" in out
