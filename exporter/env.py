@@ -23,6 +23,10 @@ Variable                        Meaning                                         
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
 ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between concurrent
 jobs), then to ``local``.
+
+:func:`exporter.watch_init` reads the same settings. Under torchrun it checks in through the
+agent's store when ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun sets it), at
+``MASTER_ADDR:MASTER_PORT``, keyed by ``TORCHELASTIC_RESTART_COUNT``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ __all__ = [
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -64,3 +70,7 @@ WORLD_SIZE = "WORLD_SIZE"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+# "True" when torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT before the workers
+# start (exporter.watch_init checks in there); the restart count keeps attempts apart.
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
