@@ -31,7 +31,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -106,7 +106,11 @@ class InitWatch:
         monitor_rank: int,
         peer_series: int,
         serve: bool,
+        initialized: Callable[[], bool] | None = None,
     ) -> None:
+        # Whether the default process group exists; injectable because a test process may
+        # already hold one (init would then be over before it is watched).
+        self._initialized = initialized or (lambda: dist.is_available() and dist.is_initialized())
         self.run = run
         self.rank = _env_int(env.RANK, 0)
         self.world_size = _env_int(env.WORLD_SIZE, 1)
@@ -120,6 +124,7 @@ class InitWatch:
         self.phase = "store" if self._store_addr else "process_group"
         self.phase_since = self.started
         self.heartbeat: Heartbeat | None = None
+        self.store_attempts = 0  # connection attempts to the launcher's store so far
         self.observer: Observer | None = None
         self._stop = threading.Event()
         if self._store_addr is None:
@@ -147,7 +152,7 @@ class InitWatch:
                 self.phase, self.phase_since = phase, time.time()
 
     def _refresh(self) -> None:
-        if dist.is_available() and dist.is_initialized():
+        if self._initialized():
             self._advance("done")
 
     # -- store check-in (background thread) --------------------------------------------------
@@ -161,9 +166,11 @@ class InitWatch:
         except Exception as exc:  # noqa: BLE001 - the watch must never break the job
             self.errors.record("heartbeat", exc)
         finally:
-            # Init is over (or the watch closed): stop beating into the launcher's store.
-            if self.heartbeat is not None:
-                self.heartbeat.close()
+            # Init is over (or the watch closed): stop beating into the launcher's store and
+            # let the client connection go.
+            hb, self.heartbeat = self.heartbeat, None
+            if hb is not None:
+                hb.close()
 
     def _connect(self) -> dist.Store | None:
         """Connect to the agent store, retrying until it answers or init is over."""
@@ -171,6 +178,7 @@ class InitWatch:
         host, port = self._store_addr
         logged = False
         while not self._stop.is_set() and self.phase != "done":
+            self.store_attempts += 1
             try:
                 return dist.TCPStore(
                     host, port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_TIMEOUT_S)
@@ -187,6 +195,8 @@ class InitWatch:
                         port,
                         exc,
                     )
+                # A refused connection may fail fast: do not spin.
+                self._stop.wait(min(1.0, STORE_CONNECT_TIMEOUT_S))
         return None
 
     def _check_in(self, store: dist.Store) -> None:

@@ -17,9 +17,9 @@ from harness import REPO, Job, free_port, parse, scrape_text, value, wait_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
-from exporter import catalog
+from exporter import catalog, initwatch
 from exporter.heartbeat import heartbeat_key
-from exporter.initwatch import init_key_prefix
+from exporter.initwatch import InitWatch, init_key_prefix
 
 WORKER = os.path.join(REPO, "tests", "workers", "init_worker.py")
 PHASE = catalog.INIT_PHASE.name
@@ -53,10 +53,26 @@ def agent_env(monkeypatch):
     yield store
 
 
+def _watch(run: str, peer_series: int = 64) -> InitWatch:
+    """Return rank 0's init watch as watch_init() builds it, blind to this process's group.
+
+    The suite's session-wide process group may already exist here; a watch that saw it would
+    be done before it started.
+    """
+    return InitWatch(
+        port=0,
+        addr="127.0.0.1",
+        run=run,
+        heartbeat_s=0.2,
+        monitor_rank=0,
+        peer_series=peer_series,
+        serve=True,
+        initialized=lambda: False,
+    )
+
+
 def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process: init is over")
-    watch = exporter.watch_init(port=0, addr="127.0.0.1", run="u", heartbeat_s=0.2)
+    watch = _watch("u")
     try:
         url = f"http://127.0.0.1:{watch.port}/metrics"
         s = wait_for(
@@ -81,9 +97,7 @@ def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
 
 
 def test_beyond_peer_series_only_missing_peers_are_published(agent_env):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process: init is over")
-    watch = exporter.watch_init(port=0, addr="127.0.0.1", run="b", heartbeat_s=0.2, peer_series=1)
+    watch = _watch("b", peer_series=1)
     try:
         url = f"http://127.0.0.1:{watch.port}/metrics"
         # Live rank 0 is never published; one missing peer (of two) is, once it is late.
@@ -93,6 +107,23 @@ def test_beyond_peer_series_only_missing_peers_are_published(agent_env):
         assert list(arrivals.values()) == [0] and set(arrivals) <= {1, 2}
         series = sum(len(v) for v in parse(scrape_text(url)).values())
         assert series == catalog.init_series_per_rank(monitor=True, world_size=3, peer_series=1)
+    finally:
+        watch.close()
+
+
+def test_unreachable_store_keeps_phase_store_and_says_so_once(agent_env, caplog, monkeypatch):
+    monkeypatch.setattr(initwatch, "STORE_CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # nothing listens there: "blocked"
+    caplog.set_level(logging.INFO, logger="exporter")
+    watch = _watch("p")
+    try:
+        url = f"http://127.0.0.1:{watch.port}/metrics"
+        wait_for(lambda: watch.store_attempts >= 3, 30, "three attempts to reach the store")
+        s = parse(scrape_text(url))
+        assert _phase(s) == "store" and ARRIVED not in s
+        said = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+        assert len(said) == 1 and "MASTER_PORT" in said[0], said
+        assert value(s, "ddp_exporter_errors_total", where="heartbeat") == 0
     finally:
         watch.close()
 
