@@ -234,7 +234,8 @@ class InitWatch:
         obs.port = self.port
         self.observer = obs
         self._collector.delegate = DDPCollector(obs)
-        self._thread.join(timeout=2.0)
+        # No join: instrument() runs on the training thread; the watch thread sees the stop
+        # within _POLL_S and closes its heartbeat by itself.
 
     def close(self) -> None:
         """Stop the watch and its endpoint (unless instrument() took it over); idempotent."""
