@@ -3,6 +3,7 @@
 Usage::
 
     import exporter
+    exporter.watch_init()  # optional, before init_process_group: watch init (see initwatch)
     obs = exporter.instrument(ddp_model, dataloader=loader, optimizer=opt)
     ...
     obs.close()            # idempotent; also runs at interpreter exit
@@ -15,5 +16,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .core import DEFAULT_PORT, Observer, active, instrument, step
+from .initwatch import InitWatch, watch_init
 
-__all__ = ["DEFAULT_PORT", "Observer", "active", "instrument", "step", "__version__"]
+__all__ = [
+    "DEFAULT_PORT",
+    "InitWatch",
+    "Observer",
+    "active",
+    "instrument",
+    "step",
+    "watch_init",
+    "__version__",
+]

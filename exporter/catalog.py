@@ -37,6 +37,12 @@ __all__ = [
     "HOST_MEM_RESIDENT",
     "EXPORTER_ERRORS",
     "series_per_rank",
+    "INIT_PHASES",
+    "INIT_STARTED",
+    "INIT_PHASE",
+    "INIT_PEER_ARRIVED",
+    "INIT_METRICS",
+    "init_series_per_rank",
 ]
 
 #: Labels on every series the exporter publishes: the run keeps concurrent jobs apart.
@@ -269,6 +275,56 @@ METRICS: tuple[MetricDef, ...] = (
     HOST_MEM_RESIDENT,
     EXPORTER_ERRORS,
 )
+
+#: Init phases of exporter.watch_init(), in order (bounded label set of ddp_init_phase_*).
+INIT_PHASES: tuple[str, ...] = ("store", "process_group", "done")
+
+INIT_STARTED = MetricDef(
+    "ddp_init_started_timestamp_seconds",
+    "gauge",
+    "Unix time this rank called exporter.watch_init(), before init_process_group. Published "
+    "until exporter.instrument() takes over the endpoint.",
+    unit="seconds",
+)
+INIT_PHASE = MetricDef(
+    "ddp_init_phase_timestamp_seconds",
+    "gauge",
+    "Unix time this rank entered its current init phase, one series labelled with the phase: "
+    "store (checking in through the launcher's store), process_group (waiting for "
+    "init_process_group), done (the process group exists). Published until "
+    "exporter.instrument() takes over the endpoint.",
+    ("phase",),
+    unit="seconds",
+)
+INIT_PEER_ARRIVED = MetricDef(
+    "ddp_init_peer_arrived",
+    "gauge",
+    "1 when the peer has checked in through torchrun's agent store during init, 0 while it has "
+    "not. Monitoring rank only, until its process group exists. Every peer in jobs of up to "
+    f"DDP_EXPORTER_PEER_SERIES ({DEFAULT_PEER_SERIES}) ranks, else only late peers.",
+    ("peer_rank",),
+)
+
+#: The init watch's families (exporter.initwatch), published before instrument() only.
+INIT_METRICS: tuple[MetricDef, ...] = (INIT_STARTED, INIT_PHASE, INIT_PEER_ARRIVED)
+
+# Appended here rather than listed above: the init families are defined after METRICS.
+METRICS = METRICS + INIT_METRICS
+
+
+def init_series_per_rank(
+    *, monitor: bool = False, world_size: int = 1, peer_series: int = DEFAULT_PEER_SERIES
+) -> int:
+    """Return how many series one rank exposes while exporter.watch_init() serves it.
+
+    Formula: 1 started + 1 phase + len(ERROR_WHERE) errors + on the monitoring rank
+    min(world_size, peer_series) peer arrivals (an upper bound beyond peer_series ranks). These
+    series stop when instrument() takes over, so :func:`series_per_rank` does not change.
+    """
+    n = 2 + len(ERROR_WHERE)
+    if monitor:
+        n += min(world_size, peer_series)
+    return n
 
 
 def series_per_rank(

@@ -437,21 +437,26 @@ def instrument(
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         if flight_recorder is None:
             flight_recorder = os.environ.get(env.FLIGHT_RECORDER, "1") not in ("0", "false", "")
+        from . import initwatch  # here: initwatch imports this module
+
+        watch = initwatch.running()  # watch_init() ran: adopt its endpoint, bind no second one
         obs = Observer(
             model,
             dataloader=dataloader,
             optimizer=optimizer,
             port=bound,
             addr=addr if addr is not None else os.environ.get(env.ADDR, "0.0.0.0"),
-            run=run if run is not None else _default_run(),
+            run=run if run is not None else (watch.run if watch else _default_run()),
             heartbeat_s=float(hb),
             monitor_rank=_env_int(env.MONITOR_RANK, 0) if monitor_rank is None else monitor_rank,
             flight_recorder=flight_recorder,
             memory_source=memory_source,
-            serve=serve,
+            serve=serve and watch is None,
             otlp=otlp,
             peer_series=peer_series,
         )
+        if watch is not None:
+            initwatch.take_over(watch, obs)
         _active = obs
     atexit.register(obs.close)
     return obs

@@ -40,6 +40,10 @@ Test-only (never set in production; ``ddp-exporter doctor`` would report a skew 
 ``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``: comma-separated ``KEY=VERSION`` (KEY one of ``python``,
 ``torch``, ``cuda``, ``nccl``) that this rank's doctor reports instead of its real versions, so a
 test can inject version skew between ranks, e.g. ``torch=9.9.9``.
+
+:func:`exporter.watch_init` reads the same settings. Under torchrun it checks in through the
+agent's store when ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun sets it), at
+``MASTER_ADDR:MASTER_PORT``, keyed by ``TORCHELASTIC_RESTART_COUNT``.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ __all__ = [
     "FILE_SD",
     "SLURM_JOB_ID",
     "DOCTOR_FAKE_VERSIONS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -94,3 +100,7 @@ FILE_SD = "DDP_EXPORTER_FILE_SD"
 SLURM_JOB_ID = "SLURM_JOB_ID"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
+# "True" when torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT before the workers
+# start (exporter.watch_init checks in there); the restart count keeps attempts apart.
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"

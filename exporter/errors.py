@@ -39,6 +39,12 @@ class ErrorCounter:
             # The traceback only on request: one line per place is the promise.
             log.debug("ddp-exporter: traceback of the first error in %s", where, exc_info=exc)
 
+    def merge(self, other: ErrorCounter) -> None:
+        """Add ``other``'s counts to these (a handle taking over another's endpoint)."""
+        for where, n in other.snapshot().items():
+            with self._lock:
+                self.counts[where] = self.counts.get(where, 0) + n
+
     def snapshot(self) -> dict[str, int]:
         """Return a copy of the counts."""
         with self._lock:

@@ -127,6 +127,17 @@ class Heartbeat:
             late = heapq.nlargest(self.peer_series, late, key=lambda pa: pa[1])
         return sorted(late)
 
+    def published_arrivals(self) -> list[tuple[int, bool]]:
+        """Return ``(peer, ever beaten)`` for the peers :meth:`published_ages` selects.
+
+        The monitoring rank created every counter at zero, so zero is a peer never seen.
+        """
+        with self._lock:
+            seen = self._seen
+        if seen is None:
+            return []
+        return [(peer, seen[peer][0] not in (b"", b"0")) for peer, _ in self.published_ages()]
+
     def close(self) -> None:
         """Stop the thread (it may be stuck on a dead store; it is a daemon then)."""
         self._stop.set()

@@ -70,6 +70,9 @@ class MixinConfig:
     gpu_memory_ratio: float = 0.92
     #: Steps/s below this fraction of the rank's average over ``baseline_window`` is a drop.
     throughput_drop_ratio: float = 0.5
+    #: Seconds a rank may spend between exporter.watch_init() and its process group existing
+    #: before DDPInitStuck names it (or, when peers never checked in, names those peers).
+    init_stuck_seconds: float = 300.0
 
     # --- for durations -------------------------------------------------------------------------
     straggler_for: str = "5m"
@@ -80,6 +83,7 @@ class MixinConfig:
     training_stalled_for: str = "5m"
     gpu_memory_for: str = "5m"
     throughput_for: str = "10m"
+    init_stuck_for: str = "1m"
 
     # --- evaluation and deployment -------------------------------------------------------------
     #: Scrape and rule evaluation interval of the generated Prometheus config.
@@ -132,6 +136,7 @@ class MixinConfig:
             "training_stalled_for",
             "gpu_memory_for",
             "throughput_for",
+            "init_stuck_for",
         ):
             duration_seconds(getattr(self, name))
         if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
@@ -172,6 +177,8 @@ FAST = MixinConfig(
     training_stalled_for="30s",
     gpu_memory_for="30s",
     throughput_for="30s",
+    init_stuck_seconds=20.0,  # an init wait, shrunk like heartbeat staleness
+    init_stuck_for="10s",
     scrape_interval="1s",
     evaluation_interval="1s",
 )

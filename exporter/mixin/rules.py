@@ -43,6 +43,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPInputBound",
     "DDPThroughputDrop",
     "DDPGPUMemoryNearLimit",
+    "DDPInitStuck",
 )
 
 #: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
@@ -496,7 +497,71 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "for tensors kept alive across steps (a growing allocated line).",
         ),
     ]
+    out.append(_init_stuck(cfg))
     return out
+
+
+def _init_stuck(cfg: MixinConfig) -> Alert:
+    """Return DDPInitStuck: name the ranks that never checked in, else the ranks still in init.
+
+    The monitoring rank publishes ``ddp_init_peer_arrived`` 0 for peers that have not checked in
+    through torchrun's store (role=missing names them: the others only wait for them). Without
+    such peers (or without the store: srun), every rank still in a phase other than done after
+    ``init_stuck_seconds`` is named (role=waiting).
+    """
+    started = f"max by (run, rank) ({selector(cfg, catalog.INIT_STARTED.name)})"
+    waited = f"(time() - {started} > {cfg.init_stuck_seconds:g})"
+    arrived = selector(cfg, catalog.INIT_PEER_ARRIVED.name)
+    not_arrived = f"max by (run, rank, peer_rank) ({arrived} == 0)"
+    in_init = selector(cfg, catalog.INIT_PHASE.name, 'phase!="done"')
+    in_init = f"max by (run, rank) ({in_init})"
+    missing = (
+        "max by (run, rank) (\n  label_replace(\n"
+        f"    {not_arrived} * 0\n    + on (run, rank) group_left ()\n    {waited},\n"
+        '    "rank", "$1", "peer_rank", "(.*)"\n  )\n)'
+    )
+    waiting = f"{waited}\nand on (run, rank)\n{in_init}\nunless on (run)\n{missing}"
+    return Alert(
+        "DDPInitStuck",
+        "critical",
+        f"{_role(missing, 'missing')}\nor\n{_role(waiting, 'waiting')}",
+        cfg.init_stuck_for,
+        "The job is stuck in initialisation: a rank never arrived or the process group never "
+        "formed.",
+        (
+            "Rank {{ $labels.rank }} of run {{ $labels.run }} is {{ $labels.role }} after "
+            "{{ $value | humanizeDuration }} of init: "
+            '"missing" means it never checked in through the launcher\'s store (the monitoring '
+            'rank has waited that long for it); "waiting" means it started the init watch that '
+            "long ago and its process group does not exist yet."
+        ),
+        (
+            "The ranks called exporter.watch_init() but init_process_group has not completed "
+            f"after {cfg.init_stuck_seconds:g}s. init_process_group waits for every rank, so one "
+            "rank that never arrives holds all of them: role=missing names it. With no rank "
+            "missing (or without torchrun's agent store to check in with), every rank still in "
+            "init is named with role=waiting. Seed causes:\n\n"
+            "- **Port blocked**: a firewall blocks MASTER_PORT; the rank stays in phase `store` "
+            "(it cannot reach the launcher's store) and the log says so once.\n"
+            "- **Rank not started**: scheduler, container pull, a crash on import; the rank has "
+            "no endpoint at all and the monitoring rank names it missing.\n"
+            "- **Environment mismatch**: MASTER_ADDR, MASTER_PORT, WORLD_SIZE or the run id "
+            "differ between nodes; ranks wait in phase `process_group` for peers that "
+            "rendezvous elsewhere.\n"
+            "- **Version skew**: another torch, NCCL or CUDA on one node; init fails or hangs."
+        ),
+        "Each rank's endpoint shows `ddp_init_phase_timestamp_seconds{phase}` (store, "
+        "process_group, done) and `ddp_init_started_timestamp_seconds`; the monitoring rank's "
+        "shows `ddp_init_peer_arrived{peer_rank}` (0 = not arrived). `up` tells whether the "
+        "missing rank's endpoint exists at all. The launcher log of the named rank's node "
+        "usually has the error.",
+        "role=missing: check that the rank's process started on its node (launcher and "
+        "scheduler logs, `ps`), that it can reach MASTER_ADDR:MASTER_PORT (`nc -z`), and that "
+        "its environment matches the other nodes. Phase store on any rank: open MASTER_PORT "
+        "between the nodes. role=waiting on every rank: compare MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE and the torch/NCCL/CUDA versions across nodes (`ddp-exporter doctor` checks "
+        "all of them), fix and restart the job.",
+    )
 
 
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
