@@ -225,7 +225,11 @@ def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):
         urls = wait_for(lambda: len(job.urls) == 3 and dict(job.urls), 120, "rank 2's URL")
         for rank in range(3):
             s = wait_for(
-                lambda rank=rank: (s := job.scrape(rank)).get("ddp_steps_total") and s,
+                lambda rank=rank: (
+                    (s := job.scrape(rank)).get("ddp_steps_total")
+                    and value(s, "ddp_steps_total", rank=str(rank)) > 0
+                    and s
+                ),
                 120,
                 f"training series on rank {rank}'s init-watch endpoint",
             )
