@@ -164,7 +164,9 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             for line in job.stdout:
                 found = metrics_urls(line)
                 urls.update(found)
-                if found or "injecting fault" in line or "Error" in line or "error" in line:
+                # "ddp-exporter hang": the forensics' detection line and verdict (rank 0 logs).
+                shown = found or "injecting fault" in line or "ddp-exporter hang" in line
+                if shown or "Error" in line or "error" in line:
                     say(line.rstrip())  # one write: several pump threads share stdout
 
         for job in jobs:
@@ -254,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
     t.add_argument("--refresh", type=float, default=2.0)
     t.add_argument("--once", action="store_true", help="print one table and exit")
+    # Hang forensics (exporter.hangs): read one episode's dumps and print the verdict.
+    h = sub.add_parser("hangs", help="print who is stuck where, from a hang dump folder")
+    h.add_argument("dir", help="an episode folder, or the dump folder (its newest episode)")
     return p
 
 
@@ -263,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args, parser)
+    if args.command == "hangs":
+        from . import hangs
+
+        return hangs.main(args.dir)
     return _top(args, parser)
 
 

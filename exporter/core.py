@@ -22,6 +22,7 @@ from .collector import DDPCollector
 from .commhook import CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .errors import ErrorCounter, log
 from .flight import FlightRecorderSource, HookBookkeepingSource, pg_timeout_seconds
+from .forensics import DEFAULT_DUMP_DIR, Forensics
 from .heartbeat import Heartbeat
 from .instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .memory import MemorySource, cuda_memory_source
@@ -95,6 +96,7 @@ class Observer:
         memory_source: MemorySource | None,
         serve: bool,
         otlp: bool | str | None = None,
+        dump_dir: str = DEFAULT_DUMP_DIR,
     ) -> None:
         self.model = model
         self.run = run
@@ -164,6 +166,8 @@ class Observer:
 
         self.heartbeat: Heartbeat | None = None
         self._start_heartbeat(heartbeat_s, monitor_rank, peer_series)
+        self.forensics: Forensics | None = None
+        self._start_forensics(heartbeat_s, monitor_rank, dump_dir)
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DDPCollector(self))
@@ -239,6 +243,20 @@ class Observer:
         except Exception as exc:  # noqa: BLE001
             self.errors.record("heartbeat", exc)
             self.heartbeat = None
+
+    def _start_forensics(self, interval_s: float, monitor_rank: int, dump_dir: str) -> None:
+        # Hang forensics ride on the heartbeat's store and interval (see exporter.forensics).
+        if self.heartbeat is None:
+            return
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            self.forensics = Forensics(
+                self, store, interval_s, self.rank == monitor_rank, dump_dir, self.errors
+            )
+            self.forensics.start()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("forensics", exc)
+            self.forensics = None
 
     def _start_otlp(self, otlp: bool | str | None) -> Any:
         """Start the OTLP push path when asked to (keyword or OTEL_* environment)."""
@@ -343,6 +361,8 @@ class Observer:
             self._optim.uninstrument()
         if self.heartbeat is not None:
             self.heartbeat.close()
+        if self.forensics is not None:
+            self.forensics.close()
         if self._cuda is not None:
             self._cuda.close()
         if self._otlp is not None:
@@ -392,6 +412,7 @@ def instrument(
     serve: bool = True,
     otlp: bool | str | None = None,
     peer_series: int | None = None,
+    dump_dir: str | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -445,6 +466,7 @@ def instrument(
             serve=serve,
             otlp=otlp,
             peer_series=peer_series,
+            dump_dir=dump_dir or os.environ.get(env.DUMP_DIR) or DEFAULT_DUMP_DIR,
         )
         _active = obs
     atexit.register(obs.close)

@@ -18,6 +18,9 @@ Variable                        Meaning                                         
                                 only late peers, oldest first. ``0`` none.
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
                                 bookkeeping only).
+``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
+                                user-only permissions; see exporter.forensics).        exporter-
+                                                                                       dumps
 ==============================  =====================================================  =========
 
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
@@ -35,6 +38,7 @@ __all__ = [
     "MONITOR_RANK",
     "PEER_SERIES",
     "FLIGHT_RECORDER",
+    "DUMP_DIR",
     "OTEL_ENDPOINT",
     "OTEL_METRICS_ENDPOINT",
     "RANK",
@@ -52,6 +56,7 @@ HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
 PEER_SERIES = "DDP_EXPORTER_PEER_SERIES"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+DUMP_DIR = "DDP_EXPORTER_DUMP_DIR"
 
 # OpenTelemetry's standard variables that switch the OTLP push path on (see exporter.otlp).
 OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
