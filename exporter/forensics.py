@@ -72,10 +72,12 @@ _SKIP_DIRS = tuple(
     os.path.normpath(p) + os.sep
     for p in {
         os.path.dirname(torch.__file__),
-        os.path.dirname(os.path.abspath(__file__)),
         sysconfig.get_paths().get("stdlib", "") or "/nonexistent",
     }
 )
+_EXPORTER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: The exporter's own modules are not the user's code, except the demo trainer, which is.
+_USER_MODULES_HERE = ("demo.py",)
 
 
 def _keys(run: str) -> dict[str, str]:
@@ -127,6 +129,8 @@ def innermost_user_frame(frames: list[dict]) -> dict | None:
     for fr in reversed(frames):
         path = os.path.normpath(os.path.abspath(fr["file"])) if fr["file"] else ""
         if fr["file"].startswith("<") or path.startswith(_SKIP_DIRS):
+            continue
+        if path.startswith(_EXPORTER_DIR) and os.path.basename(path) not in _USER_MODULES_HERE:
             continue
         return fr
     return None
@@ -259,7 +263,7 @@ def summarize(rank: int, dump: dict) -> dict:
         "step": dump.get("step"),
         "phase": dump.get("phase"),
         "frames": slim,
-        "where": innermost_user_frame(slim),
+        "where": innermost_user_frame(slim) or (slim[-1] if slim else None),
         "inflight": inflight,
         "seqs": dump.get("seqs", {}),
         "errors": dump.get("errors", []),

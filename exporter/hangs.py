@@ -130,7 +130,12 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             parts = ", ".join(f"rank {ranks_text(rs)} in {o}" for o, rs in sorted(ops.items()))
             v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
     waiting: dict[tuple, list[int]] = {}
-    for r in sorted(int(x) for x in episode.get("waiting", [])):
+    # The trigger's waiting ranks, plus every rank whose dump shows it inside the collective
+    # (the trigger only lists those already past the threshold when it fired).
+    inside = {
+        r for r, s in answered.items() if any(str(e["pg"]) == pg for e in s.get("inflight", []))
+    }
+    for r in sorted({int(x) for x in episode.get("waiting", [])} | inside):
         s = answered.get(r)
         if s is None or r in behind:
             continue
@@ -139,7 +144,8 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         key = (what, _at(s.get("where")))
         waiting.setdefault(key, []).append(r)
     for (what, at), rs in waiting.items():
-        v.waiting.append(f"rank {ranks_text(rs)} wait(s) in {what} (pg {pg}), called at {at}")
+        verb = "waits" if len(rs) == 1 else "wait"
+        v.waiting.append(f"rank {ranks_text(rs)} {verb} in {what} (pg {pg}), called at {at}")
     groups: dict[tuple, list[int]] = {}
     frames_of: dict[tuple, list[dict]] = {}
     for r, s in sorted(answered.items()):

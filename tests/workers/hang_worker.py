@@ -3,6 +3,7 @@
 Usage (under torchrun, or one process per rank with env://)::
 
     hang_worker.py behind STOP_RANK   # rank 1 blocks in load_batch(); STOP_RANK SIGSTOPs itself
+                                      # (-1: none)
     hang_worker.py mismatch           # healthy phase, then rank 0 all_reduce, rank 1 broadcast
 
 Every rank prints ``pid RANK PID`` (the test kills them all) and ``metrics at URL``; the
@@ -51,7 +52,8 @@ def main() -> int:
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5)
+    beat = float(os.environ.get("HANG_WORKER_HEARTBEAT_S", "0.5"))  # the benchmark uses 5
+    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=beat)
     say(f"rank {rank}: metrics at {obs.url}")
     g = torch.Generator().manual_seed(rank)
     if scenario == "behind":
