@@ -430,27 +430,39 @@ class Forensics:
         )
 
     def dump(self, episode: int, request: dict) -> dict:
-        """Write this rank's dump for ``episode``; return its summary (the ack)."""
+        """Write this rank's dump for ``episode``; return its summary (the ack).
+
+        A dump folder that cannot be written still gets an ack (with the error in it): the
+        monitoring rank must not mistake a full disk for a frozen rank.
+        """
         folder = episode_dir(self.dump_dir, self._run, episode)
-        _makedirs_private(folder)
         base = os.path.join(folder, f"rank-{self.rank}")
-        # C-level fallback: if this thread cannot get the GIL back (a thread holding it in C
-        # code), faulthandler's own watchdog thread still writes every thread's stack here.
-        fd = os.open(base + ".txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        fallback = os.fdopen(fd, "w")
+        fallback = None
         try:
+            _makedirs_private(folder)
+            fd = os.open(base + ".txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fallback = os.fdopen(fd, "w")
             fallback.write(
                 f"ddp-exporter hang dump: rank {self.rank}, episode {episode}: the Python "
                 "capture did not finish; C-level stacks from faulthandler follow.\n"
             )
             fallback.flush()
-            faulthandler.dump_traceback_later(FAULTHANDLER_S, repeat=False, file=fallback)
+        except OSError as exc:
+            self._errors.record("forensics", exc)
+        # C-level fallback: if this thread cannot get the GIL back (a thread holding it in C
+        # code), faulthandler's own watchdog thread still writes every thread's stack there.
+        # (It replaces a dump_traceback_later the application armed itself, for this moment.)
+        try:
+            if fallback is not None:
+                faulthandler.dump_traceback_later(FAULTHANDLER_S, repeat=False, file=fallback)
             try:
                 data = capture(self._obs, self._main_ident)
             finally:
-                faulthandler.cancel_dump_traceback_later()
+                if fallback is not None:
+                    faulthandler.cancel_dump_traceback_later()
         finally:
-            fallback.close()
+            if fallback is not None:
+                fallback.close()
         data.update(
             episode=episode,
             run=self._run,
@@ -462,9 +474,13 @@ class Forensics:
         )
         summary = summarize(self.rank, data)
         data["summary"] = summary
-        _write_private(base + ".json", json.dumps(data, indent=1, default=str))
-        _write_private(base + ".txt", _text(self.rank, data))
-        self.dumps += 1
+        try:
+            _write_private(base + ".json", json.dumps(data, indent=1, default=str))
+            _write_private(base + ".txt", _text(self.rank, data))
+            self.dumps += 1
+        except OSError as exc:
+            self._errors.record("forensics", exc)
+            summary["errors"] = [*summary["errors"], f"dump files not written: {exc!r}"]
         if self.rank in request.get("behind", ()) and summary.get("where"):
             w = summary["where"]
             self.location = (w["file"], str(w["line"]), w["function"])

@@ -69,6 +69,9 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
     pg, seq, kind = str(episode["pg"]), episode["seq"], episode["kind"]
     answered = {r: s for r, s in summaries.items() if s is not None}
     missing = sorted(r for r, s in summaries.items() if s is None)
+    # Read from one node's files without the monitoring rank's episode.json: a rank without a
+    # file here may have answered on its own node, so it is not called silent.
+    local_only = bool(episode.get("local_only"))
     behind = sorted(int(r) for r in episode.get("behind", []))
     last = {int(r): v for r, v in (episode.get("last_enqueued") or {}).items()}
     # Which op(s) sit at each (pg, seq) across ranks, from the Flight Recorder.
@@ -84,13 +87,23 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in pg {pg} at "
             f"{op} #{_seq(seq)}, oldest in flight {episode.get('age', 0):.1f}s "
             f"(threshold {episode.get('threshold', 0):.1f}s); "
-            f"{len(answered)}/{len(summaries)} ranks answered"
+            + (
+                f"{len(answered)}/{len(summaries)} ranks answered"
+                if not local_only
+                else f"dumps of {len(answered)}/{len(summaries)} ranks in this folder"
+            )
         ),
         missing=missing,
     )
     for r in behind:
         s = answered.get(r)
         was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
+        if s is None and local_only:
+            v.culprits.append(
+                f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was}; its dump is not in "
+                "this folder (another node's disk)"
+            )
+            continue
         if s is None:
             v.culprits.append(
                 f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was} and did not answer the "
@@ -115,7 +128,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
                 }
             )
     for r in missing:
-        if r not in behind:
+        if r not in behind and not local_only:
             v.culprits.append(
                 f"rank {r} did not answer the dump request: frozen (SIGSTOP, debugger), dead, or "
                 "a thread holds the GIL"
@@ -218,7 +231,7 @@ def load_episode(folder: str) -> tuple[dict, dict[int, dict | None]]:
         rank = int(dump["rank"])
         summaries[rank] = summarize(rank, dump)  # the full dump beats the store's summary
         if episode is None:
-            episode = dict(dump.get("request", {}), run=dump.get("run"))
+            episode = dict(dump.get("request", {}), run=dump.get("run"), local_only=True)
             episode.setdefault("world_size", dump.get("world_size"))
     if episode is None:
         raise FileNotFoundError(f"{folder} holds no episode.json and no rank-*.json")

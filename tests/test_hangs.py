@@ -118,3 +118,34 @@ def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path):
         assert cli.main(["hangs", str(tmp_path / "nothing")]) == 1
     assert "no hang episode" in out.getvalue()
     assert os.path.basename(hangs.find_episode(str(tmp_path))) == "r-hang-1"
+
+
+def _dump(rank: int, frames: list[dict], inflight: list[dict]) -> dict:
+    """Return a rank file as exporter.forensics writes it (only the fields the verdict reads)."""
+    return {
+        "rank": rank,
+        "run": "r",
+        "world_size": 3,
+        "step": 7,
+        "phase": "data",
+        "threads": [{"name": "MainThread", "training": True, "exporter": False, "frames": frames}],
+        "flight_recorder": {"available": True, "inflight": inflight, "recent": []},
+        "request": {
+            k: v for k, v in _episode().items() if k not in ("world_size", "run", "last_enqueued")
+        },
+    }
+
+
+def test_rank_files_of_one_node_do_not_call_other_nodes_silent(tmp_path):
+    folder = tmp_path / "r-hang-1"
+    folder.mkdir()
+    ar = [{"op": "all_reduce", "seq": 41, "pg": "0"}]
+    (folder / "rank-0.json").write_text(json.dumps(_dump(0, _frames((60, "train_step")), ar)))
+    (folder / "rank-1.json").write_text(json.dumps(_dump(1, _frames((60, "train_step")), ar)))
+    episode, summaries = hangs.load_episode(str(folder))
+    v = hangs.verdict(episode, summaries)
+    assert v.culprits == [
+        "rank 2 never entered all_reduce #41 (pg 0); its dump is not in this folder (another "
+        "node's disk)"
+    ]
+    assert "dumps of 2/3 ranks in this folder" in v.header
