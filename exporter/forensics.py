@@ -236,7 +236,11 @@ def capture(observer: Observer | None = None, main_ident: int | None = None) -> 
     except Exception as exc:  # noqa: BLE001
         out["threads"] = []
         out["errors"].append(f"python stacks: {exc!r}")
-    out["flight_recorder"] = _flight_recorder()
+    if observer is not None and observer.inflight_source.name != "flight_recorder":
+        # Turned off (DDP_EXPORTER_FLIGHT_RECORDER=0) or found unusable at start: keep out.
+        out["flight_recorder"] = {"available": False, "error": "Flight Recorder not in use"}
+    else:
+        out["flight_recorder"] = _flight_recorder()
     training = next((t for t in out["threads"] if t["training"]), None)
     out["phase"] = _phase(training["frames"]) if training else "unknown"
     if observer is not None:

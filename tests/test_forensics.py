@@ -18,8 +18,10 @@ import sys
 import threading
 from contextlib import redirect_stdout
 
+from conftest import train_epoch
 from harness import REPO, Job, parse, scrape_text, value, wait_for
 
+import exporter
 from exporter import cli
 from exporter.forensics import capture, innermost_user_frame, summarize
 from exporter.localstack import free_port
@@ -196,3 +198,33 @@ def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
         for p in procs:
             _kill([p.pid])
             p.wait(timeout=30)
+
+
+def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
+    model, loader, opt = ddp
+    root = str(tmp_path / "d")
+    obs = exporter.instrument(
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=root
+    )
+    train_epoch(model, loader, opt)
+    summary = obs.forensics.dump(7, {"episode": 7, "behind": [0], "pg": "0", "seq": 1})
+    folder = glob.glob(os.path.join(root, "*-hang-7"))[0]
+    with open(os.path.join(folder, "rank-0.json")) as f:
+        dump = json.load(f)
+    assert dump["flight_recorder"]["available"] and dump["step"] == 8
+    assert (
+        summary["where"]["function"] == "test_dump_in_process_files_metrics_and_flight_recorder_off"
+    )
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
+    (labels, _), *_ = s["ddp_hang_location_info"]
+    assert labels["function"] == summary["where"]["function"]
+    assert value(s, "ddp_hang_dumps_total") == 1
+    # The location goes once the rank progresses (the episode is over for it).
+    train_epoch(model, loader, opt)
+    wait_for(lambda: obs.forensics.location is None, 10, "the location to be withdrawn")
+
+    obs.inflight_failed(RuntimeError("FR broke"))  # from now on: comm-hook bookkeeping only
+    obs.forensics.dump(8, {"episode": 8})
+    with open(glob.glob(os.path.join(root, "*-hang-8", "rank-0.json"))[0]) as f:
+        assert not json.load(f)["flight_recorder"]["available"]
