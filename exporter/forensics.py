@@ -6,7 +6,8 @@ runs on one background thread per rank, never on the training thread:
 * every interval each rank ``set``s one small *report* key (per process group: last enqueued
   sequence number, oldest in-flight age, timeout; and its recent collective latency), and
   reads the run's *episode* counter with one ``add(key, 0)``;
-* the monitoring rank reads every report with one ``multi_get`` per quarter interval, runs
+* the monitoring rank reads every report with one ``multi_get`` per quarter interval (per
+  interval beyond :data:`FAST_WATCH_MAX_RANKS` ranks), runs
   :func:`exporter.hung.find_hangs` (the one definition of "hung", shared with ``top`` and the
   alert rules) and, for a ``behind`` or ``symmetric`` finding, writes a request and bumps the
   episode counter: one episode per hang, a new one only after progress resumed;
@@ -33,7 +34,6 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,6 +65,8 @@ MAX_FRAMES = 100
 ACK_FRAMES = 40
 #: Retired Flight Recorder entries kept per process group, besides every in-flight one.
 RECENT_ENTRIES = 10
+#: Largest job whose monitoring rank reads the reports every quarter interval, not every one.
+FAST_WATCH_MAX_RANKS = 256
 #: Seconds the C-level fallback (faulthandler) waits before it dumps every thread's stack.
 FAULTHANDLER_S = 3.0
 
@@ -319,7 +321,6 @@ class Forensics:
         dump_dir: str,
         errors: ErrorCounter,
         policy: HangPolicy = DEFAULT_POLICY,
-        on_verdict: Callable[[str], None] | None = None,
     ) -> None:
         self._obs = observer
         self._store = store
@@ -331,7 +332,6 @@ class Forensics:
         self.dump_dir = dump_dir
         self.policy = policy
         self._errors = errors
-        self._on_verdict = on_verdict
         self._keys = _keys(self._run)
         self._report_keys = [_report_key(self._run, r) for r in range(self.world_size)]
         self._ack_keys = [_ack_key(self._run, r) for r in range(self.world_size)]
@@ -342,6 +342,7 @@ class Forensics:
         self._lat: tuple[float, int] = (0.0, 0)
         self._recent_latency: float | None = None
         self._answered = 0
+        self._last_states: list = []
         #: Dumps written by this rank (``ddp_hang_dumps_total``).
         self.dumps = 0
         #: ``(file, line, function)`` while this rank is the culprit of an open episode.
@@ -352,8 +353,6 @@ class Forensics:
         self._seen: list[tuple[bytes, float]] | None = None
         self._episode: dict | None = None
         self._blocked_pg: str | None = None
-        #: Verdict texts the monitoring rank produced, newest last (tests and the demo read it).
-        self.verdicts: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -383,14 +382,20 @@ class Forensics:
                 if full or self._self_stuck():
                     self._check_request()
                 self._update_location()
-                if self.monitor:
+                # Reports are read every quarter interval (a hang is seen up to 3/4 of an
+                # interval sooner); in large jobs once per interval, to bound store traffic.
+                if self.monitor and (full or self.world_size <= FAST_WATCH_MAX_RANKS):
                     self._watch()
             except Exception as exc:  # noqa: BLE001 - a dead store must not kill training
                 self._errors.record("forensics", exc)
 
     # -- every rank --------------------------------------------------------------------------
     def _states(self) -> list:
-        return self._obs.inflight_source.read()
+        try:
+            return self._obs.inflight_source.read()
+        except Exception as exc:  # noqa: BLE001 - same fallback as the scrape path
+            self._obs.inflight_failed(exc)
+            return self._obs.inflight_source.read()
 
     def _latency(self) -> float | None:
         """Return the mean collective latency since the last full tick (last known if none)."""
@@ -417,7 +422,7 @@ class Forensics:
 
     def _self_stuck(self) -> bool:
         """Say whether this rank sits in a collective long enough to expect a request soon."""
-        states = getattr(self, "_last_states", None) or []
+        states = self._last_states
         return any(s.inflight_age_s > self.policy.stall_min_seconds / 2 for s in states)
 
     def _check_request(self) -> None:
@@ -492,7 +497,7 @@ class Forensics:
         return summary
 
     def _progress_mark(self) -> tuple:
-        states = getattr(self, "_last_states", None) or []
+        states = self._last_states
         return (self._obs.recorder.steps, tuple(sorted((s.pg, s.last_enqueued) for s in states)))
 
     def _update_location(self) -> None:
@@ -535,10 +540,10 @@ class Forensics:
             act = [f for f in findings if f.kind in ("behind", "symmetric")]
             if act:
                 act.sort(key=lambda f: f.kind != "behind")
-                self._open(act[0], last)
+                self._open(act[0])
                 self._check_request()  # the monitoring rank dumps at once
 
-    def _open(self, finding: HangFinding, last: dict) -> None:
+    def _open(self, finding: HangFinding) -> None:
         request = {
             "pg": finding.pg,
             "kind": finding.kind,
@@ -557,7 +562,7 @@ class Forensics:
         self._store.add(self._keys["episode"], 1)
         self._blocked_pg = finding.pg
         deadline = time.monotonic() + 3 * self.interval + FAULTHANDLER_S + 2.0
-        self._episode = {"request": request, "deadline": deadline, "acks": {}, "last": last}
+        self._episode = {"request": request, "deadline": deadline, "acks": {}}
         log.warning(
             "ddp-exporter: hang detected in run %s (pg %s, %s, seq %g, oldest in flight %.1fs "
             "> %.1fs); asking every rank for a dump (episode %d)",
@@ -605,10 +610,7 @@ class Forensics:
             _write_private(os.path.join(folder, "verdict.txt"), text)
         except OSError as exc:
             self._errors.record("forensics", exc)
-        self.verdicts.append(text)
         log.warning(
             "%s",
             "\n".join(f"{hangs.MARKER} {line}" for line in text.rstrip("\n").splitlines()),
         )
-        if self._on_verdict is not None:
-            self._on_verdict(text)
