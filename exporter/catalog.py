@@ -299,8 +299,8 @@ def series_per_rank(
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
-    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory gauges on
-    CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
+    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
+    gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     """

@@ -245,8 +245,9 @@ class Observer:
             self.heartbeat = None
 
     def _start_forensics(self, interval_s: float, monitor_rank: int, dump_dir: str) -> None:
-        # Hang forensics ride on the heartbeat's store and interval (see exporter.forensics).
-        if self.heartbeat is None:
+        # Hang forensics ride on the heartbeat's store and interval (see exporter.forensics);
+        # without a monitoring rank nobody would decide a hang, so nothing is reported either.
+        if self.heartbeat is None or not 0 <= monitor_rank < self.world_size:
             return
         try:
             store = dist.distributed_c10d._get_default_store()
@@ -412,7 +413,7 @@ def instrument(
     serve: bool = True,
     otlp: bool | str | None = None,
     peer_series: int | None = None,
-    dump_dir: str | None = None,
+    dump_dir: str | os.PathLike | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -450,6 +451,10 @@ def instrument(
             raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
+        if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"exporter.instrument(dump_dir=...): expected a path, got {type(dump_dir).__name__}"
+            )
         if flight_recorder is None:
             flight_recorder = os.environ.get(env.FLIGHT_RECORDER, "1") not in ("0", "false", "")
         obs = Observer(
@@ -466,7 +471,7 @@ def instrument(
             serve=serve,
             otlp=otlp,
             peer_series=peer_series,
-            dump_dir=dump_dir or os.environ.get(env.DUMP_DIR) or DEFAULT_DUMP_DIR,
+            dump_dir=os.fspath(dump_dir or os.environ.get(env.DUMP_DIR) or DEFAULT_DUMP_DIR),
         )
         _active = obs
     atexit.register(obs.close)

@@ -18,6 +18,7 @@ import sys
 import threading
 from contextlib import redirect_stdout
 
+import pytest
 from conftest import train_epoch
 from harness import REPO, Job, parse, scrape_text, value, wait_for
 
@@ -49,6 +50,10 @@ def _kill(pids) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _all(job: Job) -> str:
+    return "".join(job.lines)  # Job.output() keeps only the tail; the pids come first
 
 
 def _episodes(root: str) -> list[str]:
@@ -86,9 +91,7 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
     with Job(3, ["behind", "2"], env=env, module=WORKER) as job:
         try:
             urls = job.wait_urls()
-            pids = wait_for(
-                lambda: len(_pids(job.output())) == 3 and _pids(job.output()), 60, "pids"
-            )
+            pids = wait_for(lambda: len(_pids(_all(job))) == 3 and _pids(_all(job)), 60, "pids")
             folder = _verdict(root, 120)
             with open(os.path.join(folder, "episode.json")) as f:
                 episode = json.load(f)
@@ -106,7 +109,7 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
             assert re.search(rf"rank 2 never entered all_reduce #{seq} .*did not answer", text)
             assert text.index(culprit) < text.index("STACKS")
             # The monitoring rank logged the same verdict.
-            wait_for(lambda: culprit in job.output(), 10, "the verdict in the log")
+            wait_for(lambda: culprit in _all(job), 10, "the verdict in the log")
 
             # The waiting rank's stack shows the collective's call site, FR its op and seq.
             with open(os.path.join(folder, "rank-0.json")) as f:
@@ -146,7 +149,7 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
             assert culprit in printed and printed.index(culprit) < printed.index("STACKS")
             assert len(_episodes(root)) == 1  # one dump per episode, no storm
         finally:
-            _kill(pids.values())
+            _kill({**_pids(_all(job)), **pids}.values())
 
 
 def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
@@ -202,9 +205,11 @@ def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
 
 def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
     model, loader, opt = ddp
+    with pytest.raises(TypeError, match="dump_dir"):
+        exporter.instrument(model, port=0, dump_dir=123)
     root = str(tmp_path / "d")
     obs = exporter.instrument(
-        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=root
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=tmp_path / "d"
     )
     train_epoch(model, loader, opt)
     summary = obs.forensics.dump(7, {"episode": 7, "behind": [0], "pg": "0", "seq": 1})
