@@ -70,12 +70,15 @@ FAST_WATCH_MAX_RANKS = 256
 #: Seconds the C-level fallback (faulthandler) waits before it dumps every thread's stack.
 FAULTHANDLER_S = 3.0
 
+#: Frames under these folders are not "where the user's code is stuck": torch, the standard
+#: library and installed packages (Lightning, transformers: their caller is the user's code).
 _SKIP_DIRS = tuple(
     os.path.normpath(p) + os.sep
     for p in {
         os.path.dirname(torch.__file__),
-        sysconfig.get_paths().get("stdlib", "") or "/nonexistent",
+        *(sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")),
     }
+    if p
 )
 _EXPORTER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: The exporter's own modules are not the user's code, except the demo trainer, which is.
@@ -127,7 +130,7 @@ def _frames(frame: Any) -> list[dict]:
 
 
 def innermost_user_frame(frames: list[dict]) -> dict | None:
-    """Return the innermost frame outside torch, the exporter and the standard library."""
+    """Return the innermost frame of the user's own code (see ``_SKIP_DIRS``), else None."""
     for fr in reversed(frames):
         path = os.path.normpath(os.path.abspath(fr["file"])) if fr["file"] else ""
         if fr["file"].startswith("<") or path.startswith(_SKIP_DIRS):

@@ -70,15 +70,24 @@ def _verdict(root: str, timeout: float) -> str:
 
 def test_capture_reads_every_thread_training_thread_first():
     release = threading.Event()
-    t = threading.Thread(target=release.wait, name="blocked-in-c", daemon=True)
-    t.start()
+
+    def busy() -> None:
+        while not release.is_set():
+            sum(range(1000))  # busy in Python: holds the GIL but for its switch interval
+
+    blocked = threading.Thread(target=release.wait, name="blocked-in-c", daemon=True)
+    spinning = threading.Thread(target=busy, name="busy-in-python", daemon=True)
+    blocked.start()
+    spinning.start()
     try:
         dump = capture()
     finally:
         release.set()
     names = [th["name"] for th in dump["threads"]]
     assert names[0] == "MainThread" and dump["threads"][0]["training"]
-    assert "blocked-in-c" in names
+    assert {"blocked-in-c", "busy-in-python"} <= set(names)
+    spin = next(th for th in dump["threads"] if th["name"] == "busy-in-python")
+    assert spin["frames"][-1]["function"] == "busy"
     here = innermost_user_frame(dump["threads"][0]["frames"])
     assert here["function"] == "test_capture_reads_every_thread_training_thread_first"
     assert summarize(0, dump)["where"]["file"] == here["file"]
