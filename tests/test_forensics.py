@@ -2,7 +2,7 @@
 
 Two jobs cover the issue's scenarios: a torchrun job where rank 1 blocks in user code before a
 collective and rank 2 is SIGSTOPped (culprit with file:line, waiting stacks, a rank that cannot
-answer, the location metric), and one process per rank (env://, like srun) that first trains
+answer, the location metric), then both recover and rank 1 hangs again (a second episode), and one process per rank (env://, like srun) that first trains
 healthily with a slow step (no dump) and then deadlocks on mismatched collectives.
 """
 
@@ -60,10 +60,10 @@ def _episodes(root: str) -> list[str]:
     return sorted(glob.glob(os.path.join(root, "*-hang-*")))
 
 
-def _verdict(root: str, timeout: float) -> str:
+def _verdict(root: str, timeout: float, episode: int = 1) -> str:
     def done():
-        found = [e for e in _episodes(root) if os.path.exists(os.path.join(e, "verdict.txt"))]
-        return found[0] if found else None
+        found = glob.glob(os.path.join(root, f"*-hang-{episode}", "verdict.txt"))
+        return os.path.dirname(found[0]) if found else None
 
     return wait_for(done, timeout, "the monitoring rank's verdict")
 
@@ -95,7 +95,8 @@ def test_capture_reads_every_thread_training_thread_first():
 
 def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
     root = str(tmp_path / "dumps")
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DUMP_DIR": root}
+    release = str(tmp_path / "release")
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DUMP_DIR": root, "HANG_WORKER_RELEASE": release}
     pids: dict[int, int] = {}
     with Job(3, ["behind", "2"], env=env, module=WORKER) as job:
         try:
@@ -156,7 +157,24 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
                 assert cli.main(["hangs", root]) == 0
             printed = out.getvalue()
             assert culprit in printed and printed.index(culprit) < printed.index("STACKS")
-            assert len(_episodes(root)) == 1  # one dump per episode, no storm
+
+            # Progress resumes (rank 2 thawed, rank 1 released), then rank 1 hangs again: a
+            # new episode with a new dump, and still one dump per rank per episode.
+            os.kill(pids[2], signal.SIGCONT)
+            open(release, "w").close()
+            wait_for(lambda: _all(job).count("recovered") >= 3, 60, "training to resume")
+            folder2 = _verdict(root, 90, episode=2)
+            with open(os.path.join(folder2, "episode.json")) as f:
+                episode2 = json.load(f)
+            assert episode2["behind"] == [1] and episode2["missing"] == [], episode2
+            assert episode2["seq"] > seq
+            with open(os.path.join(folder2, "verdict.txt")) as f:
+                assert "; it is at hang_worker.py:" in f.read()
+            assert len(_episodes(root)) == 2  # no dump storm
+            for rank in (0, 1):
+                assert value(parse(scrape_text(urls[rank])), "ddp_hang_dumps_total") == 2
+            (labels, _), *_ = parse(scrape_text(urls[1]))["ddp_hang_location_info"]
+            assert labels["function"] == "load_batch"
         finally:
             _kill({**_pids(_all(job)), **pids}.values())
 

@@ -28,9 +28,9 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def load_batch(rank: int) -> None:
-    """Stand in for a data loading function that never returns."""
-    while True:
+def load_batch(release: str) -> None:
+    """Stand in for a data loading function that blocks until ``release`` exists."""
+    while not os.path.exists(release):
         time.sleep(0.05)  # stuck here
 
 
@@ -64,10 +64,16 @@ def main() -> int:
         if rank == stop_rank:
             say(f"onset {time.time()}")
             os.kill(os.getpid(), signal.SIGSTOP)
-        if rank == 1:
-            say(f"onset {time.time()}")
-            load_batch(rank)
-        step(model, opt, g)  # waits for rank 1 inside DDP's allreduce
+        # With HANG_WORKER_RELEASE set, rank 1 recovers when that file appears, trains on and
+        # hangs a second time (a new episode); without it, it stays in the first hang.
+        release = os.environ.get("HANG_WORKER_RELEASE", "/nonexistent/never")
+        for episode in (1, 2):
+            if rank == 1:
+                say(f"onset {time.time()}")
+                load_batch(release if episode == 1 else "/nonexistent/never")
+            for _ in range(10):
+                step(model, opt, g)  # waits for rank 1 inside DDP's allreduce
+            say(f"recovered {rank}")
     elif scenario == "mismatch":
         # A step count, not a duration: ranks must agree on how many collectives they run.
         for n in range(int(os.environ.get("HANG_WORKER_HEALTHY_STEPS", "120"))):
