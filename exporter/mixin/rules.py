@@ -294,7 +294,9 @@ def hang_location(cfg: MixinConfig = DEFAULT) -> str:
     The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.forensics);
     a template ``query`` looks it up for the alert's run and rank and adds nothing otherwise.
     """
-    metric = selector(cfg, catalog.HANG_LOCATION.name, "run=%q", "rank=%q")
+    # The selector goes through printf: a literal % in it must be doubled.
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q", "rank=%q") if m]
+    metric = f"{catalog.HANG_LOCATION.name}{{{', '.join(matchers)}}}"
     return (
         f"{{{{ with printf `{metric}` $labels.run $labels.rank | query }}}}"
         "{{ with first . }} Its hang dump says it is at {{ .Labels.file }}:{{ .Labels.line }} "
