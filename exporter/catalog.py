@@ -36,6 +36,8 @@ __all__ = [
     "GPU_MEM_TOTAL",
     "HOST_MEM_RESIDENT",
     "EXPORTER_ERRORS",
+    "HANG_LOCATION",
+    "HANG_DUMPS",
     "series_per_rank",
     "INIT_PHASES",
     "INIT_STARTED",
@@ -62,6 +64,7 @@ ERROR_WHERE: tuple[str, ...] = (
     "memory",
     "collect",
     "discovery",
+    "forensics",
 )
 
 #: Histogram bounds (seconds) for whole training steps.
@@ -253,6 +256,18 @@ EXPORTER_ERRORS = MetricDef(
     "Errors inside the exporter, caught so that training goes on, by place.",
     ("where",),
 )
+HANG_LOCATION = MetricDef(
+    "ddp_hang_location_info",
+    "info",
+    "Where this rank is stuck (innermost frame of its training thread in user code), published "
+    "by the culprit of a hang episode until it progresses again; value is always 1.",
+    ("file", "line", "function"),
+)
+HANG_DUMPS = MetricDef(
+    "ddp_hang_dumps_total",
+    "counter",
+    "Hang dumps this rank wrote (one per hang episode; see ddp-exporter hangs DIR).",
+)
 
 #: Every metric family, in exposition order.
 METRICS: tuple[MetricDef, ...] = (
@@ -274,6 +289,8 @@ METRICS: tuple[MetricDef, ...] = (
     GPU_MEM_TOTAL,
     HOST_MEM_RESIDENT,
     EXPORTER_ERRORS,
+    HANG_LOCATION,
+    HANG_DUMPS,
 )
 
 #: Init phases of exporter.watch_init(), in order (bounded label set of ddp_init_phase_*).
@@ -339,8 +356,8 @@ def series_per_rank(
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
-    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 host RSS (+ 4 GPU memory gauges on
-    CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
+    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
+    gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     """
@@ -348,6 +365,7 @@ def series_per_rank(
     n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
     n += 4 * process_groups
     n += 1  # host RSS, on every rank
+    n += 1  # hang dumps; the hang location exists only on a culprit during an episode
     if gpu:
         n += 4
     if monitor:

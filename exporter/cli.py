@@ -189,7 +189,9 @@ def _run_demo(
         for line in job.stdout:
             found = metrics_urls(line)
             urls.update(found)
-            if found or "injecting fault" in line or "Error" in line or "error" in line:
+            # "ddp-exporter hang": the forensics' detection line and verdict (rank 0 logs).
+            shown = found or "injecting fault" in line or "ddp-exporter hang" in line
+            if shown or "Error" in line or "error" in line:
                 say(line.rstrip())  # one write: several pump threads share stdout
 
     for job in jobs:
@@ -287,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read twice, --refresh apart, print one table and exit")  # fmt: skip
     # Listed for --help only: main() hands "doctor ..." to exporter.doctor's own parser.
     sub.add_parser("doctor", help="preflight: check that the ranks of a job can meet")
+    # Hang forensics (exporter.hangs): read one episode's dumps and print the verdict.
+    h = sub.add_parser("hangs", help="print who is stuck where, from a hang dump folder")
+    h.add_argument("dir", help="an episode folder, or the dump folder (its newest episode)")
     return p
 
 
@@ -301,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo(args, parser)
+    if args.command == "hangs":
+        from . import hangs
+
+        return hangs.main(args.dir)
     return _top(args, parser)
 
 

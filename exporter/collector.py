@@ -59,7 +59,14 @@ class DDPCollector(Collector):
         obs = self._obs
         base = [obs.run, str(obs.rank)]
         fams = {m.name: _family(m) for m in c.METRICS}
-        for part in (self._static, self._steps, self._inflight, self._liveness, self._memory):
+        for part in (
+            self._static,
+            self._steps,
+            self._inflight,
+            self._liveness,
+            self._memory,
+            self._forensics,
+        ):
             try:
                 part(fams, base)
             except Exception as exc:  # noqa: BLE001 - serve what we can
@@ -126,3 +133,13 @@ class DDPCollector(Collector):
         rss = host_resident_bytes()
         if rss is not None:
             fams[c.HOST_MEM_RESIDENT.name].add_metric(base, rss)
+
+    def _forensics(self, fams: dict, base: list[str]) -> None:
+        fx = getattr(self._obs, "forensics", None)
+        if fx is None:
+            return
+        fams[c.HANG_DUMPS.name].add_metric(base, fx.dumps)
+        where = fx.location  # one read: the forensics thread swaps the tuple atomically
+        if where is not None:
+            labels = dict(zip(c.HANG_LOCATION.labels, where))
+            fams[c.HANG_LOCATION.name].add_metric(base, labels)

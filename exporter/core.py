@@ -22,6 +22,7 @@ from .collector import DDPCollector
 from .commhook import CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .errors import ErrorCounter, log
 from .flight import FlightRecorderSource, HookBookkeepingSource, pg_timeout_seconds
+from .forensics import DEFAULT_DUMP_DIR, Forensics
 from .heartbeat import Heartbeat
 from .instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .memory import MemorySource, cuda_memory_source
@@ -98,6 +99,7 @@ class Observer:
         memory_source: MemorySource | None,
         serve: bool,
         otlp: bool | str | None = None,
+        dump_dir: str = DEFAULT_DUMP_DIR,
     ) -> None:
         self.model = model
         self.run = run
@@ -167,6 +169,8 @@ class Observer:
 
         self.heartbeat: Heartbeat | None = None
         self._start_heartbeat(heartbeat_s, monitor_rank, peer_series)
+        self.forensics: Forensics | None = None
+        self._start_forensics(heartbeat_s, monitor_rank, dump_dir)
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DDPCollector(self))
@@ -243,6 +247,21 @@ class Observer:
         except Exception as exc:  # noqa: BLE001
             self.errors.record("heartbeat", exc)
             self.heartbeat = None
+
+    def _start_forensics(self, interval_s: float, monitor_rank: int, dump_dir: str) -> None:
+        # Hang forensics ride on the heartbeat's store and interval (see exporter.forensics);
+        # without a monitoring rank nobody would decide a hang, so nothing is reported either.
+        if self.heartbeat is None or not 0 <= monitor_rank < self.world_size:
+            return
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            self.forensics = Forensics(
+                self, store, interval_s, self.rank == monitor_rank, dump_dir, self.errors
+            )
+            self.forensics.start()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("forensics", exc)
+            self.forensics = None
 
     def _start_otlp(self, otlp: bool | str | None) -> Any:
         """Start the OTLP push path when asked to (keyword or OTEL_* environment)."""
@@ -347,6 +366,8 @@ class Observer:
             self._optim.uninstrument()
         if self.heartbeat is not None:
             self.heartbeat.close()
+        if self.forensics is not None:
+            self.forensics.close()
         if self._cuda is not None:
             self._cuda.close()
         if self._otlp is not None:
@@ -398,6 +419,7 @@ def instrument(
     serve: bool = True,
     otlp: bool | str | None = None,
     peer_series: int | None = None,
+    dump_dir: str | os.PathLike | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -435,6 +457,10 @@ def instrument(
             raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
+        if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"exporter.instrument(dump_dir=...): expected a path, got {type(dump_dir).__name__}"
+            )
         if flight_recorder is None:
             flight_recorder = os.environ.get(env.FLIGHT_RECORDER, "1") not in ("0", "false", "")
         from . import initwatch  # here: initwatch imports this module
@@ -454,6 +480,7 @@ def instrument(
             serve=serve and watch is None,
             otlp=otlp,
             peer_series=peer_series,
+            dump_dir=os.fspath(dump_dir or os.environ.get(env.DUMP_DIR) or DEFAULT_DUMP_DIR),
         )
         if watch is not None:
             initwatch.take_over(watch, obs)

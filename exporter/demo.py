@@ -101,6 +101,15 @@ def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
     os.replace(tmp, os.path.join(directory, f"rank-{obs.rank}.json"))
 
 
+def _load_batch_that_never_returns() -> None:
+    """Hang where the next batch would be fetched: alive, heartbeating, out of collectives.
+
+    The hang dump names this function and line, so the demo's verdict shows where it is stuck.
+    """
+    while True:
+        time.sleep(1)
+
+
 def _linger(args: argparse.Namespace, t_start: float) -> None:
     while not args.duration or time.monotonic() - t_start < args.duration:
         time.sleep(0.5)
@@ -157,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.fault == "freeze":
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif args.fault == "hang":
-                    while True:  # alive, heartbeating, but never enters the next collective
-                        time.sleep(1)
+                    _load_batch_that_never_returns()
             try:
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 extra = args.straggle if fault_on and args.fault == "straggler" else 0.0

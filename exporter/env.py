@@ -22,6 +22,9 @@ Variable                        Meaning                                         
                                 file_sd): where Prometheus scrapes this rank.
 ``DDP_EXPORTER_FILE_SD``        Directory where each rank writes its file_sd target    unset
                                 file (removed at a clean exit).
+``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
+                                user-only permissions; see exporter.forensics).        exporter-
+                                                                                       dumps
 ==============================  =====================================================  =========
 
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun; ignored when it is
@@ -56,6 +59,7 @@ __all__ = [
     "MONITOR_RANK",
     "PEER_SERIES",
     "FLIGHT_RECORDER",
+    "DUMP_DIR",
     "OTEL_ENDPOINT",
     "OTEL_METRICS_ENDPOINT",
     "RANK",
@@ -79,6 +83,7 @@ HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
 PEER_SERIES = "DDP_EXPORTER_PEER_SERIES"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+DUMP_DIR = "DDP_EXPORTER_DUMP_DIR"
 
 # OpenTelemetry's standard variables that switch the OTLP push path on (see exporter.otlp).
 OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"

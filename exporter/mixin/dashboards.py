@@ -61,7 +61,7 @@ class PanelSpec:
 
     ``needs`` names a condition without which the panel is legitimately empty: ``""`` (always
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
-    ``"errors"`` (the exporter counted an error).
+    ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open).
     """
 
     title: str
@@ -554,6 +554,19 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 ),
                 kind="table",
                 width=24,
+            ),
+            PanelSpec(
+                "Hang location (culprit of an open hang episode)",
+                (Target(_s(cfg, catalog.HANG_LOCATION), ranks),),
+                kind="table",
+                width=24,
+                needs="hang",
+                description=(
+                    "Where a rank that never entered a collective is stuck: the innermost frame "
+                    "of its training thread in user code, from its automatic hang dump. Empty "
+                    "while no hang is open. `ddp-exporter hangs DUMP_DIR` prints every rank's "
+                    "stack."
+                ),
             ),
         ),
     )

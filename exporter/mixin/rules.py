@@ -25,6 +25,7 @@ __all__ = [
     "Alert",
     "Recorded",
     "alerts",
+    "hang_location",
     "RECORDING_GROUPS",
     "recorded",
     "recording_groups",
@@ -288,6 +289,23 @@ def _name_collective_ranks(r: Recorded, run_pg_condition: str, rank_condition: s
     return f"{_role(behind, 'behind')}\nor\n{_role(waiting, 'waiting')}"
 
 
+def hang_location(cfg: MixinConfig = DEFAULT) -> str:
+    """Return a description suffix saying where the alert's rank is stuck, when it is known.
+
+    The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.forensics);
+    a template ``query`` looks it up for the alert's run and rank and adds nothing otherwise.
+    """
+    # The selector goes through printf: a literal % in it must be doubled.
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q", "rank=%q") if m]
+    metric = f"{catalog.HANG_LOCATION.name}{{{', '.join(matchers)}}}"
+    return (
+        f"{{{{ with printf `{metric}` $labels.run $labels.rank | query }}}}"
+        "{{ with first . }} Its hang dump says it is at {{ .Labels.file }}:{{ .Labels.line }} "
+        "in {{ .Labels.function }} (ddp-exporter hangs DUMP_DIR prints every rank's stack)."
+        "{{ end }}{{ end }}"
+    )
+
+
 def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     """Return every alert of ``cfg``, grouped by alert name in :data:`ALERT_NAMES` order."""
     r = recorded(cfg)
@@ -374,14 +392,17 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                     "last enqueued sequence number is below the run's maximum, so it never entered "
                     'the collective (the hung rank); "waiting" means no rank is visibly behind and '
                     "this rank is stuck inside the collective."
-                ),
+                )
+                + hang_location(cfg),
                 "A collective (DDP's gradient allreduce) is not completing. The rank labelled "
                 "role=behind stopped advancing its collective sequence number: it is the hung one; "
                 "the others wait for it. When the watchdog's timeout expires, the job dies.",
                 "Collectives dashboard: in-flight age against the timeout budget, and the "
                 "sequence-number lag per rank; the hung rank's lag is above zero.",
-                "Take a stack dump of the rank named by the alert (`py-spy dump --pid`), check its "
-                "data loader, its host and its GPU (`nvidia-smi`, Xid errors). Kill and restart "
+                "Read the hang verdict: every rank's stack was dumped automatically; the "
+                "monitoring rank logs the verdict and `ddp-exporter hangs DUMP_DIR` prints it "
+                "(culprit file:line first). Check the named rank's data loader, its host and "
+                "its GPU (`nvidia-smi`, Xid errors). Kill and restart "
                 "from the last checkpoint if it does not recover; raise the timeout only if the "
                 "work legitimately takes longer.",
             )
@@ -405,13 +426,15 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 f"{cfg.stall_min_seconds:g}s). "
                 "Rank {{ $labels.rank }} is {{ $labels.role }} "
                 "(behind = never entered the collective; waiting = stuck inside it)."
-            ),
+            )
+            + hang_location(cfg),
             "Collective latency normally stays near its recent mean; an in-flight age many times "
             "that mean means a rank has not joined (role=behind names it) or the network stalled.",
             "Collectives dashboard: in-flight age against the mean latency and the timeout; "
             "sequence-number lag per rank.",
-            "Treat as an early DDPCollectiveTimeoutImminent: inspect the rank labelled behind "
-            "(stack dump, data loader, host, GPU). With role=waiting on all ranks, check the "
+            "Treat as an early DDPCollectiveTimeoutImminent: read the hang verdict "
+            "(`ddp-exporter hangs DUMP_DIR`; the description names the culprit's file:line) and "
+            "inspect the rank labelled behind (data loader, host, GPU). With role=waiting on all ranks, check the "
             "network fabric (NCCL_DEBUG=INFO logs, link errors).",
         ),
         Alert(

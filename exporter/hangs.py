@@ -1,0 +1,254 @@
+"""Turn one hang episode's dumps into a verdict: who is stuck where, culprits first.
+
+Used twice: the monitoring rank logs the verdict as soon as every rank answered (or the
+deadline passed), from the short summaries the ranks sent through the store; and
+``ddp-exporter hangs DIR`` prints it from the files of an episode folder.
+
+Order of the verdict: the culprits (ranks that never entered the collective the others wait
+in, with the innermost frame of their training thread in user code; ranks that did not answer
+the dump request), collective mismatches (ranks in different ops at the same sequence number),
+the ranks waiting inside the collective, then every rank grouped by identical training-thread
+stack, so thousands of ranks print as a few groups.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "main", "render", "verdict"]
+
+#: Prefix of every verdict line in the monitoring rank's log (the demo shows these lines).
+MARKER = "ddp-exporter hangs:"
+
+
+@dataclass
+class Verdict:
+    """The findings of one episode, in the order they are printed."""
+
+    header: str
+    culprits: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    groups: list[tuple[list[int], list[dict]]] = field(default_factory=list)
+    #: (rank, op, seq, pg, file, line, function) of each culprit that answered, for tools.
+    located: list[dict] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """Return ``[0, 1, 2, 5]`` as ``0-2,5``."""
+    out, ranks = [], sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _at(frame: dict | None) -> str:
+    if not frame:
+        return "an unknown place (no Python frame)"
+    return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['function']}"
+
+
+def _seq(seq: float) -> str:
+    return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
+
+
+def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
+    """Build the verdict of ``episode`` (the monitoring rank's request) from rank summaries.
+
+    ``summaries`` maps every rank to its summary, or None when it did not answer.
+    """
+    pg, seq, kind = str(episode["pg"]), episode["seq"], episode["kind"]
+    answered = {r: s for r, s in summaries.items() if s is not None}
+    missing = sorted(r for r, s in summaries.items() if s is None)
+    # Read from one node's files without the monitoring rank's episode.json: a rank without a
+    # file here may have answered on its own node, so it is not called silent.
+    local_only = bool(episode.get("local_only"))
+    behind = sorted(int(r) for r in episode.get("behind", []))
+    last = {int(r): v for r, v in (episode.get("last_enqueued") or {}).items()}
+    # Which op(s) sit at each (pg, seq) across ranks, from the Flight Recorder.
+    at_seq: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for r, s in answered.items():
+        for e in s.get("inflight", []):
+            at_seq.setdefault((str(e["pg"]), int(e["seq"])), {}).setdefault(e["op"], []).append(r)
+    ops_here = at_seq.get((pg, int(seq)), {})
+    op = "/".join(sorted(ops_here)) if ops_here else "collective"
+    v = Verdict(
+        header=(
+            f"hang episode {episode.get('episode')} in run {episode.get('run')}: "
+            f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in pg {pg} at "
+            f"{op} #{_seq(seq)}, oldest in flight {episode.get('age', 0):.1f}s "
+            f"(threshold {episode.get('threshold', 0):.1f}s); "
+            + (
+                f"{len(answered)}/{len(summaries)} ranks answered"
+                if not local_only
+                else f"dumps of {len(answered)}/{len(summaries)} ranks in this folder"
+            )
+        ),
+        missing=missing,
+    )
+    for r in behind:
+        s = answered.get(r)
+        was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
+        if s is None and local_only:
+            v.culprits.append(
+                f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was}; its dump is not in "
+                "this folder (another node's disk)"
+            )
+            continue
+        if s is None:
+            v.culprits.append(
+                f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was} and did not answer the "
+                "dump request: frozen (SIGSTOP, debugger), dead, or a thread holds the GIL"
+            )
+            continue
+        where = s.get("where") or (s.get("frames") or [None])[-1]
+        v.culprits.append(
+            f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}); it is at {_at(where)} "
+            f"(step {s.get('step')}, phase {s.get('phase')})"
+        )
+        if where:
+            v.located.append(
+                {
+                    "rank": r,
+                    "op": op,
+                    "seq": seq,
+                    "pg": pg,
+                    "file": where["file"],
+                    "line": where["line"],
+                    "function": where["function"],
+                }
+            )
+    for r in missing:
+        if r not in behind and not local_only:
+            v.culprits.append(
+                f"rank {r} did not answer the dump request: frozen (SIGSTOP, debugger), dead, or "
+                "a thread holds the GIL"
+            )
+    if kind == "symmetric" and not v.culprits:
+        v.culprits.append(
+            f"no rank is behind: every rank is inside {op} #{_seq(seq)} (pg {pg}) and none "
+            "completes (network or NCCL trouble, or mismatched collectives below)"
+        )
+    for (mpg, mseq), ops in sorted(at_seq.items()):
+        if len(ops) > 1:
+            parts = ", ".join(f"rank {ranks_text(rs)} in {o}" for o, rs in sorted(ops.items()))
+            v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
+    waiting: dict[tuple, list[int]] = {}
+    # The trigger's waiting ranks, plus every rank whose dump shows it inside the collective
+    # (the trigger only lists those already past the threshold when it fired).
+    inside = {
+        r for r, s in answered.items() if any(str(e["pg"]) == pg for e in s.get("inflight", []))
+    }
+    for r in sorted({int(x) for x in episode.get("waiting", [])} | inside):
+        s = answered.get(r)
+        if s is None or r in behind:
+            continue
+        mine = [e for e in s.get("inflight", []) if str(e["pg"]) == pg]
+        what = f"{mine[0]['op']} #{mine[0]['seq']}" if mine else f"{op} #{_seq(seq)}"
+        key = (what, _at(s.get("where")))
+        waiting.setdefault(key, []).append(r)
+    for (what, at), rs in waiting.items():
+        verb = "waits" if len(rs) == 1 else "wait"
+        v.waiting.append(f"rank {ranks_text(rs)} {verb} in {what} (pg {pg}), called at {at}")
+    groups: dict[tuple, list[int]] = {}
+    frames_of: dict[tuple, list[dict]] = {}
+    for r, s in sorted(answered.items()):
+        frames = s.get("frames") or []
+        key = tuple((f["file"], f["line"], f["function"]) for f in frames)
+        groups.setdefault(key, []).append(r)
+        frames_of[key] = frames
+    v.groups = sorted(
+        ((rs, frames_of[k]) for k, rs in groups.items()), key=lambda g: (len(g[0]), g[0])
+    )
+    return v
+
+
+def render(v: Verdict, frames: int = 12) -> str:
+    """Return the verdict as text: culprits, mismatches, waiting ranks, stack groups."""
+    lines = [v.header, "CULPRITS:"]
+    lines += [f"  {c}" for c in v.culprits] or ["  none named"]
+    if v.mismatches:
+        lines.append("COLLECTIVE MISMATCH (ranks in different ops at the same sequence number):")
+        lines += [f"  {m}" for m in v.mismatches]
+    if v.waiting:
+        lines.append("WAITING:")
+        lines += [f"  {w}" for w in v.waiting]
+    lines.append("STACKS (training thread, ranks grouped by identical stack, innermost last):")
+    for ranks, fr in v.groups:
+        n = len(ranks)
+        lines.append(f"  rank {ranks_text(ranks)} ({n} rank{'s' if n != 1 else ''}):")
+        shown = fr[-frames:]
+        if len(fr) > len(shown):
+            lines.append(f"    ... {len(fr) - len(shown)} outer frames")
+        lines += [f"    {f['file']}:{f['line']} in {f['function']}" for f in shown]
+    return "\n".join(lines) + "\n"
+
+
+def find_episode(path: str) -> str:
+    """Return the episode folder at ``path``: itself, or the newest episode under it."""
+    if glob.glob(os.path.join(path, "rank-*.json")) or os.path.exists(
+        os.path.join(path, "episode.json")
+    ):
+        return path
+    found = [
+        d
+        for d in glob.glob(os.path.join(path, "*-hang-*"))
+        if os.path.isdir(d)
+        and (
+            glob.glob(os.path.join(d, "rank-*.json"))
+            or os.path.exists(os.path.join(d, "episode.json"))
+        )
+    ]
+    if not found:
+        raise FileNotFoundError(f"no hang episode (rank-*.json or episode.json) under {path}")
+    return max(found, key=os.path.getmtime)
+
+
+def load_episode(folder: str) -> tuple[dict, dict[int, dict | None]]:
+    """Read an episode folder: the monitoring rank's episode.json and every rank's dump."""
+    from .forensics import summarize
+
+    summaries: dict[int, dict | None] = {}
+    episode: dict | None = None
+    path = os.path.join(folder, "episode.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            episode = json.load(f)
+        for r, s in (episode.get("summaries") or {}).items():
+            summaries[int(r)] = s
+    for p in sorted(glob.glob(os.path.join(folder, "rank-*.json"))):
+        with open(p) as f:
+            dump = json.load(f)
+        rank = int(dump["rank"])
+        summaries[rank] = summarize(rank, dump)  # the full dump beats the store's summary
+        if episode is None:
+            episode = dict(dump.get("request", {}), run=dump.get("run"), local_only=True)
+            episode.setdefault("world_size", dump.get("world_size"))
+    if episode is None:
+        raise FileNotFoundError(f"{folder} holds no episode.json and no rank-*.json")
+    world = int(episode.get("world_size") or (max(summaries) + 1 if summaries else 0))
+    for r in range(world):
+        summaries.setdefault(r, None)
+    return episode, summaries
+
+
+def main(path: str) -> int:
+    """Print the verdict of the episode at ``path`` (``ddp-exporter hangs DIR``)."""
+    try:
+        folder = find_episode(path)
+        episode, summaries = load_episode(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"ddp-exporter hangs: {exc}")
+        return 1
+    print(f"episode folder: {folder}")
+    print(render(verdict(episode, summaries)), end="")
+    return 0

@@ -1,0 +1,151 @@
+"""The verdict: culprits first, mismatches, waiting ranks, ranks grouped by identical stack."""
+
+import io
+import json
+import os
+from contextlib import redirect_stdout
+
+from exporter import cli, hangs
+
+TRAIN = "/job/train.py"
+
+
+def _frames(*where: tuple[int, str]) -> list[dict]:
+    return [{"file": TRAIN, "line": line, "function": fn} for line, fn in where]
+
+
+def _summary(rank: int, frames: list[dict], inflight: list[dict]) -> dict:
+    return {
+        "rank": rank,
+        "step": 7,
+        "phase": "data",
+        "frames": frames,
+        "where": frames[-1],
+        "inflight": inflight,
+        "seqs": {},
+    }
+
+
+def _episode(**kw) -> dict:
+    base = {
+        "episode": 1,
+        "run": "r",
+        "pg": "0",
+        "kind": "behind",
+        "seq": 41,
+        "behind": [2],
+        "waiting": [0, 1, 3, 4, 5],
+        "age": 12.0,
+        "threshold": 10.0,
+        "world_size": 7,
+        "last_enqueued": {"2": 40, "6": 39},
+    }
+    base.update(kw)
+    return base
+
+
+def _six_ranks() -> dict:
+    waiting = _frames((90, "<module>"), (60, "train_step"))
+    stuck = _frames((90, "<module>"), (55, "train_step"), (57, "load_batch"))
+    ar = [{"op": "all_reduce", "seq": 41, "pg": "0"}]
+    out = {r: _summary(r, waiting, ar) for r in (0, 1, 3, 4, 5)}
+    out[2] = _summary(2, stuck, [])
+    out[6] = None  # never answered
+    return out
+
+
+def test_culprits_first_then_waiting_then_groups():
+    v = hangs.verdict(_episode(), _six_ranks())
+    assert v.culprits[0] == (
+        "rank 2 never entered all_reduce #41 (pg 0); it is at train.py:57 in load_batch "
+        "(step 7, phase data)"
+    )
+    assert v.culprits[1].startswith("rank 6 did not answer the dump request")
+    assert v.missing == [6]
+    assert v.located == [
+        {
+            "rank": 2,
+            "op": "all_reduce",
+            "seq": 41,
+            "pg": "0",
+            "file": TRAIN,
+            "line": 57,
+            "function": "load_batch",
+        }
+    ]
+    assert v.waiting == [
+        "rank 0-1,3-5 wait in all_reduce #41 (pg 0), called at train.py:60 in train_step"
+    ]
+    # Six answering ranks, two distinct stacks: two groups, the odd one first.
+    assert [g[0] for g in v.groups] == [[2], [0, 1, 3, 4, 5]]
+    text = hangs.render(v)
+    assert text.index("CULPRITS") < text.index("WAITING") < text.index("STACKS")
+    assert "rank 0-1,3-5 (5 ranks):" in text
+    assert "6/7 ranks answered" in v.header
+
+
+def test_mismatch_names_both_ops():
+    frames = _frames((10, "main"))
+    summaries = {
+        0: _summary(0, frames, [{"op": "all_reduce", "seq": 12, "pg": "0"}]),
+        1: _summary(1, frames, [{"op": "broadcast", "seq": 12, "pg": "0"}]),
+    }
+    ep = _episode(kind="symmetric", seq=12, behind=[], waiting=[0, 1], world_size=2)
+    v = hangs.verdict(ep, summaries)
+    assert v.mismatches == ["collective #12 (pg 0): rank 0 in all_reduce, rank 1 in broadcast"]
+    assert "no rank is behind" in v.culprits[0]
+    assert v.header.startswith(
+        "hang episode 1 in run r: symmetric hang in pg 0 at all_reduce/broadcast #12"
+    )
+
+
+def test_ranks_text():
+    assert hangs.ranks_text([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert hangs.ranks_text([3]) == "3"
+
+
+def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path):
+    folder = tmp_path / "r-hang-1"
+    folder.mkdir()
+    ep = _episode(summaries={str(r): s for r, s in _six_ranks().items()})
+    (folder / "episode.json").write_text(json.dumps(ep))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["hangs", str(tmp_path)]) == 0
+    assert "rank 2 never entered all_reduce #41 (pg 0); it is at train.py:57" in out.getvalue()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli.main(["hangs", str(tmp_path / "nothing")]) == 1
+    assert "no hang episode" in out.getvalue()
+    assert os.path.basename(hangs.find_episode(str(tmp_path))) == "r-hang-1"
+
+
+def _dump(rank: int, frames: list[dict], inflight: list[dict]) -> dict:
+    """Return a rank file as exporter.forensics writes it (only the fields the verdict reads)."""
+    return {
+        "rank": rank,
+        "run": "r",
+        "world_size": 3,
+        "step": 7,
+        "phase": "data",
+        "threads": [{"name": "MainThread", "training": True, "exporter": False, "frames": frames}],
+        "flight_recorder": {"available": True, "inflight": inflight, "recent": []},
+        "request": {
+            k: v for k, v in _episode().items() if k not in ("world_size", "run", "last_enqueued")
+        },
+    }
+
+
+def test_rank_files_of_one_node_do_not_call_other_nodes_silent(tmp_path):
+    folder = tmp_path / "r-hang-1"
+    folder.mkdir()
+    ar = [{"op": "all_reduce", "seq": 41, "pg": "0"}]
+    (folder / "rank-0.json").write_text(json.dumps(_dump(0, _frames((60, "train_step")), ar)))
+    (folder / "rank-1.json").write_text(json.dumps(_dump(1, _frames((60, "train_step")), ar)))
+    episode, summaries = hangs.load_episode(str(folder))
+    v = hangs.verdict(episode, summaries)
+    assert v.culprits == [
+        "rank 2 never entered all_reduce #41 (pg 0); its dump is not in this folder (another "
+        "node's disk)"
+    ]
+    assert "dumps of 2/3 ranks in this folder" in v.header
