@@ -1,11 +1,20 @@
+import atexit
 import datetime
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Hang faults make ranks write forensics dumps (./ddp-exporter-dumps by default): keep the
+# checkout clean by sending every test job's dumps to a folder removed at the end.
+if "DDP_EXPORTER_DUMP_DIR" not in os.environ:
+    os.environ["DDP_EXPORTER_DUMP_DIR"] = tempfile.mkdtemp(prefix="ddp-exporter-test-dumps-")
+    atexit.register(shutil.rmtree, os.environ["DDP_EXPORTER_DUMP_DIR"], True)
 
 # Nothing a test starts may outlive the session: these hooks tag and then check every process.
 from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: E402, F401
