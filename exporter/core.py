@@ -27,6 +27,8 @@ from .instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .memory import MemorySource, cuda_memory_source
 from .recorder import Recorder
 from .server import MetricsServer
+from .versions import versions
+from .walltime import JobClock, resolve_job_clock
 
 __all__ = ["DEFAULT_PORT", "Observer", "instrument", "step", "active"]
 
@@ -95,8 +97,11 @@ class Observer:
         memory_source: MemorySource | None,
         serve: bool,
         otlp: bool | str | None = None,
+        job_clock: JobClock | None = None,
     ) -> None:
         self.model = model
+        #: The job's wall-clock deadline and total steps (exporter.walltime).
+        self.job_clock = job_clock if job_clock is not None else JobClock()
         self.run = run
         self.rank = dist.get_rank() if dist.is_initialized() else _env_int(env.RANK, 0)
         self.world_size = (
@@ -289,6 +294,7 @@ class Observer:
             "torch_version": torch.__version__,
             "exporter_version": __version__,
             "inflight_source": self.inflight_source.name,
+            **versions(),
         }
 
     # -- public ------------------------------------------------------------------------------
@@ -392,6 +398,8 @@ def instrument(
     serve: bool = True,
     otlp: bool | str | None = None,
     peer_series: int | None = None,
+    total_steps: int | None = None,
+    epochs: int | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -401,7 +409,10 @@ def instrument(
     signals with OpenTelemetry (extra ``otlp``); None enables it when ``OTEL_EXPORTER_OTLP_ENDPOINT``
     or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. ``peer_series`` bounds the monitoring
     rank's peer-heartbeat series: every peer in jobs of up to that many ranks, else only late
-    peers (see :mod:`exporter.heartbeat`). Calling it again warns and returns the same handle.
+    peers (see :mod:`exporter.heartbeat`). ``total_steps`` (or ``epochs`` times the DataLoader's
+    length) and the job deadline from the environment (:mod:`exporter.walltime`) let the rules
+    project whether the job finishes before its wall-clock limit.
+    Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active
@@ -431,6 +442,7 @@ def instrument(
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         if flight_recorder is None:
             flight_recorder = os.environ.get(env.FLIGHT_RECORDER, "1") not in ("0", "false", "")
+        job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
             model,
             dataloader=dataloader,
@@ -445,6 +457,7 @@ def instrument(
             serve=serve,
             otlp=otlp,
             peer_series=peer_series,
+            job_clock=job_clock,
         )
         _active = obs
     atexit.register(obs.close)

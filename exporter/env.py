@@ -18,6 +18,12 @@ Variable                        Meaning                                         
                                 only late peers, oldest first. ``0`` none.
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
                                 bookkeeping only).
+``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
+                                duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
+                                from the job's start (torchrun's start under
+                                torchrun, else the rank's process start; see
+                                :mod:`exporter.walltime`). Wins over
+                                ``SLURM_JOB_END_TIME``.
 ==============================  =====================================================  =========
 
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun), then to
@@ -43,6 +49,8 @@ __all__ = [
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "JOB_DEADLINE",
+    "SLURM_JOB_END_TIME",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -64,3 +72,8 @@ WORLD_SIZE = "WORLD_SIZE"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+
+JOB_DEADLINE = "DDP_EXPORTER_JOB_DEADLINE"
+
+# Set by Slurm 23.02+ in the job's environment (Unix time the job's time limit ends it); read only.
+SLURM_JOB_END_TIME = "SLURM_JOB_END_TIME"
