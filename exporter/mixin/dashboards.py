@@ -56,7 +56,8 @@ class PanelSpec:
 
     ``needs`` names a condition without which the panel is legitimately empty: ``""`` (always
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
-    ``"errors"`` (the exporter counted an error).
+    ``"errors"`` (the exporter counted an error), ``"deadline"`` (the job knows its wall-clock
+    deadline and total steps).
     """
 
     title: str
@@ -222,6 +223,30 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 kind="table",
                 width=24,
                 needs="alerts",
+            ),
+            PanelSpec(
+                "Time to finish vs deadline",
+                (
+                    Target(
+                        f'{r.projected_finish_run}{{run=~"$run"}} - time()',
+                        "projected time to finish {{run}}",
+                    ),
+                    Target(
+                        f"min by (run) ({_s(cfg, catalog.JOB_DEADLINE)}) - time()",
+                        "time left to deadline {{run}}",
+                    ),
+                ),
+                unit="s",
+                width=24,
+                needs="deadline",
+                description=(
+                    "Projected time to finish (steps left over the step rate of the last "
+                    f"{cfg.eta_window}) against the time left to the job's wall-clock deadline "
+                    "(SLURM_JOB_END_TIME or DDP_EXPORTER_JOB_DEADLINE). The job fits while the "
+                    "projection stays below the deadline line by the margin "
+                    f"({cfg.job_deadline_margin_seconds:g}s); DDPJobWillMissDeadline fires "
+                    "otherwise. Needs instrument(total_steps=...) or epochs=..."
+                ),
             ),
         ),
     )
