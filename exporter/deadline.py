@@ -119,7 +119,11 @@ class SectionRegistry:
         try:
             now_unix, now_mono = time.time(), time.monotonic()
             with self._lock:
-                section = self._sections[name]
+                section = self._sections.get(name)
+                if section is None:  # declared, then cleared: declare again within the cap
+                    if len(self._sections) >= self.max_sections:
+                        raise ValueError(f"section {name!r} beyond {self.max_sections} names")
+                    section = self._sections[name] = _Section(seconds)
                 section.deadline_s = seconds
                 token = next(self._tokens)
                 section.active[token] = _Run(now_unix, now_mono, seconds)
@@ -135,8 +139,10 @@ class SectionRegistry:
         try:
             now = time.monotonic()
             with self._lock:
-                section = self._sections[name]
-                run = section.active.pop(token)
+                section = self._sections.get(name)
+                run = section.active.pop(token, None) if section is not None else None
+                if section is None or run is None:
+                    return  # cleared while running: forgotten, not an error
                 duration = now - run.start_mono
                 section.runs += 1
                 section.last_duration_s = duration

@@ -164,3 +164,18 @@ def test_sections_entered_before_instrument_are_served_after_it(ddp) -> None:
     text = scrape_text(url)
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     assert series == catalog.series_per_rank(process_groups=1, sections=2) - 2
+
+
+def test_exporter_failures_inside_a_section_never_reach_the_user_and_are_counted() -> None:
+    reg = SectionRegistry(max_sections=1)
+    old = deadline("old", seconds=5, registry=reg)
+    with old:
+        reg.clear()  # forgotten while running: its end is not an error
+    assert reg.errors.snapshot()["section"] == 0
+    deadline("new", seconds=5, registry=reg)  # takes the only slot
+    ran = []
+    with old:  # cannot be re-registered: the body still runs, the error is counted
+        ran.append(True)
+    assert ran == [True]
+    assert reg.errors.snapshot()["section"] == 1
+    assert [s.name for s in reg.snapshot()] == ["new"]
