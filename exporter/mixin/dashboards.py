@@ -57,7 +57,7 @@ class PanelSpec:
     ``needs`` names a condition without which the panel is legitimately empty: ``""`` (always
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
     ``"errors"`` (the exporter counted an error), ``"deadline"`` (the job knows its wall-clock
-    deadline and total steps).
+    deadline and total steps), ``"sections"`` (an ``exporter.deadline`` section is running).
     """
 
     title: str
@@ -485,6 +485,28 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 (Target(_s(cfg, catalog.RANK_INFO), ranks),),
                 kind="table",
                 width=24,
+            ),
+            PanelSpec(
+                "Named sections: running time vs deadline",
+                (
+                    Target(
+                        f"time() - {_s(cfg, catalog.SECTION_STARTED)}",
+                        "rank {{rank}} {{section}} running",
+                    ),
+                    Target(
+                        f"{_s(cfg, catalog.SECTION_DEADLINE)}\nand on (run, rank, section)\n"
+                        f"{_s(cfg, catalog.SECTION_STARTED)}",
+                        "rank {{rank}} {{section}} deadline",
+                    ),
+                ),
+                unit="s",
+                width=24,
+                needs="sections",
+                description=(
+                    "How long each running exporter.deadline() section has been running, "
+                    "against its deadline; DDPSectionOverdue fires when a line crosses its "
+                    "deadline. Empty while no section runs."
+                ),
             ),
         ),
     )

@@ -605,8 +605,9 @@ def _outside_loop_alerts(cfg: MixinConfig, r: Recorded, where: str) -> list[Aler
             "evaluation, data preparation) has not finished within its deadline and is still "
             "running. The alert fires while it runs, so there is time to act before a "
             "collective timeout or the job's time limit ends the job.",
-            "Liveness dashboard or query `time() - ddp_section_started_timestamp_seconds` "
-            "against `ddp_section_deadline_seconds` for the rank and section; "
+            "Liveness dashboard: Named sections, running time against deadline (or query "
+            "`time() - ddp_section_started_timestamp_seconds` against "
+            "`ddp_section_deadline_seconds`); "
             "`ddp_section_last_duration_seconds` shows how long earlier runs took.",
             "Take a stack dump of the rank (`py-spy dump --pid`). For checkpoints check the "
             "storage (full disk, slow or hung network file system); for evaluation check for "
@@ -629,10 +630,10 @@ def _outside_loop_alerts(cfg: MixinConfig, r: Recorded, where: str) -> list[Aler
                 f"{margin:g}s safety margin); rank {{{{ $labels.rank }}}} has the most steps "
                 "left. The scheduler will kill the job at the deadline."
             ),
-            "The job's deadline (`ddp_job_deadline_timestamp_seconds`, from SLURM_JOB_END_TIME "
-            "or DDP_EXPORTER_JOB_DEADLINE) comes before the finish time projected from the "
-            "steps left (`ddp_job_total_steps` - `ddp_steps_total`) and the recent step rate, "
-            "less the margin. Slow or throttled instances, a straggler, a slow network or "
+            "The finish time projected from the steps left (`ddp_job_total_steps` - "
+            "`ddp_steps_total`) and the recent step rate is later than the job's deadline "
+            "(`ddp_job_deadline_timestamp_seconds`, from SLURM_JOB_END_TIME or "
+            "DDP_EXPORTER_JOB_DEADLINE) minus the margin. Slow or throttled instances, a straggler, a slow network or "
             f"input pipeline make a job miss a limit it was sized for. Margin: {margin:g}s.",
             "Overview dashboard: Time to finish vs deadline (the projection above the "
             "deadline line). Stragglers dashboard: whether one rank slows the job.",
