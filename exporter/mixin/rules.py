@@ -87,6 +87,7 @@ class Recorded:
     peer_heartbeat_age: str
     gpu_reserved_ratio: str
     errors_rate: str
+    version_sets: str
     version: str
     version_ranks: str
     projected_finish_rank: str
@@ -121,6 +122,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
         errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
+        version_sets=f"run:{catalog.RANK_INFO.name}:version_sets",
         version=f"run_rank_field:{catalog.RANK_INFO.name}:version",
         version_ranks=f"run_field_version:{catalog.RANK_INFO.name}:count",
         projected_finish_rank=(
@@ -148,7 +150,7 @@ def _p90(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> s
 #: Recording groups, each small enough to evaluate well within its interval at 4096 ranks
 #: (benchmarks/scale.py). Prometheus runs groups concurrently, rules within one in order, so
 #: a rule that reads a recorded series sits in the same group after it.
-RECORDING_GROUPS = ("step", "collective", "health")
+RECORDING_GROUPS = ("step", "collective", "health", "job")
 
 
 def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str]]]:
@@ -250,23 +252,33 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
             "expr": f"sum by (run, rank, where) (rate({sel(catalog.EXPORTER_ERRORS)}[{w}])) > 0",
         },
     ]
-    health += _outside_loop_records(cfg, r)
-    return {"step": step, "collective": collective, "health": health}
+    # Version skew and the projected finish: their own group, so that it runs beside health
+    # (the per-field version records alone are 4 series per rank).
+    job = _outside_loop_records(cfg, r)
+    return {"step": step, "collective": collective, "health": health, "job": job}
 
 
 def _outside_loop_records(cfg: MixinConfig, r: Recorded) -> list[dict[str, str]]:
     """Return the records of version skew and of the job's projected finish (issue 12)."""
     info = selector(cfg, catalog.RANK_INFO.name)
+    fields = ", ".join(catalog.VERSION_LABELS)
+    skewed = f"({info} and on (run) ({r.version_sets} > 1))"
     per_field = [
-        f"max by (run, rank, field, version) (\n  label_replace(\n    label_replace({info}, "
+        f"max by (run, rank, field, version) (\n  label_replace(\n    label_replace({skewed}, "
         f'"version", "$1", "{f}", "(.*)"),\n    "field", "{f}", "", ""\n  )\n)'
         for f in catalog.VERSION_LABELS
     ]
     steps = selector(cfg, catalog.STEPS.name)
     total = selector(cfg, catalog.JOB_TOTAL_STEPS.name)
     return [
-        # One series per rank and version field, the field's value in `version`: one rule
-        # compares any field, and the alert names the field that differs.
+        # Distinct version combinations per run: 1 on a healthy run.
+        {
+            "record": r.version_sets,
+            "expr": f"count by (run) (count by (run, {fields}) ({info}))",
+        },
+        # Only for runs with more than one combination (none on healthy runs, so no series per
+        # rank): one series per rank and version field, the field's value in `version`, so one
+        # rule compares every field and the alert names the field that differs.
         {"record": r.version, "expr": "\nor\n".join(per_field)},
         {"record": r.version_ranks, "expr": f"count by (run, field, version) ({r.version})"},
         {
