@@ -156,7 +156,8 @@ def write_openmetrics(path: str, m: Model, interval: float) -> int:
             info = (
                 f'backend="nccl",device="cuda",exporter_version="0.1.0",'
                 f'inflight_source="flight_recorder",local_rank="{r % 8}",node="node{r // 8:04d}",'
-                f'torch_version="2.6.0",world_size="{m.ranks}"'
+                f'torch_version="2.6.0",world_size="{m.ranks}",python_version="3.11.7",'
+                f'cuda_version="12.4",nccl_version="2.21.5"'
             )
             series(c.RANK_INFO.name, labels[r] + "," + info, [1] * len(times))
         per_rank(c.STEPS, lambda r, k, t: steps_at[k])
@@ -243,6 +244,9 @@ def write_openmetrics(path: str, m: Model, interval: float) -> int:
         per_rank(c.GPU_MEM_PEAK, lambda r, k, t: 36_000_000_000)
         per_rank(c.GPU_MEM_TOTAL, lambda r, k, t: 85_899_345_920)
         per_rank(c.HOST_MEM_RESIDENT, lambda r, k, t: 6_000_000_000 + r * 4096)
+        # The job's wall-clock limit and total work (issue 12): the ETA rules have data.
+        per_rank(c.JOB_DEADLINE, lambda r, k, t: f"{times[-1] + 3600:.0f}")
+        per_rank(c.JOB_TOTAL_STEPS, lambda r, k, t: 100_000)
         family(c.EXPORTER_ERRORS.family, "counter")
         for r in range(m.ranks):
             for where in c.ERROR_WHERE:

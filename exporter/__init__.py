@@ -9,6 +9,8 @@ Usage::
     obs.close()            # idempotent; also runs at interpreter exit
     with exporter.step():  # explicit step boundary, for loops without an optimizer
         ...
+    with exporter.deadline("checkpoint", seconds=600):  # alert while it runs past 600 s
+        save_checkpoint()
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .core import DEFAULT_PORT, Observer, active, instrument, step
+from .deadline import deadline
 from .initwatch import InitWatch, watch_init
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "InitWatch",
     "Observer",
     "active",
+    "deadline",
     "instrument",
     "step",
     "watch_init",

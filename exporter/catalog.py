@@ -45,6 +45,13 @@ __all__ = [
     "INIT_PEER_ARRIVED",
     "INIT_METRICS",
     "init_series_per_rank",
+    "VERSION_LABELS",
+    "SECTION_DEADLINE",
+    "SECTION_STARTED",
+    "SECTION_LAST_DURATION",
+    "SECTION_RUNS",
+    "JOB_DEADLINE",
+    "JOB_TOTAL_STEPS",
 ]
 
 #: Labels on every series the exporter publishes: the run keeps concurrent jobs apart.
@@ -65,6 +72,7 @@ ERROR_WHERE: tuple[str, ...] = (
     "collect",
     "discovery",
     "forensics",
+    "section",
 )
 
 #: Histogram bounds (seconds) for whole training steps.
@@ -144,7 +152,18 @@ RANK_INFO = MetricDef(
         "torch_version",
         "exporter_version",
         "inflight_source",
+        "python_version",
+        "cuda_version",
+        "nccl_version",
     ),
+)
+
+#: Labels of ddp_rank_info that must agree on every rank of a run (DDPVersionSkew).
+VERSION_LABELS: tuple[str, ...] = (
+    "torch_version",
+    "python_version",
+    "cuda_version",
+    "nccl_version",
 )
 STEPS = MetricDef("ddp_steps_total", "counter", "Training steps completed by this rank.")
 STEP_DURATION = MetricDef(
@@ -268,6 +287,46 @@ HANG_DUMPS = MetricDef(
     "counter",
     "Hang dumps this rank wrote (one per hang episode; see ddp-exporter hangs DIR).",
 )
+SECTION_DEADLINE = MetricDef(
+    "ddp_section_deadline_seconds",
+    "gauge",
+    "Deadline of a named section (exporter.deadline); of the run due first while one runs.",
+    ("section",),
+    unit="seconds",
+)
+SECTION_STARTED = MetricDef(
+    "ddp_section_started_timestamp_seconds",
+    "gauge",
+    "Unix start time of the running section (the run due first); absent while none runs.",
+    ("section",),
+    unit="seconds",
+)
+SECTION_LAST_DURATION = MetricDef(
+    "ddp_section_last_duration_seconds",
+    "gauge",
+    "Wall time of the section's last finished run.",
+    ("section",),
+    unit="seconds",
+)
+SECTION_RUNS = MetricDef(
+    "ddp_section_runs_total",
+    "counter",
+    "Finished runs of the section.",
+    ("section",),
+)
+JOB_DEADLINE = MetricDef(
+    "ddp_job_deadline_timestamp_seconds",
+    "gauge",
+    "Unix time at which the job's wall-clock limit ends it (SLURM_JOB_END_TIME or "
+    "DDP_EXPORTER_JOB_DEADLINE); absent when unknown.",
+    unit="seconds",
+)
+JOB_TOTAL_STEPS = MetricDef(
+    "ddp_job_total_steps",
+    "gauge",
+    "Steps this process is to run in total (instrument(total_steps=...) or DataLoader length "
+    "x epochs), in the unit of ddp_steps_total; absent when unknown.",
+)
 
 #: Every metric family, in exposition order.
 METRICS: tuple[MetricDef, ...] = (
@@ -291,6 +350,12 @@ METRICS: tuple[MetricDef, ...] = (
     EXPORTER_ERRORS,
     HANG_LOCATION,
     HANG_DUMPS,
+    SECTION_DEADLINE,
+    SECTION_STARTED,
+    SECTION_LAST_DURATION,
+    SECTION_RUNS,
+    JOB_DEADLINE,
+    JOB_TOTAL_STEPS,
 )
 
 #: Init phases of exporter.watch_init(), in order (bounded label set of ddp_init_phase_*).
@@ -351,6 +416,9 @@ def series_per_rank(
     monitor: bool = False,
     world_size: int = 1,
     peer_series: int = DEFAULT_PEER_SERIES,
+    sections: int = 0,
+    job_deadline: bool = False,
+    total_steps: bool = False,
 ) -> int:
     """Return how many series one rank exposes by default.
 
@@ -360,6 +428,8 @@ def series_per_rank(
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
+    Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
+    time while one runs; at most 16 names), 1 job deadline, 1 total steps.
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
@@ -370,4 +440,5 @@ def series_per_rank(
         n += 4
     if monitor:
         n += min(world_size, peer_series)
+    n += 4 * sections + int(job_deadline) + int(total_steps)
     return n

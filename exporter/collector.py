@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import catalog as c
+from .deadline import REGISTRY as SECTIONS
 from .memory import host_resident_bytes
 
 if TYPE_CHECKING:
@@ -66,13 +67,18 @@ class DDPCollector(Collector):
             self._liveness,
             self._memory,
             self._forensics,
+            self._sections,
+            self._job_clock,
         ):
             try:
                 part(fams, base)
             except Exception as exc:  # noqa: BLE001 - serve what we can
                 obs.errors.record("collect", exc)
         errors = fams[c.EXPORTER_ERRORS.name]
-        for where, n in obs.errors.snapshot().items():
+        counts = obs.errors.snapshot()
+        for where, n in SECTIONS.errors.snapshot().items():
+            counts[where] = counts.get(where, 0) + n  # exporter.deadline works without instrument()
+        for where, n in counts.items():
             errors.add_metric(base + [where], n)
         for m in c.METRICS:
             fam = fams[m.name]
@@ -143,3 +149,19 @@ class DDPCollector(Collector):
         if where is not None:
             labels = dict(zip(c.HANG_LOCATION.labels, where))
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
+    def _sections(self, fams: dict, base: list[str]) -> None:
+        for s in SECTIONS.snapshot():
+            labels = base + [s.name]
+            fams[c.SECTION_DEADLINE.name].add_metric(labels, s.deadline_s)
+            fams[c.SECTION_RUNS.name].add_metric(labels, s.runs)
+            if s.last_duration_s is not None:
+                fams[c.SECTION_LAST_DURATION.name].add_metric(labels, s.last_duration_s)
+            if s.started_unix is not None:
+                fams[c.SECTION_STARTED.name].add_metric(labels, s.started_unix)
+
+    def _job_clock(self, fams: dict, base: list[str]) -> None:
+        clock = self._obs.job_clock
+        if clock.deadline_unix is not None:
+            fams[c.JOB_DEADLINE.name].add_metric(base, clock.deadline_unix)
+        if clock.total_steps is not None:
+            fams[c.JOB_TOTAL_STEPS.name].add_metric(base, clock.total_steps)

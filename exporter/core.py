@@ -28,6 +28,8 @@ from .instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .memory import MemorySource, cuda_memory_source
 from .recorder import Recorder
 from .server import MetricsServer
+from .versions import versions
+from .walltime import JobClock, resolve_job_clock
 
 __all__ = ["DEFAULT_PORT", "Observer", "instrument", "step", "active"]
 
@@ -100,8 +102,11 @@ class Observer:
         serve: bool,
         otlp: bool | str | None = None,
         dump_dir: str = DEFAULT_DUMP_DIR,
+        job_clock: JobClock | None = None,
     ) -> None:
         self.model = model
+        #: The job's wall-clock deadline and total steps (exporter.walltime).
+        self.job_clock = job_clock if job_clock is not None else JobClock()
         self.run = run
         self.rank = dist.get_rank() if dist.is_initialized() else _env_int(env.RANK, 0)
         self.world_size = (
@@ -312,6 +317,7 @@ class Observer:
             "torch_version": torch.__version__,
             "exporter_version": __version__,
             "inflight_source": self.inflight_source.name,
+            **versions(),
         }
 
     # -- public ------------------------------------------------------------------------------
@@ -420,6 +426,8 @@ def instrument(
     otlp: bool | str | None = None,
     peer_series: int | None = None,
     dump_dir: str | os.PathLike | None = None,
+    total_steps: int | None = None,
+    epochs: int | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -429,7 +437,10 @@ def instrument(
     signals with OpenTelemetry (extra ``otlp``); None enables it when ``OTEL_EXPORTER_OTLP_ENDPOINT``
     or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. ``peer_series`` bounds the monitoring
     rank's peer-heartbeat series: every peer in jobs of up to that many ranks, else only late
-    peers (see :mod:`exporter.heartbeat`). Calling it again warns and returns the same handle.
+    peers (see :mod:`exporter.heartbeat`). ``total_steps`` (or ``epochs`` times the DataLoader's
+    length) and the job deadline from the environment (:mod:`exporter.walltime`) let the rules
+    project whether the job finishes before its wall-clock limit.
+    Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active
@@ -466,6 +477,7 @@ def instrument(
         from . import initwatch  # here: initwatch imports this module
 
         watch = initwatch.running()  # watch_init() ran: adopt its endpoint, bind no second one
+        job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
             model,
             dataloader=dataloader,
@@ -481,6 +493,7 @@ def instrument(
             otlp=otlp,
             peer_series=peer_series,
             dump_dir=os.fspath(dump_dir or os.environ.get(env.DUMP_DIR) or DEFAULT_DUMP_DIR),
+            job_clock=job_clock,
         )
         if watch is not None:
             initwatch.take_over(watch, obs)

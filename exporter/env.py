@@ -25,6 +25,12 @@ Variable                        Meaning                                         
 ``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
                                 user-only permissions; see exporter.forensics).        exporter-
                                                                                        dumps
+``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
+                                duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
+                                from the job's start (torchrun's start under
+                                torchrun, else the rank's process start; see
+                                :mod:`exporter.walltime`). Wins over
+                                ``SLURM_JOB_END_TIME``.
 ==============================  =====================================================  =========
 
 The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun; ignored when it is
@@ -74,6 +80,8 @@ __all__ = [
     "DOCTOR_FAKE_VERSIONS",
     "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_RESTART_COUNT",
+    "JOB_DEADLINE",
+    "SLURM_JOB_END_TIME",
 ]
 
 PORT = "DDP_EXPORTER_PORT"
@@ -109,3 +117,7 @@ DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
 # start (exporter.watch_init checks in there); the restart count keeps attempts apart.
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+JOB_DEADLINE = "DDP_EXPORTER_JOB_DEADLINE"
+
+# Set by Slurm 23.02+ in the job's environment (Unix time the job's time limit ends it); read only.
+SLURM_JOB_END_TIME = "SLURM_JOB_END_TIME"

@@ -116,6 +116,19 @@ class MixinConfig:
     #: Pod labels tried in order for a target's ``node_rank`` label (comma-separated).
     k8s_node_rank_labels: str = "ddp-exporter/node-rank,batch.kubernetes.io/job-completion-index"
 
+    # --- outside the training loop (issue 12) --------------------------------------------------
+    #: How long ranks of one run must disagree on a version before DDPVersionSkew fires (ranks
+    #: of a restarting job briefly mix old and new processes).
+    version_skew_for: str = "2m"
+    #: DDPSectionOverdue fires this long after a running section passed its own deadline.
+    section_overdue_for: str = "0s"
+    #: Window of the step rate that projects the job's finish time (long: an ETA, not a blip).
+    eta_window: str = "15m"
+    #: DDPJobWillMissDeadline fires when the projected finish is later than the job's deadline
+    #: minus this many seconds (time to checkpoint and resubmit before the kill).
+    job_deadline_margin_seconds: float = 1800.0
+    job_deadline_for: str = "10m"
+
     def __post_init__(self) -> None:
         """Reject malformed durations and inverted timeout levels early."""
         for name in (
@@ -139,6 +152,12 @@ class MixinConfig:
             "init_stuck_for",
         ):
             duration_seconds(getattr(self, name))
+        for name in ("version_skew_for", "section_overdue_for", "job_deadline_for"):
+            duration_seconds(getattr(self, name))
+        if duration_seconds(self.eta_window) <= 0:
+            raise ValueError("eta_window must be positive")
+        if self.job_deadline_margin_seconds < 0:
+            raise ValueError("job_deadline_margin_seconds must be >= 0")
         if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
             raise ValueError("need 0 < timeout_warning_ratio < timeout_critical_ratio <= 1")
         self.hang_policy  # noqa: B018 - validates the stall thresholds
@@ -181,4 +200,9 @@ FAST = MixinConfig(
     init_stuck_for="10s",
     scrape_interval="1s",
     evaluation_interval="1s",
+    version_skew_for="5s",
+    section_overdue_for="0s",
+    eta_window="20s",
+    job_deadline_margin_seconds=10.0,
+    job_deadline_for="5s",
 )

@@ -61,7 +61,9 @@ class PanelSpec:
 
     ``needs`` names a condition without which the panel is legitimately empty: ``""`` (always
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
-    ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open).
+    ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open),
+    ``"deadline"`` (the job knows its wall-clock deadline and total steps), ``"sections"`` (an
+    ``exporter.deadline`` section is running).
     """
 
     title: str
@@ -256,6 +258,30 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 kind="table",
                 width=24,
                 needs="alerts",
+            ),
+            PanelSpec(
+                "Time to finish vs deadline",
+                (
+                    Target(
+                        f'{r.projected_finish_run}{{run=~"$run"}} - time()',
+                        "projected time to finish {{run}}",
+                    ),
+                    Target(
+                        f"min by (run) ({_s(cfg, catalog.JOB_DEADLINE)}) - time()",
+                        "time left to deadline {{run}}",
+                    ),
+                ),
+                unit="s",
+                width=24,
+                needs="deadline",
+                description=(
+                    "Projected time to finish (steps left over the step rate of the last "
+                    f"{cfg.eta_window}) against the time left to the job's wall-clock deadline "
+                    "(SLURM_JOB_END_TIME or DDP_EXPORTER_JOB_DEADLINE). The job fits while the "
+                    "projection stays below the deadline line by the margin "
+                    f"({cfg.job_deadline_margin_seconds:g}s); DDPJobWillMissDeadline fires "
+                    "otherwise. Needs instrument(total_steps=...) or epochs=..."
+                ),
             ),
         ),
     )
@@ -566,6 +592,28 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     "of its training thread in user code, from its automatic hang dump. Empty "
                     "while no hang is open. `ddp-exporter hangs DUMP_DIR` prints every rank's "
                     "stack."
+                ),
+            ),
+            PanelSpec(
+                "Named sections: running time vs deadline",
+                (
+                    Target(
+                        f"time() - {_s(cfg, catalog.SECTION_STARTED)}",
+                        "rank {{rank}} {{section}} running",
+                    ),
+                    Target(
+                        f"{_s(cfg, catalog.SECTION_DEADLINE)}\nand on (run, rank, section)\n"
+                        f"{_s(cfg, catalog.SECTION_STARTED)}",
+                        "rank {{rank}} {{section}} deadline",
+                    ),
+                ),
+                unit="s",
+                width=24,
+                needs="sections",
+                description=(
+                    "How long each running exporter.deadline() section has been running, "
+                    "against its deadline; DDPSectionOverdue fires when a line crosses its "
+                    "deadline. Empty while no section runs."
                 ),
             ),
         ),

@@ -45,6 +45,9 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPThroughputDrop",
     "DDPGPUMemoryNearLimit",
     "DDPInitStuck",
+    "DDPVersionSkew",
+    "DDPSectionOverdue",
+    "DDPJobWillMissDeadline",
 )
 
 #: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
@@ -86,6 +89,11 @@ class Recorded:
     peer_heartbeat_age: str
     gpu_reserved_ratio: str
     errors_rate: str
+    version_sets: str
+    version: str
+    version_ranks: str
+    projected_finish_rank: str
+    projected_finish_run: str
 
 
 def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
@@ -116,6 +124,15 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
         errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
+        version_sets=f"run:{catalog.RANK_INFO.name}:version_sets",
+        version=f"run_rank_field:{catalog.RANK_INFO.name}:version",
+        version_ranks=f"run_field_version:{catalog.RANK_INFO.name}:count",
+        projected_finish_rank=(
+            f"run_rank:{catalog.JOB_TOTAL_STEPS.name}:projected_finish_timestamp_rate{cfg.eta_window}"
+        ),
+        projected_finish_run=(
+            f"run:{catalog.JOB_TOTAL_STEPS.name}:projected_finish_timestamp_rate{cfg.eta_window}"
+        ),
     )
 
 
@@ -135,7 +152,7 @@ def _p90(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> s
 #: Recording groups, each small enough to evaluate well within its interval at 4096 ranks
 #: (benchmarks/scale.py). Prometheus runs groups concurrently, rules within one in order, so
 #: a rule that reads a recorded series sits in the same group after it.
-RECORDING_GROUPS = ("step", "collective", "health")
+RECORDING_GROUPS = ("step", "collective", "health", "job")
 
 
 def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str]]]:
@@ -237,7 +254,48 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
             "expr": f"sum by (run, rank, where) (rate({sel(catalog.EXPORTER_ERRORS)}[{w}])) > 0",
         },
     ]
-    return {"step": step, "collective": collective, "health": health}
+    # Version skew and the projected finish: their own group, so that it runs beside health
+    # (the per-field version records alone are 4 series per rank).
+    job = _outside_loop_records(cfg, r)
+    return {"step": step, "collective": collective, "health": health, "job": job}
+
+
+def _outside_loop_records(cfg: MixinConfig, r: Recorded) -> list[dict[str, str]]:
+    """Return the records of version skew and of the job's projected finish (issue 12)."""
+    info = selector(cfg, catalog.RANK_INFO.name)
+    fields = ", ".join(catalog.VERSION_LABELS)
+    skewed = f"({info} and on (run) ({r.version_sets} > 1))"
+    per_field = [
+        f"max by (run, rank, field, version) (\n  label_replace(\n    label_replace({skewed}, "
+        f'"version", "$1", "{f}", "(.*)"),\n    "field", "{f}", "", ""\n  )\n)'
+        for f in catalog.VERSION_LABELS
+    ]
+    steps = selector(cfg, catalog.STEPS.name)
+    total = selector(cfg, catalog.JOB_TOTAL_STEPS.name)
+    return [
+        # Distinct version combinations per run: 1 on a healthy run.
+        {
+            "record": r.version_sets,
+            "expr": f"count by (run) (count by (run, {fields}) ({info}))",
+        },
+        # Only for runs with more than one combination (none on healthy runs, so no series per
+        # rank): one series per rank and version field, the field's value in `version`, so one
+        # rule compares every field and the alert names the field that differs.
+        {"record": r.version, "expr": "\nor\n".join(per_field)},
+        {"record": r.version_ranks, "expr": f"count by (run, field, version) ({r.version})"},
+        {
+            # Steps left over the recent step rate; a finished rank projects "now", a stopped
+            # one (rate 0) projects nothing: DDPTrainingStalled covers it.
+            "record": r.projected_finish_rank,
+            "expr": (
+                "time()\n+\nclamp_min(\n"
+                f"  max by (run, rank) ({total})\n  - on (run, rank)\n"
+                f"  sum by (run, rank) ({steps}),\n  0\n)\n/ on (run, rank)\n"
+                f"(sum by (run, rank) (rate({steps}[{cfg.eta_window}])) > 0)"
+            ),
+        },
+        {"record": r.projected_finish_run, "expr": f"max by (run) ({r.projected_finish_rank})"},
+    ]
 
 
 @dataclass(frozen=True)
@@ -521,7 +579,107 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
         ),
     ]
     out.append(_init_stuck(cfg))
+    out += _outside_loop_alerts(cfg, r, where)
     return out
+
+
+def _outside_loop_alerts(cfg: MixinConfig, r: Recorded, where: str) -> list[Alert]:
+    """Return the alerts on version skew, overdue sections and the job's deadline (issue 12)."""
+    fields = ", ".join(catalog.VERSION_LABELS)
+    shared = f"{r.version} * 0\n+ on (run, field, version) group_left\n{r.version_ranks}"
+    top = f"max by (run, field) ({r.version_ranks})"
+    started = selector(cfg, catalog.SECTION_STARTED.name)
+    section_deadline = selector(cfg, catalog.SECTION_DEADLINE.name)
+    job_deadline = selector(cfg, catalog.JOB_DEADLINE.name)
+    margin = cfg.job_deadline_margin_seconds
+    return [
+        Alert(
+            "DDPVersionSkew",
+            "warning",
+            (
+                # The minority: ranks whose version fewer ranks share than the most common one;
+                # on a tie (say 2 against 2) there is no majority and every rank is named.
+                f"(\n{shared}\n)\n< on (run, field) group_left\n{top}\n"
+                f"or\n(\n{shared}\n)\nand on (run, field)\n"
+                f"(\n  count by (run, field) (\n    {r.version_ranks}\n"
+                f"    == on (run, field) group_left\n    {top}\n  ) > 1\n)"
+            ),
+            cfg.version_skew_for,
+            "Ranks of one run run different torch, Python, CUDA or NCCL versions.",
+            (
+                f"{where.capitalize()} has {{{{ $labels.field }}}} {{{{ $labels.version }}}}, "
+                "which only {{ $value }} rank(s) of the run share: the ranks disagree on "
+                "{{ $labels.field }} and this one is in the minority (or there is no majority)."
+            ),
+            f"Every rank publishes its versions ({fields}) on ddp_rank_info; the ranks of one "
+            "run disagree on one of them. Mixed versions cause init timeouts, NCCL errors, "
+            "silent numerical differences and hangs in collectives whose wire format changed. "
+            "The alert names the odd ranks (the minority) and the field.",
+            "Overview dashboard: Ranks reporting; or query `count by (run, "
+            "torch_version, python_version, cuda_version, nccl_version) (ddp_rank_info)`. "
+            "`ddp-exporter doctor` under the same launcher compares versions before the job.",
+            "Fix the image or environment of the named ranks' nodes (container tag, conda env, "
+            "driver/CUDA module, NCCL library on LD_LIBRARY_PATH) so that every node runs the "
+            "same versions, then restart the job.",
+        ),
+        Alert(
+            "DDPSectionOverdue",
+            # Critical: a long checkpoint also stops steps (DDPTrainingStalled, critical), which
+            # would otherwise inhibit the alert that names the actual section.
+            "critical",
+            (
+                f"max by (run, rank, section) (time() - {started})\n"
+                f"> on (run, rank, section)\nmax by (run, rank, section) ({section_deadline})"
+            ),
+            cfg.section_overdue_for,
+            "A named section (exporter.deadline) is still running past its deadline.",
+            (
+                "Section {{ $labels.section }} on "
+                f"{where} has been running for {{{{ $value | humanizeDuration }}}}, past "
+                "the deadline its code set with exporter.deadline()."
+            ),
+            "Code wrapped in `with exporter.deadline(name, seconds=...)` (a checkpoint save, an "
+            "evaluation, data preparation) has not finished within its deadline and is still "
+            "running. The alert fires while it runs, so there is time to act before a "
+            "collective timeout or the job's time limit ends the job.",
+            "Liveness dashboard: Named sections, running time against deadline (or query "
+            "`time() - ddp_section_started_timestamp_seconds` against "
+            "`ddp_section_deadline_seconds`); "
+            "`ddp_section_last_duration_seconds` shows how long earlier runs took.",
+            "Take a stack dump of the rank (`py-spy dump --pid`). For checkpoints check the "
+            "storage (full disk, slow or hung network file system); for evaluation check for "
+            "a larger shard on this rank or a collective waiting for a peer. If the work "
+            "legitimately grew, raise the deadline in the code.",
+        ),
+        Alert(
+            "DDPJobWillMissDeadline",
+            "warning",
+            (
+                f"topk by (run) (1, {r.projected_finish_rank})\n- on (run) group_left\n"
+                f"min by (run) ({job_deadline})\n> {-margin:g}"
+            ),
+            cfg.job_deadline_for,
+            "At its current step rate the job will not finish before its wall-clock limit.",
+            (
+                "Run {{ $labels.run }} is projected to finish {{ $value | humanizeDuration }} "
+                "after its wall-clock deadline at the step rate of the last "
+                f"{cfg.eta_window} (a negative figure: that long before it, inside the "
+                f"{margin:g}s safety margin); rank {{{{ $labels.rank }}}} has the most steps "
+                "left. The scheduler will kill the job at the deadline."
+            ),
+            "The finish time projected from the steps left (`ddp_job_total_steps` - "
+            "`ddp_steps_total`) and the recent step rate is later than the job's deadline "
+            "(`ddp_job_deadline_timestamp_seconds`, from SLURM_JOB_END_TIME or "
+            "DDP_EXPORTER_JOB_DEADLINE) minus the margin. Slow or throttled instances, a straggler, a slow network or "
+            f"input pipeline make a job miss a limit it was sized for. Margin: {margin:g}s.",
+            "Overview dashboard: Time to finish vs deadline (the projection above the "
+            "deadline line). Stragglers dashboard: whether one rank slows the job.",
+            "Look for a concurrent DDPRankStraggler, DDPInputBound or DDPThroughputDrop and fix "
+            "that cause. Otherwise make sure a checkpoint is written before the deadline "
+            "(the job will be killed), and resubmit with a longer limit or more nodes.",
+        ),
+    ]
+
 
 
 def _init_stuck(cfg: MixinConfig) -> Alert:

@@ -1,0 +1,161 @@
+"""Learn the job's wall-clock limit and total work, so the rules can project whether it fits.
+
+The deadline comes from ``DDP_EXPORTER_JOB_DEADLINE`` when set, else from Slurm's
+``SLURM_JOB_END_TIME`` (Unix time, Slurm 23.02+). ``DDP_EXPORTER_JOB_DEADLINE`` is either a Unix
+time (``1767225600``) or a duration with units (``72h``, ``90m``, ``3600s``, ``1d12h``) counted
+from the **job's start**:
+
+- under torchrun (``TORCHELASTIC_RUN_ID`` set): the start of the worker's parent process, the
+  torchrun agent, which outlives worker restarts, so a restarted worker keeps the same deadline;
+- otherwise (srun, mpirun, a plain ``python``): the start of this rank's own process.
+
+Start times are read from ``/proc`` (Linux); elsewhere the time this module was imported is used.
+For limits counted from an earlier moment (SageMaker's ``MaxRuntimeInSeconds`` counts from the
+training job's start, before the container runs Python), prefer an absolute Unix time computed by
+the launcher, e.g. ``DDP_EXPORTER_JOB_DEADLINE=$(( $(date +%s) + 72*3600 ))``.
+
+The total work is ``instrument(total_steps=...)``, or the DataLoader's length times
+``instrument(epochs=...)``, in the unit of ``ddp_steps_total`` (optimizer steps when the optimizer
+is instrumented: with gradient accumulation pass ``total_steps``). It counts the steps this
+process will run: when resuming from a checkpoint, pass the steps still to do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import env
+
+__all__ = ["JobClock", "job_start_unix", "parse_job_deadline", "resolve_job_clock"]
+
+_IMPORTED_UNIX = time.time()
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+#: A bare number below this is surely a duration without unit, not a Unix time (2001-09-09).
+_MIN_UNIX = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class JobClock:
+    """The job's wall-clock deadline (Unix time) and total steps; None where unknown."""
+
+    deadline_unix: float | None = None
+    total_steps: int | None = None
+    #: Which variable the deadline came from (for log lines), "" when none.
+    deadline_source: str = ""
+
+
+def _process_start_unix(pid: int) -> float | None:
+    """Return the Unix start time of process ``pid`` from /proc, or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        # Field 22 (starttime, clock ticks after boot); the command name may contain spaces.
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def job_start_unix(environ: Mapping[str, str] | None = None) -> float:
+    """Return the job's start: torchrun's start under torchrun, else this process's start."""
+    environ = os.environ if environ is None else environ
+    run_id = environ.get(env.TORCHELASTIC_RUN_ID)
+    if run_id:
+        start = _process_start_unix(os.getppid())
+        if start is not None:
+            return start
+    start = _process_start_unix(os.getpid())
+    return _IMPORTED_UNIX if start is None else start
+
+
+def parse_job_deadline(name: str, raw: str, start_unix: float) -> float:
+    """Return the Unix deadline that ``raw`` (read from variable ``name``) stands for.
+
+    Accepts a Unix time (integer or decimal) or, for ``DDP_EXPORTER_JOB_DEADLINE``, a duration
+    with d/h/m/s units counted from ``start_unix``. Raises ValueError naming the variable.
+    """
+    text = raw.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not math.isfinite(value) or value < _MIN_UNIX:
+            hint = (
+                f"; for a duration write a unit, e.g. {text}s" if name == env.JOB_DEADLINE else ""
+            )
+            raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970){hint}")
+        return value
+    match = _DURATION.match(text)
+    if name == env.JOB_DEADLINE and text and match is not None:
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        if total <= 0:
+            raise ValueError(f"{name}={raw!r}: the duration must be positive")
+        return start_unix + total
+    if name == env.JOB_DEADLINE:
+        raise ValueError(
+            f"{name}={raw!r} is neither a Unix time nor a duration like 72h, 90m, 3600s or 1d12h"
+        )
+    raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970)")
+
+
+def _deadline_from_env(environ: Mapping[str, str]) -> tuple[float | None, str]:
+    raw = environ.get(env.JOB_DEADLINE, "").strip()
+    if raw:
+        return parse_job_deadline(env.JOB_DEADLINE, raw, job_start_unix(environ)), env.JOB_DEADLINE
+    raw = environ.get(env.SLURM_JOB_END_TIME, "").strip()
+    # 0 (or empty) is what a job without a time limit gets: no deadline.
+    if raw and raw != "0":
+        return parse_job_deadline(env.SLURM_JOB_END_TIME, raw, 0.0), env.SLURM_JOB_END_TIME
+    return None, ""
+
+
+def _positive_int(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"exporter.instrument({what}=...): expected an int > 0, got {value!r}")
+    return value
+
+
+def resolve_job_clock(
+    *,
+    total_steps: int | None = None,
+    epochs: int | None = None,
+    dataloader: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> JobClock:
+    """Return the job's deadline (environment) and total steps (arguments), validated.
+
+    Raises ValueError naming the variable or keyword for a malformed value.
+    """
+    environ = os.environ if environ is None else environ
+    deadline, source = _deadline_from_env(environ)
+    if total_steps is not None and epochs is not None:
+        raise ValueError("exporter.instrument(): give total_steps or epochs, not both")
+    steps = None
+    if total_steps is not None:
+        steps = _positive_int("total_steps", total_steps)
+    elif epochs is not None:
+        epochs = _positive_int("epochs", epochs)
+        if dataloader is None:
+            raise ValueError(
+                "exporter.instrument(epochs=...) needs dataloader=... to count steps per epoch; "
+                "or pass total_steps=..."
+            )
+        try:
+            per_epoch = len(dataloader)
+        except TypeError:
+            raise ValueError(
+                "exporter.instrument(epochs=...): the DataLoader has no length (an "
+                "IterableDataset?); pass total_steps=... instead"
+            ) from None
+        steps = per_epoch * epochs if per_epoch > 0 else None
+    return JobClock(deadline, steps, source)

@@ -1,0 +1,181 @@
+"""exporter.deadline: named sections, their bounds, nesting and threads, and what a scrape shows."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import train_epoch
+from harness import parse, scrape_text, value, wait_for
+
+import exporter
+from exporter import catalog
+from exporter.deadline import MAX_SECTIONS, REGISTRY, SectionRegistry, deadline
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry():
+    """The registry is process-wide: leave it empty for the other tests of this process."""
+    REGISTRY.clear()
+    yield
+    REGISTRY.clear()
+
+
+def _state(reg: SectionRegistry, name: str):
+    (state,) = [s for s in reg.snapshot() if s.name == name]
+    return state
+
+
+def test_with_block_publishes_start_while_running_then_duration() -> None:
+    reg = SectionRegistry()
+    section = deadline("checkpoint", seconds=600, registry=reg)
+    idle = _state(reg, "checkpoint")
+    assert (idle.deadline_s, idle.runs, idle.last_duration_s, idle.started_unix) == (
+        600.0, 0, None, None
+    )  # fmt: skip
+    before = time.time()
+    with section:
+        running = _state(reg, "checkpoint")
+        assert before <= running.started_unix <= time.time()
+        assert running.runs == 0
+    done = _state(reg, "checkpoint")
+    assert done.started_unix is None and done.runs == 1
+    assert 0 <= done.last_duration_s < 5
+
+
+def test_decorator_counts_every_call_and_lets_exceptions_through() -> None:
+    reg = SectionRegistry()
+
+    @deadline("eval", seconds=10, registry=reg)
+    def evaluate(fail: bool) -> str:
+        if fail:
+            raise KeyError("boom")
+        return "ok"
+
+    assert evaluate(False) == "ok"
+    with pytest.raises(KeyError, match="boom"):
+        evaluate(True)
+    state = _state(reg, "eval")
+    assert state.runs == 2 and state.started_unix is None
+
+
+def test_nested_and_concurrent_runs_publish_the_run_due_first() -> None:
+    reg = SectionRegistry()
+    outer = deadline("save", seconds=100, registry=reg)
+    with outer:
+        first_start = _state(reg, "save").started_unix
+        # Same name, shorter deadline, nested: it is due first, so it is the one published.
+        with deadline("save", seconds=1, registry=reg):
+            nested = _state(reg, "save")
+            assert nested.deadline_s == 1.0 and nested.started_unix >= first_start
+        back = _state(reg, "save")
+        assert (back.deadline_s, back.started_unix, back.runs) == (100.0, first_start, 1)
+        # Reusing the same object in another thread while this thread's run is open.
+        entered, release = threading.Event(), threading.Event()
+
+        def other() -> None:
+            with outer:
+                entered.set()
+                release.wait(10)
+
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(10)
+        assert _state(reg, "save").started_unix == first_start  # the older run is due first
+        release.set()
+        t.join(10)
+        assert _state(reg, "save").runs == 2
+    assert _state(reg, "save").runs == 3 and _state(reg, "save").started_unix is None
+
+
+@pytest.mark.parametrize("name", ["", "has space", "1st", "a-b", "x" * 33, "step/1", None, 42])
+def test_names_that_are_not_short_identifiers_are_rejected(name) -> None:
+    with pytest.raises(ValueError, match="short identifier"):
+        deadline(name, seconds=1, registry=SectionRegistry())
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
+def test_non_positive_deadlines_are_rejected(seconds) -> None:
+    with pytest.raises(ValueError, match="positive finite"):
+        deadline("ok", seconds=seconds, registry=SectionRegistry())
+
+
+@pytest.mark.parametrize("seconds", ["60", True, None])
+def test_non_numeric_deadlines_are_rejected(seconds) -> None:
+    with pytest.raises(TypeError, match="expected a number"):
+        deadline("ok", seconds=seconds, registry=SectionRegistry())
+
+
+def test_more_than_the_cap_of_distinct_names_is_rejected_but_known_names_stay_usable() -> None:
+    reg = SectionRegistry()
+    for i in range(MAX_SECTIONS):
+        deadline(f"part_{i}", seconds=1, registry=reg)
+    with pytest.raises(ValueError, match=f"at most {MAX_SECTIONS} distinct section names"):
+        deadline("one_too_many", seconds=1, registry=reg)
+    with deadline("part_0", seconds=2, registry=reg):  # a known name is not a new label value
+        pass
+    assert len(reg.snapshot()) == MAX_SECTIONS
+
+
+def test_sections_entered_before_instrument_are_served_after_it(ddp) -> None:
+    model, loader, opt = ddp
+    entered, release = threading.Event(), threading.Event()
+
+    def checkpoint() -> None:
+        with exporter.deadline("checkpoint", seconds=0.5):
+            entered.set()
+            release.wait(30)
+
+    t = threading.Thread(target=checkpoint)
+    t.start()
+    try:
+        assert entered.wait(10)
+        with exporter.deadline("eval", seconds=30):
+            pass
+        obs = exporter.instrument(
+            model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0
+        )
+        url = f"http://127.0.0.1:{obs.port}/metrics"
+        s = parse(scrape_text(url))
+        assert value(s, "ddp_section_deadline_seconds", section="checkpoint") == 0.5
+        assert value(s, "ddp_section_started_timestamp_seconds", section="checkpoint") > 0
+        assert value(s, "ddp_section_runs_total", section="checkpoint") == 0
+        assert value(s, "ddp_section_runs_total", section="eval") == 1
+        assert value(s, "ddp_section_last_duration_seconds", section="eval") < 30
+        assert value(s, "ddp_exporter_errors_total", where="section") == 0
+    finally:
+        release.set()
+        t.join(30)
+    train_epoch(model, loader, opt)
+    s = wait_for(
+        lambda: (
+            (s := parse(scrape_text(url)))
+            and value(s, "ddp_section_runs_total", section="checkpoint") == 1
+            and s
+        ),
+        10,
+        "the checkpoint run to be counted",
+    )
+    # Finished: no start time any more, its duration (over its deadline) is kept.
+    assert not [lab for lab, _ in s.get("ddp_section_started_timestamp_seconds", [])]
+    assert value(s, "ddp_section_last_duration_seconds", section="checkpoint") > 0
+    # The documented budget: 4 per section at most; here 3 each (neither is running).
+    text = scrape_text(url)
+    series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    assert series == catalog.series_per_rank(process_groups=1, sections=2) - 2
+
+
+def test_exporter_failures_inside_a_section_never_reach_the_user_and_are_counted() -> None:
+    reg = SectionRegistry(max_sections=1)
+    old = deadline("old", seconds=5, registry=reg)
+    with old:
+        reg.clear()  # forgotten while running: its end is not an error
+    assert reg.errors.snapshot()["section"] == 0
+    deadline("new", seconds=5, registry=reg)  # takes the only slot
+    ran = []
+    with old:  # cannot be re-registered: the body still runs, the error is counted
+        ran.append(True)
+    assert ran == [True]
+    assert reg.errors.snapshot()["section"] == 1
+    assert [s.name for s in reg.snapshot()] == ["new"]
