@@ -142,13 +142,15 @@ class DDPCollector(Collector):
 
     def _forensics(self, fams: dict, base: list[str]) -> None:
         fx = getattr(self._obs, "forensics", None)
+        # Always served (0 without forensics), so the series count does not depend on it.
+        fams[c.HANG_DUMPS.name].add_metric(base, fx.dumps if fx is not None else 0)
         if fx is None:
             return
-        fams[c.HANG_DUMPS.name].add_metric(base, fx.dumps)
         where = fx.location  # one read: the forensics thread swaps the tuple atomically
         if where is not None:
             labels = dict(zip(c.HANG_LOCATION.labels, where))
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
+
     def _sections(self, fams: dict, base: list[str]) -> None:
         for s in SECTIONS.snapshot():
             labels = base + [s.name]

@@ -681,7 +681,6 @@ def _outside_loop_alerts(cfg: MixinConfig, r: Recorded, where: str) -> list[Aler
     ]
 
 
-
 def _init_stuck(cfg: MixinConfig) -> Alert:
     """Return DDPInitStuck: name the ranks that never checked in, else the ranks still in init.
 
