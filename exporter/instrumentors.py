@@ -16,7 +16,24 @@ import torch
 from .errors import ErrorCounter
 from .recorder import Recorder
 
-__all__ = ["DataLoaderInstrumentor", "OptimizerInstrumentor"]
+__all__ = ["DataLoaderInstrumentor", "OptimizerInstrumentor", "innermost_optimizer"]
+
+
+def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Return the optimizer whose ``step()`` really runs under wrappers that forward to it.
+
+    accelerate's ``AcceleratedOptimizer`` subclasses ``torch.optim.Optimizer`` without running
+    its ``__init__``: it has no step-hook registry of its own and calls the wrapped optimizer's
+    ``step()`` (only on steps that synchronise gradients), so the hooks go on that one.
+    """
+    for _ in range(8):  # wrappers of wrappers, bounded
+        inner = getattr(optimizer, "optimizer", None)
+        if "_optimizer_step_pre_hooks" in vars(optimizer) or not isinstance(
+            inner, torch.optim.Optimizer
+        ):
+            break
+        optimizer = inner
+    return optimizer
 
 
 class _TimedIterator:
@@ -90,7 +107,7 @@ class OptimizerInstrumentor:
     """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, rec: Recorder, errors: ErrorCounter):
-        self.optimizer = optimizer
+        self.optimizer = innermost_optimizer(optimizer)
         self._rec = rec
         self._errors = errors
         self._handles: list = []

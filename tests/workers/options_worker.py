@@ -10,11 +10,10 @@ import contextlib
 import json
 import os
 import sys
-import urllib.request
 
 import torch
 import torch.distributed as dist
-from prometheus_client.parser import text_string_to_metric_families
+from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -151,27 +150,6 @@ def train(option: str, model: DDP, rank: int) -> tuple[torch.nn.Module, int]:
         result.update(scrape(obs.url))
         obs.close()
     return model.module, result
-
-
-def scrape(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    out = {"phases": {}, "collectives": {}, "errors": 0.0}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "ddp_steps_total":
-                out["steps"] = s.value
-            elif s.name == "ddp_step_duration_seconds_sum":
-                out["step_sum"] = s.value
-            elif s.name == "ddp_step_duration_seconds_count":
-                out["step_count"] = s.value
-            elif s.name == "ddp_step_phase_seconds_sum":
-                out["phases"][s.labels["phase"]] = s.value
-            elif s.name == "ddp_collective_duration_seconds_count":
-                out["collectives"][s.labels["pg"]] = s.value
-            elif s.name == "ddp_exporter_errors_total":
-                out["errors"] += s.value
-    return out
 
 
 def scenario(option: str, rank: int, group) -> dict:
