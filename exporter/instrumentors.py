@@ -71,6 +71,15 @@ class _TimedIterator:
         return getattr(self._it, name)
 
 
+#: object's own ``__class__`` slot: it still works on classes that shadow ``__class__`` with a
+#: read-only property, as accelerate's DataLoaderShard does to pass isinstance(x, DataLoader).
+_CLASS_SLOT = object.__dict__["__class__"]
+
+
+def _set_class(obj: object, cls: type) -> None:
+    _CLASS_SLOT.__set__(obj, cls)
+
+
 class DataLoaderInstrumentor:
     """Time a DataLoader's batches without replacing the object the user holds."""
 
@@ -92,14 +101,14 @@ class DataLoaderInstrumentor:
 
         timed = type(orig.__name__, (orig,), {"__iter__": __iter__, "__module__": orig.__module__})
         timed.__qualname__ = orig.__qualname__
-        object.__setattr__(self.loader, "__class__", timed)
+        _set_class(self.loader, timed)
         self._orig_class = orig
 
     def uninstrument(self) -> None:
         """Restore the loader's original class; a second call does nothing."""
         if self._orig_class is None:
             return
-        object.__setattr__(self.loader, "__class__", self._orig_class)
+        _set_class(self.loader, self._orig_class)
         self._orig_class = None
 
 
