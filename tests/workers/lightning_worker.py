@@ -13,7 +13,10 @@ import time
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
+from scrape_util import scrape
+from torch.distributed.algorithms.ddp_comm_hooks import (
+    default_hooks,  # a sibling of this script (its dir is sys.path[0])
+)
 
 import exporter
 from exporter.integrations.lightning import ExporterCallback
@@ -39,6 +42,13 @@ class Tiny(LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class FP16Hook(Callback):
+    """Register a comm hook the way README says, after ExporterCallback has instrumented."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        trainer.strategy.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
 
 
 class Probe(Callback):
