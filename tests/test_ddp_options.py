@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from harness import Job
+from integrations_util import worker_job
 
 STEPS = 6  # optimizer steps per option, as in the worker
 OPTIONS = (
@@ -28,8 +28,7 @@ OPTIONS = (
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     out = tmp_path_factory.mktemp("options") / "verdict.json"
-    with Job(2, [str(out)], module="tests/workers/options_worker.py",
-             env={"OMP_NUM_THREADS": "1"}) as job:  # fmt: skip
+    with worker_job("tests/workers/options_worker.py", [str(out)]) as job:
         assert job.wait(timeout=280) == 0, job.output()
     return json.loads(out.read_text())
 

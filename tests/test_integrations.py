@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 from harness import REPO
 
 
@@ -17,3 +18,15 @@ def test_import_exporter_imports_no_framework():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_callbacks_reject_bad_arguments():
+    pytest.importorskip("transformers")
+    pytest.importorskip("lightning")
+    from exporter.integrations import lightning as lt
+    from exporter.integrations import transformers as hf
+
+    with pytest.raises(TypeError, match="expected a transformers.Trainer"):
+        hf.ExporterCallback(object())
+    with pytest.raises(TypeError, match="optimizer= is taken from the Trainer"):
+        lt.ExporterCallback(optimizer=None)

@@ -11,7 +11,7 @@ import json
 import math
 
 import pytest
-from harness import Job
+from integrations_util import worker_job
 
 pytest.importorskip("lightning", reason="extra ddp-exporter[lightning] not installed")
 
@@ -24,8 +24,7 @@ def _per_step(r: dict, phase: str) -> float:
 
 def test_lightning_fit_with_a_compute_straggler(tmp_path):
     out = tmp_path / "verdict.json"
-    with Job(2, [str(out)], module="tests/workers/lightning_worker.py",
-             env={"OMP_NUM_THREADS": "1"}) as job:  # fmt: skip
+    with worker_job("tests/workers/lightning_worker.py", [str(out)]) as job:
         assert job.wait(timeout=280) == 0, job.output()
     res = json.loads(out.read_text())
     for rank, r in enumerate(res):

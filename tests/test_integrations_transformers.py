@@ -12,7 +12,7 @@ import json
 import math
 
 import pytest
-from harness import Job
+from integrations_util import worker_job
 
 pytest.importorskip("transformers", reason="extra ddp-exporter[transformers] not installed")
 pytest.importorskip("accelerate", reason="extra ddp-exporter[transformers] not installed")
@@ -24,8 +24,7 @@ STEPS = N // 2 // BATCH // ACCUM  # optimizer steps per rank
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "verdict.json"
-    with Job(2, [str(out)], module="tests/workers/transformers_worker.py",
-             env={"OMP_NUM_THREADS": "1"}) as job:  # fmt: skip
+    with worker_job("tests/workers/transformers_worker.py", [str(out)]) as job:
         assert job.wait(timeout=280) == 0, job.output()
     return json.loads(out.read_text())
 
