@@ -76,8 +76,9 @@ class ExporterCallback(Callback):
     ) -> None:
         """Start the optimizer phase here, after the closure's forward and backward."""
         obs = self.observer
-        if obs is None:
-            return
+        timed = obs._optim if obs is not None else None
+        if timed is None or optimizer is not timed.optimizer:
+            return  # an optimizer without the exporter's step hooks (only the first has them)
         # Lightning runs training_step and backward in a closure that optimizer.step() calls,
         # so the optimizer's pre-hook fires before the forward; the update starts only here.
         try:
