@@ -42,6 +42,12 @@ def _first_tensor(fut: torch.futures.Future) -> torch.Tensor:
     return fut.value()[0]
 
 
+def _record_then(done: Callable, t0: float, is_last: bool, events, fut: torch.futures.Future):
+    # `done` never raises; fut.value() re-raises a failed collective exactly as DDP would see it.
+    done(t0, is_last, events, fut)
+    return fut.value()
+
+
 class CudaEventResolver:
     """Resolve CUDA-event pairs into durations on a background thread, never on the training path.
 
@@ -134,7 +140,10 @@ class CommHookWrapper:
             return self.inner(self.inner_state, bucket)
         fut = self.inner(self.inner_state, bucket)
         try:
-            fut.add_done_callback(functools.partial(self._done, t0, is_last, events))
+            # A link in the chain DDP waits on, not a done-callback: DDP's wait can return
+            # before a done-callback has run on the backend's thread, and the step would then
+            # close without its collective (the wait counted as compute, comm_wait lost).
+            return fut.then(functools.partial(_record_then, self._done, t0, is_last, events))
         except Exception as exc:  # noqa: BLE001
             self.errors.record("comm_hook", exc)
         return fut

@@ -16,7 +16,24 @@ import torch
 from .errors import ErrorCounter
 from .recorder import Recorder
 
-__all__ = ["DataLoaderInstrumentor", "OptimizerInstrumentor"]
+__all__ = ["DataLoaderInstrumentor", "OptimizerInstrumentor", "innermost_optimizer"]
+
+
+def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Return the optimizer whose ``step()`` really runs under wrappers that forward to it.
+
+    accelerate's ``AcceleratedOptimizer`` subclasses ``torch.optim.Optimizer`` without running
+    its ``__init__``: it has no step-hook registry of its own and calls the wrapped optimizer's
+    ``step()`` (only on steps that synchronise gradients), so the hooks go on that one.
+    """
+    for _ in range(8):  # wrappers of wrappers, bounded
+        inner = getattr(optimizer, "optimizer", None)
+        if "_optimizer_step_pre_hooks" in vars(optimizer) or not isinstance(
+            inner, torch.optim.Optimizer
+        ):
+            break
+        optimizer = inner
+    return optimizer
 
 
 class _TimedIterator:
@@ -54,6 +71,15 @@ class _TimedIterator:
         return getattr(self._it, name)
 
 
+#: object's own ``__class__`` slot: it still works on classes that shadow ``__class__`` with a
+#: read-only property, as accelerate's DataLoaderShard does to pass isinstance(x, DataLoader).
+_CLASS_SLOT = object.__dict__["__class__"]
+
+
+def _set_class(obj: object, cls: type) -> None:
+    _CLASS_SLOT.__set__(obj, cls)
+
+
 class DataLoaderInstrumentor:
     """Time a DataLoader's batches without replacing the object the user holds."""
 
@@ -75,14 +101,14 @@ class DataLoaderInstrumentor:
 
         timed = type(orig.__name__, (orig,), {"__iter__": __iter__, "__module__": orig.__module__})
         timed.__qualname__ = orig.__qualname__
-        object.__setattr__(self.loader, "__class__", timed)
+        _set_class(self.loader, timed)
         self._orig_class = orig
 
     def uninstrument(self) -> None:
         """Restore the loader's original class; a second call does nothing."""
         if self._orig_class is None:
             return
-        object.__setattr__(self.loader, "__class__", self._orig_class)
+        _set_class(self.loader, self._orig_class)
         self._orig_class = None
 
 
@@ -90,7 +116,7 @@ class OptimizerInstrumentor:
     """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, rec: Recorder, errors: ErrorCounter):
-        self.optimizer = optimizer
+        self.optimizer = innermost_optimizer(optimizer)
         self._rec = rec
         self._errors = errors
         self._handles: list = []

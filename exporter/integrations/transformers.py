@@ -1,0 +1,67 @@
+"""Instrument a Hugging Face ``transformers.Trainer``: ``trainer.add_callback(ExporterCallback(trainer))``.
+
+The DDP module exists only once ``train()`` has prepared the model with accelerate, and
+callbacks are not handed it (their ``model`` is the unwrapped model), so the callback holds
+the trainer and instruments ``trainer.model_wrapped`` at ``on_train_begin``, with the prepared
+train DataLoader and the optimizer. Steps are optimizer steps: ``gradient_accumulation_steps``
+is respected (the accumulating micro-batches run under ``no_sync()``). Closes at
+``on_train_end``. Needs the extra ``ddp-exporter[transformers]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from transformers import Trainer, TrainerCallback
+
+from ..core import Observer, instrument
+from ..errors import log
+
+__all__ = ["ExporterCallback"]
+
+
+class ExporterCallback(TrainerCallback):
+    """Export this rank's DDP metrics from ``trainer.train()``.
+
+    ``instrument_kwargs`` are passed to :func:`exporter.instrument`. When the trainer did not
+    wrap the model in DDP (one process), this is logged and nothing is exported.
+    """
+
+    def __init__(self, trainer: Trainer, **instrument_kwargs: Any) -> None:
+        if not isinstance(trainer, Trainer):
+            raise TypeError(
+                "ExporterCallback(trainer): expected a transformers.Trainer, got "
+                f"{type(trainer).__qualname__}; use trainer.add_callback(ExporterCallback(trainer))"
+            )
+        for key in ("dataloader", "optimizer"):
+            if key in instrument_kwargs:
+                raise TypeError(f"ExporterCallback: {key}= is taken from the Trainer")
+        self._trainer = trainer
+        self._kwargs = instrument_kwargs
+        self.observer: Observer | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Instrument the DDP-wrapped model, the prepared DataLoader and the optimizer."""
+        if self.observer is not None:
+            return
+        model = self._trainer.model_wrapped
+        if not isinstance(model, DistributedDataParallel):
+            log.warning(
+                "ddp-exporter: the Trainer did not wrap the model in DistributedDataParallel "
+                "(got %s; launch with torchrun); nothing is exported",
+                type(model).__name__,
+            )
+            return
+        loader = kwargs.get("train_dataloader")
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            loader = None
+        optimizer = kwargs.get("optimizer") or self._trainer.optimizer
+        self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **self._kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Close the exporter: restore what was patched and stop serving."""
+        if self.observer is not None:
+            self.observer.close()
+            self.observer = None

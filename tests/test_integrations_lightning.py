@@ -1,0 +1,48 @@
+"""exporter.integrations.lightning on a real 2-rank Lightning DDP fit (CPU, gloo, torchrun).
+
+One job fits a tiny model plain, then with ExporterCallback while rank 1 is slowed inside its
+training_step (which Lightning runs inside optimizer.step()'s closure): parameters bit-identical,
+steps = Lightning's optimizer steps with accumulate_grad_batches, phases sum to the step time,
+the straggler has the largest compute, a comm hook registered in a later callback's
+on_train_start (README's recipe) is timed, and everything is restored at teardown.
+"""
+
+import json
+import math
+
+import pytest
+from integrations_util import worker_job
+
+pytest.importorskip("lightning", reason="extra ddp-exporter[lightning] not installed")
+
+BATCHES, ACCUM = 24, 2  # as in the worker
+
+
+def _per_step(r: dict, phase: str) -> float:
+    return r["phases"][phase] / r["steps"]
+
+
+def test_lightning_fit_with_a_compute_straggler(tmp_path):
+    out = tmp_path / "verdict.json"
+    with worker_job("tests/workers/lightning_worker.py", [str(out)]) as job:
+        assert job.wait(timeout=280) == 0, job.output()
+    res = json.loads(out.read_text())
+    for rank, r in enumerate(res):
+        where = f"rank {rank}: {r}"
+        assert r["params_identical"], where
+        # Optimizer steps, not batches: accumulate_grad_batches=2 halves them.
+        assert r["global_step"] == BATCHES // ACCUM == r["taken"] == r["plain_taken"], where
+        assert r["steps"] == r["step_count"] == r["global_step"], where
+        assert all(v >= 0.0 for v in r["phases"].values()), where
+        assert math.isclose(sum(r["phases"].values()), r["step_sum"], rel_tol=1e-6), where
+        assert r["phases"]["data"] > 0.0, "the first epoch's batches were not timed; " + where
+        # One bucket per step, timed under the fp16 hook registered after ExporterCallback.
+        assert r["collectives"] == {r["pg"]: BATCHES // ACCUM}, where
+        assert r["errors"] == 0.0, where
+        assert r["closed"] and r["hooks_left"] == 1, "not restored at teardown; " + where
+    # The straggler's sleep runs in Lightning's optimizer closure: it is compute, not optimizer.
+    compute = {r: _per_step(res[r], "compute") for r in (0, 1)}
+    comm = {r: _per_step(res[r], "comm_wait") for r in (0, 1)}
+    assert compute[1] > compute[0], compute
+    assert comm[0] > comm[1], comm
+    assert max(_per_step(res[r], "optimizer") for r in (0, 1)) < 0.01, res

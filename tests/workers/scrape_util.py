@@ -1,0 +1,27 @@
+"""Scrape this process's own exporter endpoint over HTTP and keep what the tests check."""
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(url: str) -> dict:
+    """Return steps, step duration, phase sums, collective counts per pg and total errors."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict = {"phases": {}, "collectives": {}, "errors": 0.0}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "ddp_steps_total":
+                out["steps"] = s.value
+            elif s.name == "ddp_step_duration_seconds_sum":
+                out["step_sum"] = s.value
+            elif s.name == "ddp_step_duration_seconds_count":
+                out["step_count"] = s.value
+            elif s.name == "ddp_step_phase_seconds_sum":
+                out["phases"][s.labels["phase"]] = s.value
+            elif s.name == "ddp_collective_duration_seconds_count":
+                out["collectives"][s.labels["pg"]] = s.value
+            elif s.name == "ddp_exporter_errors_total":
+                out["errors"] += s.value
+    return out
