@@ -181,7 +181,9 @@ class Observer:
         self.registry.register(DDPCollector(self))
         self._server = MetricsServer(self.registry, addr, port) if serve else None
         self.port: int | None = self._server.start() if self._server else None
-        self.discovery = discovery.start(self, self._server, addr, monitor_rank)
+        self._monitor_rank = monitor_rank
+        self.discovery: discovery.Discovery | None = None
+        self.start_discovery()
         self._otlp = self._start_otlp(otlp)
 
     # -- setup -------------------------------------------------------------------------------
@@ -252,6 +254,17 @@ class Observer:
         except Exception as exc:  # noqa: BLE001
             self.errors.record("heartbeat", exc)
             self.heartbeat = None
+
+    def start_discovery(self) -> None:
+        """Register this rank for discovery and mount ``/sd`` once its endpoint serves.
+
+        Called at start and again by :mod:`exporter.initwatch` when this observer adopts the
+        init watch's endpoint (it had none to register before).
+        """
+        if self.discovery is None and self._server is not None:
+            self.discovery = discovery.start(
+                self, self._server, self._server.addr, self._monitor_rank
+            )
 
     def _start_forensics(self, interval_s: float, monitor_rank: int, dump_dir: str) -> None:
         # Hang forensics ride on the heartbeat's store and interval (see exporter.forensics);

@@ -232,6 +232,7 @@ class InitWatch:
         obs.registry = self.registry
         obs._server = self._server
         obs.port = self.port
+        obs.start_discovery()  # /sd and file_sd need the endpoint obs just adopted
         self.observer = obs
         self._collector.delegate = DDPCollector(obs)
         # No join: instrument() runs on the training thread; the watch thread sees the stop

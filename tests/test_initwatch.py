@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -238,6 +239,12 @@ def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):
             port = urls[rank].rsplit(":", 1)[1].split("/")[0]
             line = f"rank {rank}: instrument took over port {port} (watch port {port})"
             assert line in "".join(job.lines), job.output()
+        # Discovery starts with the adopted endpoint: rank 0's /sd lists every rank.
+        sd_url = urls[0].replace("/metrics", "/sd")
+        groups = wait_for(
+            lambda: len(g := json.loads(scrape_text(sd_url))) == 3 and g, 60, "/sd on rank 0"
+        )
+        assert sorted(g["labels"]["rank"] for g in groups) == ["0", "1", "2"], groups
         stop.touch()
         assert job.wait(60) == 0, job.output()
     finally:
