@@ -32,6 +32,7 @@ from exporter.collector import DDPCollector  # noqa: E402
 from exporter.errors import ErrorCounter  # noqa: E402
 from exporter.flight import HookBookkeepingSource  # noqa: E402
 from exporter.recorder import Recorder  # noqa: E402
+from exporter.walltime import JobClock  # noqa: E402
 
 GOAL_MS = 5.0
 GOAL_SERIES = 150
@@ -82,6 +83,8 @@ def monitor_rank_render(world: int, late: bool, repeats: int = 20) -> tuple[floa
         inflight_source=HookBookkeepingSource(rec),
         heartbeat=hb,
         memory_source=None,
+        forensics=None,
+        job_clock=JobClock(),
         info_labels=lambda: {"world_size": str(world), "node": "node0000"},
     )
     reg = CollectorRegistry(auto_describe=False)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -179,27 +177,6 @@ def test_watch_init_rejects_bad_settings(monkeypatch):
     assert exporter.initwatch.running() is None
 
 
-def _kill_all(job: Job) -> None:
-    """Kill torchrun and every worker it printed a pid for (they live in their own sessions)."""
-    pids = {int(p) for p in re.findall(r"rank \d+: pid (\d+)", "".join(job.lines))}
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    job.kill()
-    for pid in pids:
-        wait_for(lambda pid=pid: not _alive(pid), 30, f"worker {pid} to exit")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):
     go, stop = tmp_path / "go", tmp_path / "stop"
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_HEARTBEAT_S": "0.5"}
@@ -250,4 +227,4 @@ def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):
     finally:
         go.touch()
         stop.touch()
-        _kill_all(job)
+        job.kill()  # torchrun and every worker (stop_tree)
