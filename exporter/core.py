@@ -400,7 +400,7 @@ class Observer:
             self._server.close()
 
 
-def _check_types(model: Any, dataloader: Any, optimizer: Any, port: Any) -> None:
+def _check_types(model: Any, dataloader: Any, optimizer: Any) -> None:
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(
             "exporter.instrument(model): expected a torch.nn.parallel.DistributedDataParallel "
@@ -417,10 +417,32 @@ def _check_types(model: Any, dataloader: Any, optimizer: Any, port: Any) -> None
             "exporter.instrument(optimizer=...): expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__qualname__}"
         )
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+
+
+def endpoint_settings(
+    caller: str, port: Any, heartbeat_s: Any, peer_series: Any
+) -> tuple[int, float, int]:
+    """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
+
+    Return the port this rank binds (``port + LOCAL_RANK``; 0 for a free port), the heartbeat
+    interval and ``peer_series``; raise ValueError naming ``caller``'s keyword or the variable.
+    """
+    base_port = _env_int(env.PORT, DEFAULT_PORT) if port is None else port
+    if isinstance(base_port, bool) or not isinstance(base_port, int) or not 0 <= base_port <= 65535:
         raise ValueError(
-            f"exporter.instrument(port=...): expected an int in 0..65535, got {port!r}"
+            f"exporter.{caller}(port=...): expected an int in 0..65535, got {base_port!r}"
         )
+    local_rank = _env_int(env.LOCAL_RANK, 0)
+    bound = 0 if base_port == 0 else base_port + local_rank
+    if bound > 65535:
+        raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
+    hb = _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
+    source = f"exporter.{caller}(peer_series=...)"
+    if peer_series is None:
+        source, peer_series = env.PEER_SERIES, _env_int(env.PEER_SERIES, DEFAULT_PEER_SERIES)
+    if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
+        raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
+    return bound, float(hb), peer_series
 
 
 def instrument(
@@ -465,20 +487,8 @@ def instrument(
                 stacklevel=2,
             )
             return _active
-        base_port = _env_int(env.PORT, DEFAULT_PORT) if port is None else port
-        _check_types(model, dataloader, optimizer, base_port)
-        local_rank = _env_int(env.LOCAL_RANK, 0)
-        bound = 0 if base_port == 0 else base_port + local_rank
-        if bound > 65535:
-            raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
-        hb = (
-            _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
-        )
-        source = "exporter.instrument(peer_series=...)"
-        if peer_series is None:
-            source, peer_series = env.PEER_SERIES, _env_int(env.PEER_SERIES, DEFAULT_PEER_SERIES)
-        if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
-            raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
+        _check_types(model, dataloader, optimizer)
+        bound, hb, peer_series = endpoint_settings("instrument", port, heartbeat_s, peer_series)
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
@@ -498,7 +508,7 @@ def instrument(
             port=bound,
             addr=addr if addr is not None else os.environ.get(env.ADDR, "0.0.0.0"),
             run=run if run is not None else (watch.run if watch else _default_run()),
-            heartbeat_s=float(hb),
+            heartbeat_s=hb,
             monitor_rank=_env_int(env.MONITOR_RANK, 0) if monitor_rank is None else monitor_rank,
             flight_recorder=flight_recorder,
             memory_source=memory_source,

@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 from . import catalog as c
 from . import env
 from .collector import DDPCollector, _family
-from .core import DEFAULT_HEARTBEAT_S, DEFAULT_PORT, _default_run, _env_float, _env_int
+from .core import _default_run, _env_int, endpoint_settings
 from .errors import ErrorCounter, log
 from .heartbeat import Heartbeat
 from .server import MetricsServer
@@ -327,26 +327,12 @@ def watch_init(
                 stacklevel=2,
             )
             return None
-        base_port = _env_int(env.PORT, DEFAULT_PORT) if port is None else port
-        if isinstance(base_port, bool) or not isinstance(base_port, int) or base_port < 0:
-            raise ValueError(f"exporter.watch_init(port=...): expected an int >= 0, got {port!r}")
-        local_rank = _env_int(env.LOCAL_RANK, 0)
-        bound = 0 if base_port == 0 else base_port + local_rank
-        if bound > 65535:
-            raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
-        source = "exporter.watch_init(peer_series=...)"
-        if peer_series is None:
-            source, peer_series = env.PEER_SERIES, _env_int(env.PEER_SERIES, c.DEFAULT_PEER_SERIES)
-        if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
-            raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
-        hb = (
-            _env_float(env.HEARTBEAT_S, DEFAULT_HEARTBEAT_S) if heartbeat_s is None else heartbeat_s
-        )
+        bound, hb, peer_series = endpoint_settings("watch_init", port, heartbeat_s, peer_series)
         watch = InitWatch(
             port=bound,
             addr=addr if addr is not None else os.environ.get(env.ADDR, "0.0.0.0"),
             run=run if run is not None else _default_run(),
-            heartbeat_s=float(hb),
+            heartbeat_s=hb,
             monitor_rank=_env_int(env.MONITOR_RANK, 0) if monitor_rank is None else monitor_rank,
             peer_series=peer_series,
             serve=serve,
