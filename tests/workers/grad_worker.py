@@ -3,11 +3,11 @@
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1].
 """
 
-import json
 import sys
 
 import torch
 import torch.distributed as dist
+from results import write_all_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -68,11 +68,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     out = {name: scenario(name, rank) for name in ("builtin", "fp16_after", "fp16_before")}
-    results = [None] * dist.get_world_size()
-    dist.all_gather_object(results, out)
-    if rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f)
+    write_all_ranks(sys.argv[1], out)
     dist.destroy_process_group()
 
 

@@ -5,7 +5,6 @@ verdict per rank to the path in argv[1]: what the instrumented rank's endpoint s
 of training, Lightning's own step count, and whether the parameters match the plain fit.
 """
 
-import json
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from results import write_all_ranks
 from scrape_util import scrape
 from torch.distributed.algorithms.ddp_comm_hooks import (
     default_hooks,  # a sibling of this script (its dir is sys.path[0])
@@ -122,11 +122,7 @@ def main() -> None:
         **result,
     }
     print(f"rank {rank}: {out}", flush=True)
-    results = [None] * dist.get_world_size()
-    dist.all_gather_object(results, out)
-    if rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f)
+    write_all_ranks(sys.argv[1], out)
     dist.destroy_process_group()
 
 

@@ -7,12 +7,12 @@ path in argv[1] (rank 0 writes). Options whose machinery is missing here report 
 """
 
 import contextlib
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from results import write_all_ranks
 from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -184,11 +184,7 @@ def main() -> None:
             continue
         out[option] = scenario(option, rank, group)
         print(f"rank {rank} {option}: {out[option]}", flush=True)
-    results = [None] * dist.get_world_size()
-    dist.all_gather_object(results, out)
-    if rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f)
+    write_all_ranks(sys.argv[1], out)
     dist.destroy_process_group()
 
 

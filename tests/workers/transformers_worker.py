@@ -5,13 +5,13 @@ in the instrumented Trainer run rank 1's dataset is slow (a data straggler). Ran
 JSON verdict per rank to the path in argv[1].
 """
 
-import json
 import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+from results import write_all_ranks
 from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
 from transformers import (
     BertConfig,
@@ -164,11 +164,7 @@ def main() -> None:
     }
     out = {"trainer": trainer_out, "accelerate": acc_out}
     print(f"rank {rank}: {out}", flush=True)
-    results = [None] * dist.get_world_size()
-    dist.all_gather_object(results, out)
-    if rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f)
+    write_all_ranks(sys.argv[1], out)
     dist.destroy_process_group()
 
 
