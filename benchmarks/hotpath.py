@@ -43,14 +43,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from exporter.commhook import CommHookWrapper  # noqa: E402
 from exporter.errors import ErrorCounter  # noqa: E402
-from exporter.instrumentors import (  # noqa: E402
+from exporter.sources.commhook import CommHookWrapper  # noqa: E402
+from exporter.sources.instrumentors import (  # noqa: E402
     DataLoaderInstrumentor,
     OptimizerInstrumentor,
-    _TimedIterator,
+    TimedIterator,
 )
-from exporter.recorder import Recorder  # noqa: E402
+from exporter.sources.recorder import Recorder  # noqa: E402
 
 GOAL_US = 2.0
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             next(it)
 
     def it_instr(k: int) -> None:
-        it = _TimedIterator(iter(items), drec, errors)
+        it = TimedIterator(iter(items), drec, errors)
         for _ in range(k):
             next(it)
 

@@ -23,7 +23,7 @@ import tracemalloc
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from exporter.recorder import Recorder  # noqa: E402
+from exporter.sources.recorder import Recorder  # noqa: E402
 
 
 def _rss_kib() -> int:

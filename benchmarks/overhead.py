@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from exporter.reaper import raise_on_signals  # noqa: E402
+from exporter.tools.reaper import raise_on_signals  # noqa: E402
 
 ARMS = ("plain", "instr", "hook", "control")
 
@@ -50,7 +50,7 @@ def _model(width: int) -> torch.nn.Module:
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
     import exporter
-    from exporter.commhook import allreduce_mean_hook
+    from exporter.sources.commhook import allreduce_mean_hook
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

@@ -46,7 +46,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from exporter import catalog as c  # noqa: E402
-from exporter.reaper import raise_on_signals  # noqa: E402
+from exporter.settings import DEFAULT_PEER_SERIES  # noqa: E402
+from exporter.tools.reaper import raise_on_signals  # noqa: E402
 
 GOAL_GROUP_S = 2.0
 GOAL_PANEL_S = 1.0
@@ -233,7 +234,7 @@ def write_openmetrics(path: str, m: Model, interval: float) -> int:
         family(c.PEER_HEARTBEAT_AGE.family, "gauge")
         # Published by the monitoring rank 0 only, at most peer_series of them: here the worst
         # case, as many as allowed (in a larger job only late peers are published).
-        for p in range(min(m.ranks, c.DEFAULT_PEER_SERIES)):
+        for p in range(min(m.ranks, DEFAULT_PEER_SERIES)):
             series(
                 c.PEER_HEARTBEAT_AGE.name,
                 f'{labels[0]},peer_rank="{p}"',

@@ -1,6 +1,6 @@
 """Time real HTTP scrapes of an instrumented rank's /metrics; report size and series count.
 
-Starts the demo trainer (``exporter.demo``) with torchrun, waits for ``--min-steps`` steps, then
+Starts the demo trainer (``exporter.tools.trainer``) with torchrun, waits for ``--min-steps`` steps, then
 GETs /metrics ``--scrapes`` times per rank as Prometheus would (the OpenMetrics and the text
 format, gzip-compressed as Prometheus asks, and uncompressed). Time = request sent to body read,
 on a fresh connection each time. Also renders, in process, the monitoring rank's exposition
@@ -18,7 +18,6 @@ import os
 import statistics
 import sys
 import time
-import types
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +27,11 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import harness  # noqa: E402  (tests/harness.py: torchrun Job, scrape helpers)
 
 from exporter import catalog  # noqa: E402
-from exporter.collector import DDPCollector  # noqa: E402
 from exporter.errors import ErrorCounter  # noqa: E402
-from exporter.flight import HookBookkeepingSource  # noqa: E402
-from exporter.recorder import Recorder  # noqa: E402
-from exporter.walltime import JobClock  # noqa: E402
+from exporter.export.collector import DDPCollector, RankSources  # noqa: E402
+from exporter.sources.flight import InFlight  # noqa: E402
+from exporter.sources.recorder import Recorder  # noqa: E402
+from exporter.sources.walltime import JobClock  # noqa: E402
 
 GOAL_MS = 5.0
 GOAL_SERIES = 150
@@ -55,13 +54,14 @@ def monitor_rank_render(world: int, late: bool, repeats: int = 20) -> tuple[floa
     """Render the monitoring rank's exposition for ``world`` peers in process (no HTTP).
 
     Uses the real collector, recorder and heartbeat monitor (over an in-memory c10d store and a
-    hand-moved clock) with a stand-in observer; ``late``: no peer has beaten for 10 intervals.
+    hand-moved clock); ``late``: no peer has beaten for 10 intervals.
     Returns (median ms, series, bytes).
     """
     import torch.distributed as dist
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter.heartbeat import Heartbeat, heartbeat_key
+    from exporter.sources.heartbeat import Heartbeat
+    from exporter.storekeys import heartbeat as heartbeat_key
 
     rec = Recorder("optimizer")
     st = rec.collective_stats("allreduce", "0", 1800.0)
@@ -75,20 +75,19 @@ def monitor_rank_render(world: int, late: bool, repeats: int = 20) -> tuple[floa
     hb = Heartbeat(store, "bench", 0, world, 5.0, True, ErrorCounter(), clock=lambda: now[0])
     hb.poll()
     now[0] += 50.0 if late else 1.5
-    obs = types.SimpleNamespace(
+    errors = ErrorCounter()
+    sources = RankSources(
         run="bench",
         rank=0,
-        errors=ErrorCounter(),
+        errors=errors,
+        info=lambda: {"world_size": str(world), "node": "node0000"},
         recorder=rec,
-        inflight_source=HookBookkeepingSource(rec),
-        heartbeat=hb,
-        memory_source=None,
-        forensics=None,
+        inflight=InFlight(rec, errors, flight_recorder=False),
         job_clock=JobClock(),
-        info_labels=lambda: {"world_size": str(world), "node": "node0000"},
+        peer_ages=hb.published_ages,
     )
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DDPCollector(obs))
+    reg.register(DDPCollector(sources))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

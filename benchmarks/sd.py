@@ -2,10 +2,10 @@
 
 For ``--ranks`` ranks (default 4096) it starts a real TCPStore server on loopback, connects
 ``--clients`` store clients (as many ranks share a node's connections to the store here; each
-real rank has its own), and registers every rank through :func:`exporter.discovery.register`
+real rank has its own), and registers every rank through :func:`exporter.export.discovery.register`
 with a counting wrapper that counts every store call. Then it builds the monitoring rank's
-:class:`exporter.discovery.Discovery` over the same store (one ``get`` of all registrations),
-mounts its ``/sd`` on a real :class:`exporter.server.MetricsServer` on loopback and GETs it
+:class:`exporter.export.discovery.Discovery` over the same store (one ``get`` of all registrations),
+mounts its ``/sd`` on a real :class:`exporter.export.server.MetricsServer` on loopback and GETs it
 ``--requests`` times per encoding on fresh connections, as Prometheus's http_sd refresh does.
 Last, a real Prometheus (when installed) is pointed at that ``/sd`` and timed until it lists
 every rank as an active target.
@@ -34,9 +34,10 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import torch.distributed as dist  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from exporter import discovery  # noqa: E402
+from exporter import storekeys  # noqa: E402
 from exporter.errors import ErrorCounter  # noqa: E402
-from exporter.server import MetricsServer  # noqa: E402
+from exporter.export import discovery  # noqa: E402
+from exporter.export.server import MetricsServer  # noqa: E402
 
 GOAL_MS = 100.0
 RANKS_PER_NODE = 8
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"registration: {args.ranks} ranks through {args.clients} TCPStore clients")
     print(f"  store calls: {calls} -> {writes_per_rank:g} per rank")
     print(f"  per registration (one round trip): {_stats(reg_times)}; all: {t_all:.2f} s")
-    raw = server_store.get(discovery.sd_key(run))
+    raw = server_store.get(storekeys.sd(run))
     print(f"  store value: {len(raw) / 1024:.0f} KiB for {args.ranks} records")
 
     errors = ErrorCounter()

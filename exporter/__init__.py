@@ -11,15 +11,18 @@ Usage::
         ...
     with exporter.deadline("checkpoint", seconds=600):  # alert while it runs past 600 s
         save_checkpoint()
+
+The names above are loaded on first use, so the offline parts of the package (``python -m
+exporter.mixin``, ``ddp-exporter top`` and ``hangs``) import no torch. See README's Development
+section for the layout: settings and catalog, sources, export and hangs, observer, API, tools.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import Any
 
-from .core import DEFAULT_PORT, Observer, active, instrument, step
-from .deadline import deadline
-from .initwatch import InitWatch, watch_init
+from .version import __version__
 
 __all__ = [
     "DEFAULT_PORT",
@@ -32,3 +35,30 @@ __all__ = [
     "watch_init",
     "__version__",
 ]
+
+#: Public name -> the module (relative to this package) that defines it.
+_PUBLIC = {
+    "DEFAULT_PORT": "settings",
+    "InitWatch": "initwatch",
+    "Observer": "observer",
+    "active": "api",
+    "deadline": "sources.sections",
+    "instrument": "api",
+    "step": "api",
+    "watch_init": "api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining the public ``name`` on first access (PEP 562)."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the public names with the loaded ones."""
+    return sorted(set(globals()) | set(__all__))

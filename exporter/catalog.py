@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .settings import DEFAULT_PEER_SERIES
+
 __all__ = [
-    "DEFAULT_PEER_SERIES",
     "BASE_LABELS",
     "COLLECTIVE_BUCKETS",
     "MetricDef",
@@ -76,9 +77,6 @@ ERROR_WHERE: tuple[str, ...] = (
 )
 
 #: Histogram bounds (seconds) for whole training steps.
-#: Most peer-heartbeat series the monitoring rank publishes by default (``peer_series``).
-DEFAULT_PEER_SERIES = 64
-
 STEP_BUCKETS: tuple[float, ...] = (
     0.01,
     0.025,

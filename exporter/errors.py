@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from . import catalog
+from .log import log
 
-__all__ = ["ErrorCounter", "log"]
-
-log = logging.getLogger("exporter")
+__all__ = ["ErrorCounter"]
 
 
 class ErrorCounter:

@@ -13,11 +13,11 @@ from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-import exporter.top as top
-from exporter.demo import metrics_urls
-from exporter.localstack import free_port
+import exporter.tools.top as top
 from exporter.mixin.config import FAST
-from exporter.reaper import stop_tree
+from exporter.tools.demo import metrics_urls
+from exporter.tools.localstack import free_port
+from exporter.tools.reaper import stop_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class Job:
         nproc: int,
         args: list[str],
         env: dict[str, str] | None = None,
-        module: str = "exporter.demo",
+        module: str = "exporter.tools.trainer",
     ) -> None:
         self.nproc = nproc
         full_env = dict(os.environ)

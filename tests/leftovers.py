@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.reaper import Proc
+from exporter.tools.reaper import Proc
 
 __all__ = [
     "MARK",

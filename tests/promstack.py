@@ -25,7 +25,7 @@ import pytest
 import yaml
 from harness import wait_for
 
-from exporter.localstack import free_port
+from exporter.tools.localstack import free_port
 
 __all__ = [
     "Alertmanager",

@@ -6,7 +6,7 @@ from harness import Job, value, wait_for
 
 
 def demo_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
-    """Return exporter.demo arguments for ``fault`` on ``rank`` after ``after`` seconds."""
+    """Return exporter.tools.trainer arguments for ``fault`` on ``rank`` after ``after`` seconds."""
     return ["--fault", fault, "--fault-rank", str(rank), "--fault-after", str(after),
             "--port", "0", "--addr", "127.0.0.1", *extra]  # fmt: skip
 

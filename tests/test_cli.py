@@ -11,13 +11,13 @@ import leftovers
 import pytest
 from harness import REPO, wait_for
 
-from exporter.localstack import MissingBinaryError, find_binaries
-from exporter.reaper import stop_tree
+from exporter.tools.localstack import MissingBinaryError, find_binaries
+from exporter.tools.reaper import stop_tree
 
 
 def run_cli(*args, timeout=120):
     return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", *args],
+        [sys.executable, "-m", "exporter.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -75,7 +75,7 @@ def test_stack_without_binaries_says_how_to_install():
 
     env = dict(os.environ, PATH=os.path.dirname(sys.executable))
     res = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "demo", "--stack"], capture_output=True,
+        [sys.executable, "-m", "exporter.tools.cli", "demo", "--stack"], capture_output=True,
         text=True, timeout=60, cwd=REPO, env=env,
     )  # fmt: skip
     assert res.returncode == 2
@@ -120,7 +120,7 @@ def _has_stack() -> bool:
 def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     if stack and not _has_stack():
         pytest.skip("prometheus and prometheus-alertmanager not installed")
-    cmd = [sys.executable, "-m", "exporter.cli", "demo", "--ranks", "3", "--fault", fault,
+    cmd = [sys.executable, "-m", "exporter.tools.cli", "demo", "--ranks", "3", "--fault", fault,
            "--fault-rank", "1", "--fault-after", "2", "--duration", "0", "--port", "0",
            "--no-top", "--stack" if stack else "--no-stack"]  # fmt: skip
     # Like a shell does for a foreground job: the demo leads its own process group.

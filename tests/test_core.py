@@ -9,7 +9,7 @@ from conftest import train_epoch
 from harness import parse, scrape_text, value, wait_for
 
 import exporter
-from exporter.commhook import CommHookWrapper
+from exporter.sources.commhook import CommHookWrapper
 
 
 def test_rejects_a_model_that_is_not_ddp(world1):
@@ -148,7 +148,7 @@ def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
 
 
 def test_injected_gpu_memory_source_is_read_at_scrape(ddp):
-    from exporter.memory import GPUMemory
+    from exporter.sources.memory import GPUMemory
 
     calls = []
 

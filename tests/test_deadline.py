@@ -11,7 +11,7 @@ from harness import parse, scrape_text, value, wait_for
 
 import exporter
 from exporter import catalog
-from exporter.deadline import MAX_SECTIONS, REGISTRY, SectionRegistry, deadline
+from exporter.sources.sections import MAX_SECTIONS, REGISTRY, SectionRegistry, deadline
 
 
 @pytest.fixture(autouse=True)

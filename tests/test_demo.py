@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from exporter import demo
-from exporter.demo import metrics_urls
+from exporter.tools import demo
+from exporter.tools.demo import metrics_urls
 
 
 def test_announcements_glued_together_by_a_shared_pipe_are_all_found():

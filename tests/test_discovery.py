@@ -13,8 +13,9 @@ import pytest
 import torch.distributed as dist
 
 import exporter
-from exporter import core, discovery, env
+from exporter import settings, storekeys
 from exporter.errors import ErrorCounter
+from exporter.export import discovery
 
 
 class CountingStore:
@@ -55,7 +56,7 @@ def test_registration_is_one_store_write_and_the_list_grows_until_complete() -> 
         assert not directory.complete
         discovery.register(store, "r", "10.0.0.1:19400", _labels(1))
         discovery.register(store, "r", "10.0.0.3:19400", _labels(3))
-        store.store.append(discovery.sd_key("r"), b"not json\n")
+        store.store.append(storekeys.sd("r"), b"not json\n")
         discovery.register(store, "r", "10.0.0.1:19555", _labels(1))  # registered again
         reads = store.calls.get("get", 0)
         directory.refresh()
@@ -71,17 +72,17 @@ def test_registration_is_one_store_write_and_the_list_grows_until_complete() -> 
 
 
 def test_advertised_address() -> None:
-    assert discovery.advertise_host("0.0.0.0", {env.ADVERTISE_ADDR: "node7.cluster"}) == (
+    assert discovery.advertise_host("0.0.0.0", {settings.ADVERTISE_ADDR: "node7.cluster"}) == (
         "node7.cluster"
     )
     assert discovery.advertise_host("10.1.2.3", {}) == "10.1.2.3"
-    assert discovery.advertise_host("0.0.0.0", {env.ADVERTISE_ADDR: "fd00::7"}) == "fd00::7"
+    assert discovery.advertise_host("0.0.0.0", {settings.ADVERTISE_ADDR: "fd00::7"}) == "fd00::7"
     for bad in ("node7:19400", "http://node7"):
         with pytest.raises(ValueError, match="DDP_EXPORTER_ADVERTISE_ADDR"):
-            discovery.advertise_host("0.0.0.0", {env.ADVERTISE_ADDR: bad})
+            discovery.advertise_host("0.0.0.0", {settings.ADVERTISE_ADDR: bad})
     # Bound to every interface, the job on one node: never the loopback address.
     for bind in ("0.0.0.0", "::"):
-        host = discovery.advertise_host(bind, {env.MASTER_ADDR: "127.0.0.1"})
+        host = discovery.advertise_host(bind, {settings.MASTER_ADDR: "127.0.0.1"})
         assert not host.startswith("127.") and host != "::1"
         assert socket.getaddrinfo(host, 80)  # resolvable by whoever scrapes it
     assert discovery.format_target("::1", 19400) == "[::1]:19400"
@@ -89,19 +90,19 @@ def test_advertised_address() -> None:
 
 
 def test_default_run_label_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (env.RUN, env.TORCHELASTIC_RUN_ID, env.SLURM_JOB_ID):
+    for name in (settings.RUN, settings.TORCHELASTIC_RUN_ID, settings.SLURM_JOB_ID):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(env.MASTER_ADDR, "n0")
-    monkeypatch.setenv(env.MASTER_PORT, "29500")
-    assert core._default_run() == "n0:29500"
-    monkeypatch.setenv(env.SLURM_JOB_ID, "4242")
-    assert core._default_run() == "4242"
-    monkeypatch.setenv(env.TORCHELASTIC_RUN_ID, "none")  # torchrun's placeholder
-    assert core._default_run() == "4242"
-    monkeypatch.setenv(env.TORCHELASTIC_RUN_ID, "rdzv-1")
-    assert core._default_run() == "rdzv-1"
-    monkeypatch.setenv(env.RUN, "mine")
-    assert core._default_run() == "mine"
+    monkeypatch.setenv(settings.MASTER_ADDR, "n0")
+    monkeypatch.setenv(settings.MASTER_PORT, "29500")
+    assert settings.default_run() == "n0:29500"
+    monkeypatch.setenv(settings.SLURM_JOB_ID, "4242")
+    assert settings.default_run() == "4242"
+    monkeypatch.setenv(settings.TORCHELASTIC_RUN_ID, "none")  # torchrun's placeholder
+    assert settings.default_run() == "4242"
+    monkeypatch.setenv(settings.TORCHELASTIC_RUN_ID, "rdzv-1")
+    assert settings.default_run() == "rdzv-1"
+    monkeypatch.setenv(settings.RUN, "mine")
+    assert settings.default_run() == "mine"
 
 
 def _get(url: str, gzipped: bool = False) -> tuple[int, dict[str, str], bytes]:
@@ -116,7 +117,7 @@ def _get(url: str, gzipped: bool = False) -> tuple[int, dict[str, str], bytes]:
 def test_monitoring_rank_serves_sd_and_writes_file_sd(ddp, tmp_path, monkeypatch) -> None:
     model, loader, opt = ddp
     sd_dir = tmp_path / "file_sd"
-    monkeypatch.setenv(env.FILE_SD, str(sd_dir))
+    monkeypatch.setenv(settings.FILE_SD, str(sd_dir))
     obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", run="sd/test:1")
     base = f"http://127.0.0.1:{obs.port}"
     expected = [
@@ -150,7 +151,7 @@ def test_monitoring_rank_serves_sd_and_writes_file_sd(ddp, tmp_path, monkeypatch
 
 def test_other_ranks_answer_404_on_sd(ddp, monkeypatch) -> None:
     model, loader, opt = ddp
-    monkeypatch.delenv(env.FILE_SD, raising=False)
+    monkeypatch.delenv(settings.FILE_SD, raising=False)
     obs = exporter.instrument(model, port=0, addr="127.0.0.1", run="sd-none", monitor_rank=-1)
     status, _, body = _get(f"http://127.0.0.1:{obs.port}/sd")
     assert status == 404 and b"monitoring rank" in body
@@ -159,7 +160,7 @@ def test_other_ranks_answer_404_on_sd(ddp, monkeypatch) -> None:
 
 def test_a_bad_advertise_address_is_logged_and_counted_not_raised(ddp, monkeypatch) -> None:
     model, loader, opt = ddp
-    monkeypatch.setenv(env.ADVERTISE_ADDR, "node7:19400")
+    monkeypatch.setenv(settings.ADVERTISE_ADDR, "node7:19400")
     obs = exporter.instrument(model, port=0, addr="127.0.0.1", run="sd-bad")
     assert obs.discovery is None and obs.errors.snapshot()["discovery"] == 1
     status, _, body = _get(f"http://127.0.0.1:{obs.port}/metrics")

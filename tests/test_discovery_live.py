@@ -1,6 +1,6 @@
 """A real Prometheus finds every rank through ``/sd`` on the monitoring rank, launched as srun does.
 
-Three ranks run ``exporter.demo`` one process each, with the environment srun + a per-task
+Three ranks run ``exporter.tools.trainer`` one process each, with the environment srun + a per-task
 launch give them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT, SLURM_JOB_ID; no torchrun).
 Prometheus has a single ``http_sd_configs`` URL, rank 0's ``/sd``. The test checks that every
 rank is discovered and scraped with its run (the Slurm job id) and rank labels, then SIGKILLs
@@ -23,7 +23,7 @@ import pytest
 from harness import REPO, wait_for
 from promstack import Prometheus, free_port, require, run_prometheus
 
-from exporter.demo import metrics_urls
+from exporter.tools.demo import metrics_urls
 
 WORLD = 3
 JOB_ID = "4242"
@@ -53,7 +53,7 @@ class Rank:
             SLURM_LOCALID=str(rank),
             DDP_EXPORTER_FILE_SD=file_sd,
         )
-        cmd = [sys.executable, "-m", "exporter.demo", "--duration", "0", "--port", "0"]
+        cmd = [sys.executable, "-m", "exporter.tools.trainer", "--duration", "0", "--port", "0"]
         cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
         self.proc = subprocess.Popen(
             cmd,

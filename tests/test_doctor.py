@@ -13,9 +13,9 @@ import pytest
 import torch
 from harness import REPO, Job, free_port
 
-from exporter import doctor
-from exporter import env as envvars
-from exporter.doctor import Check, Report
+from exporter import settings
+from exporter.tools import doctor
+from exporter.tools.doctor import Check, Report
 
 # --- pure parts: no processes ------------------------------------------------------------------
 
@@ -44,12 +44,12 @@ def test_ifname_check_follows_gloo_and_nccl_syntax():
 
 
 def test_fake_versions_override_is_validated():
-    fake = {envvars.DOCTOR_FAKE_VERSIONS: "torch=9.9.9, cuda=12.1"}
+    fake = {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9, cuda=12.1"}
     v = doctor.local_versions(fake)
     assert v["torch"] == "9.9.9" and v["cuda"] == "12.1"
     assert doctor.local_versions({})["torch"] == torch.__version__
     with pytest.raises(ValueError, match="KEY=VERSION"):
-        doctor.local_versions({envvars.DOCTOR_FAKE_VERSIONS: "gcc=13"})
+        doctor.local_versions({settings.DOCTOR_FAKE_VERSIONS: "gcc=13"})
 
 
 def _report(rank, world=3, host="n1", local=None, **versions):
@@ -177,7 +177,7 @@ class Ranks:
 
 def test_healthy_torchrun_job_passes_every_check():
     with Job(
-        3, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1"}, module="exporter.cli"
+        3, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1"}, module="exporter.tools.cli"
     ) as job:
         try:
             code = job.wait(timeout=180)
@@ -234,7 +234,7 @@ def test_missing_rank_is_named_and_doctor_ends_within_its_deadline(tmp_path):
 
 
 def test_version_skew_names_the_rank_and_the_versions(tmp_path):
-    fake = {1: {envvars.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
+    fake = {1: {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
     with Ranks(tmp_path, 3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
         codes = ranks.wait(timeout=150)
         out = ranks.out(0)

@@ -18,9 +18,9 @@ import time
 import pytest
 from harness import REPO, TopReader, free_port, wait_for
 
-import exporter.top as top
-from exporter.demo import metrics_urls
-from exporter.localstack import LocalStack, MissingBinaryError, find_binaries
+import exporter.tools.top as top
+from exporter.tools.demo import metrics_urls
+from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 
 RANKS = 3
 FAULT_AFTER = 8.0
@@ -85,7 +85,7 @@ class Ranks:
             env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(RANKS),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
                        OMP_NUM_THREADS="1", PYTHONPATH=REPO)  # fmt: skip
-            cmd = [sys.executable, "-m", "exporter.demo", "--duration", "0", "--port", "0",
+            cmd = [sys.executable, "-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
                    "--addr", "127.0.0.1", "--heartbeat", "1", "--file-sd", str(sd), "--run", run,
                    "--timeout", str(PG_TIMEOUT), "--fault-after", str(FAULT_AFTER), *args]  # fmt: skip
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -6,7 +6,7 @@ from harness import parse, scrape_text, value
 
 import exporter
 from exporter.errors import ErrorCounter
-from exporter.flight import FlightRecorderSource
+from exporter.sources.flight import FlightRecorderSource
 
 
 def test_reads_every_collective_not_only_ddps(ddp):
@@ -34,10 +34,10 @@ def test_failing_flight_recorder_falls_back_once_and_counts(ddp):
     def broken(**kwargs):
         raise RuntimeError("FR dump failed")
 
-    obs.inflight_source = FlightRecorderSource(obs.errors, dump=broken)
+    obs.inflight.use(FlightRecorderSource(obs.errors, dump=broken))
     s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
     assert value(s, "ddp_exporter_errors_total", where="flight_recorder") == 1
-    assert obs.inflight_source.name == "comm_hook"
+    assert obs.inflight.name == "comm_hook"
     assert "ddp_collective_last_enqueued_seq" in s
 
 

@@ -23,9 +23,9 @@ from conftest import train_epoch
 from harness import REPO, Job, parse, scrape_text, value, wait_for
 
 import exporter
-from exporter import cli
-from exporter.forensics import capture, innermost_user_frame, summarize
-from exporter.localstack import free_port
+from exporter.hangs.capture import capture, innermost_user_frame, summarize
+from exporter.tools import cli
+from exporter.tools.localstack import free_port
 
 WORKER = os.path.join("tests", "workers", "hang_worker.py")
 
@@ -239,7 +239,7 @@ def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
         model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=tmp_path / "d"
     )
     train_epoch(model, loader, opt)
-    summary = obs.forensics.dump(7, {"episode": 7, "behind": [0], "pg": "0", "seq": 1})
+    summary = obs.hangs.dump(7, {"episode": 7, "behind": [0], "pg": "0", "seq": 1})
     folder = glob.glob(os.path.join(root, "*-hang-7"))[0]
     with open(os.path.join(folder, "rank-0.json")) as f:
         dump = json.load(f)
@@ -254,9 +254,9 @@ def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
     assert value(s, "ddp_hang_dumps_total") == 1
     # The location goes once the rank progresses (the episode is over for it).
     train_epoch(model, loader, opt)
-    wait_for(lambda: obs.forensics.location is None, 10, "the location to be withdrawn")
+    wait_for(lambda: obs.hangs.location is None, 10, "the location to be withdrawn")
 
-    obs.inflight_failed(RuntimeError("FR broke"))  # from now on: comm-hook bookkeeping only
-    obs.forensics.dump(8, {"episode": 8})
+    obs.inflight.fail(RuntimeError("FR broke"))  # from now on: comm-hook bookkeeping only
+    obs.hangs.dump(8, {"episode": 8})
     with open(glob.glob(os.path.join(root, "*-hang-8", "rank-0.json"))[0]) as f:
         assert not json.load(f)["flight_recorder"]["available"]

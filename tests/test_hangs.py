@@ -5,7 +5,9 @@ import json
 import os
 from contextlib import redirect_stdout
 
-from exporter import cli, hangs
+from exporter.hangs import verdict as hangs
+from exporter.ranklist import format_ranks
+from exporter.tools import cli
 
 TRAIN = "/job/train.py"
 
@@ -100,8 +102,8 @@ def test_mismatch_names_both_ops():
 
 
 def test_ranks_text():
-    assert hangs.ranks_text([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
-    assert hangs.ranks_text([3]) == "3"
+    assert format_ranks([5, 0, 1, 2, 7, 8], ranges=True) == "0-2,5,7-8"
+    assert format_ranks([3], ranges=True) == "3"
 
 
 def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path):
@@ -121,7 +123,7 @@ def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path):
 
 
 def _dump(rank: int, frames: list[dict], inflight: list[dict]) -> dict:
-    """Return a rank file as exporter.forensics writes it (only the fields the verdict reads)."""
+    """Return a rank file as exporter.hangs.watcher writes it (only the fields the verdict reads)."""
     return {
         "rank": rank,
         "run": "r",

@@ -6,7 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from exporter.errors import ErrorCounter
-from exporter.heartbeat import LATE_AFTER_INTERVALS, Heartbeat, heartbeat_key
+from exporter.sources.heartbeat import LATE_AFTER_INTERVALS, Heartbeat
+from exporter.storekeys import heartbeat as heartbeat_key
 
 INTERVAL = 1.0
 

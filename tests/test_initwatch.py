@@ -16,9 +16,8 @@ from harness import REPO, Job, free_port, parse, scrape_text, value, wait_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
-from exporter import catalog, initwatch
-from exporter.heartbeat import heartbeat_key
-from exporter.initwatch import InitWatch, init_key_prefix
+from exporter import catalog, initwatch, settings, storekeys
+from exporter.initwatch import InitWatch
 
 WORKER = os.path.join(REPO, "tests", "workers", "init_worker.py")
 PHASE = catalog.INIT_PHASE.name
@@ -58,16 +57,10 @@ def _watch(run: str, peer_series: int = 64) -> InitWatch:
     The suite's session-wide process group may already exist here; a watch that saw it would
     be done before it started.
     """
-    return InitWatch(
-        port=0,
-        addr="127.0.0.1",
-        run=run,
-        heartbeat_s=0.2,
-        monitor_rank=0,
-        peer_series=peer_series,
-        serve=True,
-        initialized=lambda: False,
+    endpoint = settings.Endpoint(
+        port=0, addr="127.0.0.1", heartbeat_s=0.2, monitor_rank=0, peer_series=peer_series
     )
+    return InitWatch(settings.identity(run=run), endpoint, serve=True, initialized=lambda: False)
 
 
 def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
@@ -82,7 +75,7 @@ def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
         assert _phase(s) == "process_group"
         assert value(s, catalog.INIT_STARTED.name, run="u", rank="0") <= time.time()
         # Rank 1 checks in through the same store, as its own watch would.
-        agent_env.add(heartbeat_key(init_key_prefix("u", "0"), 1), 1)
+        agent_env.add(storekeys.heartbeat(storekeys.init_run("u", "0"), 1), 1)
         wait_for(
             lambda: _arrivals(parse(scrape_text(url))) == {0: 1, 1: 1, 2: 0},
             30,
@@ -174,7 +167,7 @@ def test_watch_init_rejects_bad_settings(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(ValueError, match="exceeds 65535"):
         exporter.watch_init(port=65535, heartbeat_s=0)
-    assert exporter.initwatch.running() is None
+    assert exporter.api.running_watch() is None
 
 
 def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from exporter.errors import ErrorCounter
-from exporter.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
-from exporter.recorder import Recorder
+from exporter.sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
+from exporter.sources.recorder import Recorder
 
 accelerate = pytest.importorskip("accelerate")
 

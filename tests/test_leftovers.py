@@ -9,7 +9,7 @@ import textwrap
 
 from harness import REPO
 
-from exporter.reaper import Proc
+from exporter.tools.reaper import Proc
 
 TESTS = os.path.join(REPO, "tests")
 

@@ -15,12 +15,12 @@ import yaml
 from harness import wait_for
 from promstack import require, run_prometheus, write_file_sd
 
-from exporter.core import DEFAULT_PORT
 from exporter.mixin import kubernetes as k8s
 from exporter.mixin.__main__ import apply_overrides
 from exporter.mixin.config import DEFAULT, MixinConfig
 from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
+from exporter.settings import DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / k8s.DEPLOY_DIR

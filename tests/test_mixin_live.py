@@ -1,6 +1,6 @@
 """Run every dashboard query against a real Prometheus scraping a real instrumented DDP run.
 
-A module fixture starts a 2-rank gloo demo job (``exporter.demo`` under torchrun), writes a
+A module fixture starts a 2-rank gloo demo job (``exporter.tools.trainer`` under torchrun), writes a
 file_sd file for its endpoints, and starts Prometheus (1 s scrape and rule evaluation) with the
 committed DEFAULT recording/alert rules. ``live_targets`` is the seam: point it at other
 endpoints (e.g. a fault drill's job) and the same checks apply.

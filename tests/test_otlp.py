@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (  # no
 
 import exporter  # noqa: E402
 from exporter import catalog  # noqa: E402
-from exporter.otlp import UNITS  # noqa: E402
+from exporter.export.otlp import UNITS  # noqa: E402
 
 
 class Receiver:
@@ -144,10 +144,10 @@ def test_push_carries_the_scraped_series_under_the_same_names(receiver, ddp):
         heartbeat_s=0,
         otlp=receiver.url,  # a base URL: /v1/metrics is appended
     )
-    assert obs._otlp is not None and obs._otlp.endpoint == receiver.url + "/v1/metrics"
+    assert obs.otlp is not None and obs.otlp.endpoint == receiver.url + "/v1/metrics"
     train_epoch(model, loader, opt)
     scraped = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
-    assert obs._otlp.push()
+    assert obs.otlp.push()
     req = receiver.requests[-1]
     (rm,) = req.resource_metrics
     res = {a.key: _any(a.value) for a in rm.resource.attributes}
@@ -214,8 +214,8 @@ def test_failed_push_is_counted_not_raised_and_the_sdk_stays_quiet(ddp, caplog, 
         model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, otlp=dead
     )
     t0 = time.monotonic()
-    assert obs._otlp.push() is False
-    assert obs._otlp.push() is False
+    assert obs.otlp.push() is False
+    assert obs.otlp.push() is False
     assert time.monotonic() - t0 < 10
     assert obs.errors.snapshot()["collect"] == 2
     otel = [r for r in caplog.records if r.name.startswith(("opentelemetry", "urllib3"))]

@@ -10,7 +10,7 @@ import time
 
 from harness import wait_for
 
-from exporter.reaper import Proc, descendants, stop_tree
+from exporter.tools.reaper import Proc, descendants, stop_tree
 
 # A launcher like torchrun: it starts workers in sessions of their own and, on SIGTERM,
 # exits without stopping them. One worker ignores SIGTERM, one is stopped (SIGSTOP).

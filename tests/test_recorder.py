@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.recorder import Histogram, Recorder
+from exporter.sources.recorder import Histogram, Recorder
 
 
 class Clock:

@@ -10,9 +10,9 @@ import time
 import pytest
 from harness import REPO, Job, TopReader, wait_for
 
-import exporter.top as top
-from exporter.localstack import LocalStack, MissingBinaryError, find_binaries
+import exporter.tools.top as top
 from exporter.mixin.config import FAST
+from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 
 
 def _row(rank, seq, age=0.0, compute=0.05, data=0.001, steps=100.0, up=True):
@@ -108,7 +108,7 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
         assert healthy_reads >= 10, healthy_reads
         # The CLI, once, from Prometheus: every rank, nobody accused yet.
         res = subprocess.run(
-            [sys.executable, "-m", "exporter.cli", "top", "--prometheus", st.prometheus_url,
+            [sys.executable, "-m", "exporter.tools.cli", "top", "--prometheus", st.prometheus_url,
              "--run", run, "--once", "--refresh", "0.5", "--window", FAST.rate_window],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )  # fmt: skip

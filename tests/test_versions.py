@@ -9,7 +9,7 @@ from harness import parse, scrape_text
 
 import exporter
 from exporter import catalog
-from exporter.versions import versions
+from exporter.sources.versions import versions
 
 
 def test_versions_name_torch_python_cuda_and_nccl() -> None:

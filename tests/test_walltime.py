@@ -1,8 +1,7 @@
-"""exporter.walltime: the job's deadline from the environment, its start, and its total steps."""
+"""exporter.sources.walltime: the job's deadline from the environment, its start, and its total steps."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +12,9 @@ import torch
 from harness import REPO, parse, scrape_text, value
 
 import exporter
-from exporter import env
-from exporter.walltime import JobClock, parse_job_deadline, resolve_job_clock
+from exporter import settings
+from exporter.settings import parse_deadline as parse_job_deadline
+from exporter.sources.walltime import JobClock, resolve_job_clock
 
 NOW = 1_800_000_000.0
 
@@ -32,7 +32,7 @@ NOW = 1_800_000_000.0
     ],
 )
 def test_exporter_variable_takes_a_unix_time_or_a_duration(raw: str, expected: float) -> None:
-    assert parse_job_deadline(env.JOB_DEADLINE, raw, NOW) == expected
+    assert parse_job_deadline(settings.JOB_DEADLINE, raw, NOW) == expected
 
 
 @pytest.mark.parametrize(
@@ -47,24 +47,27 @@ def test_exporter_variable_takes_a_unix_time_or_a_duration(raw: str, expected: f
 )
 def test_bad_exporter_deadlines_name_the_variable(raw: str, message: str) -> None:
     with pytest.raises(ValueError, match=f"DDP_EXPORTER_JOB_DEADLINE=.*{message}"):
-        parse_job_deadline(env.JOB_DEADLINE, raw, NOW)
+        parse_job_deadline(settings.JOB_DEADLINE, raw, NOW)
 
 
 @pytest.mark.parametrize("raw", ["72h", "soon", "12"])
 def test_slurm_end_time_must_be_a_unix_time(raw: str) -> None:
     with pytest.raises(ValueError, match=f"SLURM_JOB_END_TIME='{raw}' is not a Unix time"):
-        resolve_job_clock(environ={env.SLURM_JOB_END_TIME: raw})
+        resolve_job_clock(environ={settings.SLURM_JOB_END_TIME: raw})
 
 
 def test_deadline_sources_and_precedence() -> None:
     assert resolve_job_clock(environ={}) == JobClock()
-    assert resolve_job_clock(environ={env.SLURM_JOB_END_TIME: "0"}).deadline_unix is None
-    slurm = resolve_job_clock(environ={env.SLURM_JOB_END_TIME: "1767225600"})
-    assert (slurm.deadline_unix, slurm.deadline_source) == (1767225600.0, env.SLURM_JOB_END_TIME)
-    both = resolve_job_clock(
-        environ={env.SLURM_JOB_END_TIME: "1767225600", env.JOB_DEADLINE: "1767229200"}
+    assert resolve_job_clock(environ={settings.SLURM_JOB_END_TIME: "0"}).deadline_unix is None
+    slurm = resolve_job_clock(environ={settings.SLURM_JOB_END_TIME: "1767225600"})
+    assert (slurm.deadline_unix, slurm.deadline_source) == (
+        1767225600.0,
+        settings.SLURM_JOB_END_TIME,
     )
-    assert (both.deadline_unix, both.deadline_source) == (1767229200.0, env.JOB_DEADLINE)
+    both = resolve_job_clock(
+        environ={settings.SLURM_JOB_END_TIME: "1767225600", settings.JOB_DEADLINE: "1767229200"}
+    )
+    assert (both.deadline_unix, both.deadline_source) == (1767229200.0, settings.JOB_DEADLINE)
 
 
 def test_total_steps_from_the_keyword_or_dataloader_length_times_epochs() -> None:
@@ -98,18 +101,17 @@ def test_bad_total_work_is_a_clear_error(kwargs: dict, message: str) -> None:
         resolve_job_clock(environ={}, **kwargs)
 
 
-# Import exporter.walltime without exporter/__init__ (which imports torch: seconds per process).
+# exporter.sources.walltime imports no torch: each process starts in a fraction of a second.
 _LIGHT_IMPORT = (
-    "import sys, types; pkg = types.ModuleType('exporter'); pkg.__path__ = [sys.argv[1]]; "
-    "sys.modules['exporter'] = pkg; import os; "
-    "from exporter.walltime import job_start_unix, _process_start_unix; "
+    "import os, sys; sys.path.insert(0, sys.argv[1]); "
+    "from exporter.sources.walltime import job_start_unix, process_start_unix; "
 )
 _PARENT = textwrap.dedent(
     """
     import subprocess, time
-    print(_process_start_unix(os.getpid()), flush=True)
+    print(process_start_unix(os.getpid()), flush=True)
     time.sleep(1.5)  # the workers start well after their launcher
-    child = IMPORT + "print(job_start_unix(), _process_start_unix(os.getpid()), flush=True)"
+    child = IMPORT + "print(job_start_unix(), process_start_unix(os.getpid()), flush=True)"
     for run_id in ("run-1", ""):  # under torchrun, then not
         env = dict(os.environ, TORCHELASTIC_RUN_ID=run_id)
         subprocess.run([sys.executable, "-c", child, sys.argv[1]], env=env, check=True)
@@ -120,7 +122,7 @@ _PARENT = textwrap.dedent(
 def test_job_start_is_the_launcher_start_under_torchrun_else_the_process_start() -> None:
     parent = _LIGHT_IMPORT + f"IMPORT = {_LIGHT_IMPORT!r}\n" + _PARENT
     out = subprocess.run(
-        [sys.executable, "-c", parent, os.path.join(REPO, "exporter")],
+        [sys.executable, "-c", parent, REPO],
         capture_output=True,
         text=True,
         timeout=60,
@@ -135,7 +137,7 @@ def test_job_start_is_the_launcher_start_under_torchrun_else_the_process_start()
 
 def test_instrument_publishes_deadline_and_total_steps(ddp, monkeypatch) -> None:
     model, loader, opt = ddp
-    monkeypatch.setenv(env.SLURM_JOB_END_TIME, "1767225600")
+    monkeypatch.setenv(settings.SLURM_JOB_END_TIME, "1767225600")
     obs = exporter.instrument(model, dataloader=loader, epochs=3, port=0, addr="127.0.0.1")
     s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
     assert value(s, "ddp_job_deadline_timestamp_seconds") == 1767225600.0
@@ -144,7 +146,7 @@ def test_instrument_publishes_deadline_and_total_steps(ddp, monkeypatch) -> None
 
 def test_instrument_rejects_a_bad_deadline_naming_the_variable(ddp, monkeypatch) -> None:
     model, _, _ = ddp
-    monkeypatch.setenv(env.JOB_DEADLINE, "two days")
+    monkeypatch.setenv(settings.JOB_DEADLINE, "two days")
     with pytest.raises(ValueError, match="DDP_EXPORTER_JOB_DEADLINE='two days'"):
         exporter.instrument(model, port=0, addr="127.0.0.1")
     assert exporter.active() is None
@@ -152,8 +154,8 @@ def test_instrument_rejects_a_bad_deadline_naming_the_variable(ddp, monkeypatch)
 
 def test_without_a_deadline_or_total_nothing_is_published(ddp, monkeypatch) -> None:
     model, _, _ = ddp
-    monkeypatch.delenv(env.JOB_DEADLINE, raising=False)
-    monkeypatch.delenv(env.SLURM_JOB_END_TIME, raising=False)
+    monkeypatch.delenv(settings.JOB_DEADLINE, raising=False)
+    monkeypatch.delenv(settings.SLURM_JOB_END_TIME, raising=False)
     obs = exporter.instrument(model, port=0, addr="127.0.0.1")
     s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
     assert "ddp_job_deadline_timestamp_seconds" not in s

@@ -1,7 +1,7 @@
 """Run a worker script of tests/workers under torchrun, plus a FAST-rules Prometheus.
 
 Stopping the job (torchrun and its workers, which live in sessions of their own) is
-:class:`harness.Job`'s: :func:`exporter.reaper.stop_tree`.
+:class:`harness.Job`'s: :func:`exporter.tools.reaper.stop_tree`.
 """
 
 from __future__ import annotations

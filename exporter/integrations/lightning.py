@@ -15,9 +15,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from torch.nn.parallel import DistributedDataParallel
 
-from ..core import Observer, instrument
-from ..errors import log
-from ..instrumentors import _TimedIterator
+from ..api import instrument
+from ..log import log
+from ..observer import Observer
 
 __all__ = ["ExporterCallback"]
 
@@ -66,8 +66,7 @@ class ExporterCallback(Callback):
         try:
             iterators = trainer.fit_loop._combined_loader._iterator.iterators
             for i, it in enumerate(iterators):
-                if not isinstance(it, _TimedIterator):
-                    iterators[i] = _TimedIterator(it, obs.recorder, obs.errors)
+                iterators[i] = obs.timed_batches(it)
         except Exception as exc:  # noqa: BLE001 - another Lightning layout: later epochs still timed
             obs.errors.record("dataloader", exc)
 
@@ -75,16 +74,11 @@ class ExporterCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Start the optimizer phase here, after the closure's forward and backward."""
-        obs = self.observer
-        timed = obs._optim if obs is not None else None
-        if timed is None or optimizer is not timed.optimizer:
-            return  # an optimizer without the exporter's step hooks (only the first has them)
         # Lightning runs training_step and backward in a closure that optimizer.step() calls,
         # so the optimizer's pre-hook fires before the forward; the update starts only here.
-        try:
-            obs.recorder.optimizer_begin()
-        except Exception as exc:  # noqa: BLE001
-            obs.errors.record("optimizer", exc)
+        # Only the first optimizer has the exporter's step hooks; others are left alone.
+        if self.observer is not None:
+            self.observer.optimizer_phase_begins(optimizer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Close the exporter: restore the DataLoader, optimizer and comm hook; stop serving."""

@@ -16,8 +16,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback
 
-from ..core import Observer, instrument
-from ..errors import log
+from ..api import instrument
+from ..log import log
+from ..observer import Observer
 
 __all__ = ["ExporterCallback"]
 

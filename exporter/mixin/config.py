@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from exporter.hung import DEFAULT_POLICY, HangPolicy
+from ..hangs.definition import DEFAULT_POLICY, HangPolicy
+from ..settings import DEFAULT_PORT
 
 __all__ = ["DEFAULT", "FAST", "MixinConfig", "duration_seconds"]
 
@@ -56,7 +57,8 @@ class MixinConfig:
     #: Share of a rank's step spent waiting for data that makes it input-bound.
     input_bound_share: float = 0.4
     #: In-flight age above this multiple of the run's normal collective latency is a stall ...
-    #: (the one hang definition, :mod:`exporter.hung`, shared with ``top`` and forensics)
+    #: (the one hang definition, :mod:`exporter.hangs.definition`, shared with ``top`` and the
+    #: hang watcher)
     stall_latency_factor: float = DEFAULT_POLICY.stall_latency_factor
     #: ... provided it also exceeds this many seconds (and this is the bound when no latency
     #: baseline exists yet).
@@ -102,7 +104,7 @@ class MixinConfig:
     #: Training processes per pod: the PodMonitor scrapes ``base_port + 0 .. ranks_per_pod - 1``.
     ranks_per_pod: int = 8
     #: The exporter's base port (``DDP_EXPORTER_PORT``; each rank serves base + LOCAL_RANK).
-    base_port: int = 19400
+    base_port: int = DEFAULT_PORT
     #: Namespace of the PodMonitor, PrometheusRule and dashboard ConfigMaps.
     k8s_namespace: str = "monitoring"
     #: ``release`` label kube-prometheus-stack selects PodMonitors and rules by (its Helm release).
@@ -170,7 +172,7 @@ class MixinConfig:
 
     @property
     def hang_policy(self) -> HangPolicy:
-        """Return the hang definition these rules encode (``top`` and forensics use it too)."""
+        """Return the hang definition these rules encode (``top`` and the hang watcher use it too)."""
         return HangPolicy(
             stall_latency_factor=self.stall_latency_factor,
             stall_min_seconds=self.stall_min_seconds,

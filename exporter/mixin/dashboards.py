@@ -14,8 +14,7 @@ from typing import Any
 
 from grafanalib import core as g
 
-from exporter import catalog
-
+from .. import catalog, settings
 from .config import DEFAULT, MixinConfig
 from .render import dump_json
 from .rules import recorded, selector
@@ -544,7 +543,7 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 thresholds=(("green", None), ("red", cfg.heartbeat_stale_seconds)),
                 description=(
                     "Every peer in jobs of up to DDP_EXPORTER_PEER_SERIES "
-                    f"({catalog.DEFAULT_PEER_SERIES}) ranks; in larger jobs only late peers "
+                    f"({settings.DEFAULT_PEER_SERIES}) ranks; in larger jobs only late peers "
                     "(silent for over three heartbeat intervals), so an empty panel is healthy."
                 ),
             ),

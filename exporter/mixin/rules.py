@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporter import catalog
-
+from .. import catalog
 from .config import DEFAULT, MixinConfig, duration_seconds
 from .render import dump_yaml
 

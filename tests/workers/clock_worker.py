@@ -24,11 +24,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
-from exporter import env
-from exporter.demo import say
+from exporter import settings
+from exporter.tools.demo import say
 
 stop_file = sys.argv[1]
-rank = int(os.environ[env.RANK])
+rank = int(os.environ[settings.RANK])
 say(f"worker pid {os.getpid()}")
 dist.init_process_group("gloo")
 torch.manual_seed(0)
@@ -58,7 +58,7 @@ if rank == 1:
     entered.wait()
 
 # The deadline comes from the environment, as Slurm sets it; each rank its own run (see above).
-os.environ[env.SLURM_JOB_END_TIME] = str(int(time.time()) + (3600 if rank == 0 else 120))
+os.environ[settings.SLURM_JOB_END_TIME] = str(int(time.time()) + (3600 if rank == 0 else 120))
 obs = exporter.instrument(
     model,
     optimizer=opt,

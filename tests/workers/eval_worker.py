@@ -15,13 +15,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
-from exporter import env
-from exporter.demo import say
+from exporter import settings
+from exporter.tools.demo import say
 
 HEAVY, BATCHES, ROWS = 1, 20, 64
 
 release = sys.argv[1]
-rank = int(os.environ[env.RANK])
+rank = int(os.environ[settings.RANK])
 say(f"worker pid {os.getpid()}")
 dist.init_process_group("gloo")
 torch.manual_seed(0)

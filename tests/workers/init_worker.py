@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
-from exporter.demo import say
+from exporter.tools.demo import say
 
 
 def wait_file(path: str, timeout: float) -> bool:

@@ -2,13 +2,15 @@
 
 Nothing is formatted on the training path: :meth:`DDPCollector.collect` snapshots the
 recorder, asks the in-flight source, the heartbeat and the memory sources, and turns the
-numbers into families named by :mod:`exporter.catalog`.
+numbers into families named by :mod:`exporter.catalog`. The collector is handed what it reads,
+a :class:`RankSources`, as prometheus_client's own collectors are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -20,17 +22,48 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from . import catalog as c
-from .deadline import REGISTRY as SECTIONS
-from .memory import host_resident_bytes
+from .. import catalog as c
+from ..errors import ErrorCounter
+from ..sources.flight import InFlight
+from ..sources.memory import MemorySource, host_resident_bytes
+from ..sources.recorder import Recorder
+from ..sources.sections import REGISTRY, SectionRegistry
+from ..sources.walltime import JobClock
 
-if TYPE_CHECKING:
-    from .core import Observer
-
-__all__ = ["DDPCollector"]
+__all__ = ["DDPCollector", "HangStatus", "RankSources", "family"]
 
 
-def _family(m: c.MetricDef) -> Metric:
+class HangStatus(Protocol):
+    """What the collector reads of the hang watcher."""
+
+    #: Dumps this rank wrote (``ddp_hang_dumps_total``).
+    dumps: int
+    #: ``(file, line, function)`` while this rank is the culprit of an open episode, else None.
+    location: tuple[str, str, str] | None
+
+
+@dataclass
+class RankSources:
+    """What one rank's collector reads at scrape time; None where a part does not run."""
+
+    run: str
+    rank: int
+    errors: ErrorCounter
+    #: Returns the labels of ``ddp_rank_info`` (read at each scrape: the in-flight source can
+    #: change when the Flight Recorder fails).
+    info: Callable[[], dict[str, str]]
+    recorder: Recorder
+    inflight: InFlight
+    job_clock: JobClock
+    #: The monitoring rank's ``(peer, heartbeat age)`` pairs to publish.
+    peer_ages: Callable[[], list[tuple[int, float]]] | None = None
+    memory: MemorySource | None = None
+    hangs: HangStatus | None = None
+    sections: SectionRegistry = field(default=REGISTRY)
+
+
+def family(m: c.MetricDef) -> Metric:
+    """Return an empty prometheus_client family for the catalog entry ``m``."""
     labels = list(m.all_labels)
     if m.type == "gauge":
         return GaugeMetricFamily(m.name, m.help, labels=labels, unit="")
@@ -46,10 +79,10 @@ def _family(m: c.MetricDef) -> Metric:
 
 
 class DDPCollector(Collector):
-    """Collect one rank's metrics from its :class:`~exporter.core.Observer`."""
+    """Collect one rank's metrics from its :class:`RankSources`."""
 
-    def __init__(self, observer: Observer) -> None:
-        self._obs = observer
+    def __init__(self, sources: RankSources) -> None:
+        self._src = sources
 
     def describe(self) -> list[Metric]:
         """Describe nothing, so registering does not call collect()."""
@@ -57,9 +90,9 @@ class DDPCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every family; a failing part is counted and the rest is still served."""
-        obs = self._obs
-        base = [obs.run, str(obs.rank)]
-        fams = {m.name: _family(m) for m in c.METRICS}
+        src = self._src
+        base = [src.run, str(src.rank)]
+        fams = {m.name: family(m) for m in c.METRICS}
         for part in (
             self._static,
             self._steps,
@@ -73,10 +106,10 @@ class DDPCollector(Collector):
             try:
                 part(fams, base)
             except Exception as exc:  # noqa: BLE001 - serve what we can
-                obs.errors.record("collect", exc)
+                src.errors.record("collect", exc)
         errors = fams[c.EXPORTER_ERRORS.name]
-        counts = obs.errors.snapshot()
-        for where, n in SECTIONS.errors.snapshot().items():
+        counts = src.errors.snapshot()
+        for where, n in src.sections.errors.snapshot().items():
             counts[where] = counts.get(where, 0) + n  # exporter.deadline works without instrument()
         for where, n in counts.items():
             errors.add_metric(base + [where], n)
@@ -86,10 +119,10 @@ class DDPCollector(Collector):
                 yield fam
 
     def _static(self, fams: dict, base: list[str]) -> None:
-        fams[c.RANK_INFO.name].add_metric(base, self._obs.info_labels())
+        fams[c.RANK_INFO.name].add_metric(base, self._src.info())
 
     def _steps(self, fams: dict, base: list[str]) -> None:
-        snap = self._obs.recorder.snapshot()
+        snap = self._src.recorder.snapshot()
         fams[c.STEPS.name].add_metric(base, snap.steps)
         fams[c.STEP_DURATION.name].add_metric(base, snap.step_hist, snap.step_sum)
         phase = fams[c.STEP_PHASE.name]
@@ -102,12 +135,7 @@ class DDPCollector(Collector):
             fams[c.HEARTBEAT.name].add_metric(base, snap.last_progress_unix)
 
     def _inflight(self, fams: dict, base: list[str]) -> None:
-        try:
-            states = self._obs.inflight_source.read()
-        except Exception as exc:  # noqa: BLE001
-            self._obs.inflight_failed(exc)
-            states = self._obs.inflight_source.read()
-        for s in states:
+        for s in self._src.inflight.read():
             labels = base + [s.pg]
             fams[c.LAST_ENQUEUED_SEQ.name].add_metric(labels, s.last_enqueued)
             fams[c.LAST_COMPLETED_SEQ.name].add_metric(labels, s.last_completed)
@@ -116,21 +144,21 @@ class DDPCollector(Collector):
                 fams[c.COLLECTIVE_TIMEOUT.name].add_metric(labels, s.timeout_s)
 
     def _liveness(self, fams: dict, base: list[str]) -> None:
-        hb = self._obs.heartbeat
-        if hb is None or not hb.monitor:
+        ages = self._src.peer_ages
+        if ages is None:
             return
         fam = fams[c.PEER_HEARTBEAT_AGE.name]
-        for peer, age in hb.published_ages():
+        for peer, age in ages():
             fam.add_metric(base + [str(peer)], age)
 
     def _memory(self, fams: dict, base: list[str]) -> None:
-        source = self._obs.memory_source
+        source = self._src.memory
         gpu = None
         if source is not None:
             try:
                 gpu = source()
             except Exception as exc:  # noqa: BLE001
-                self._obs.errors.record("memory", exc)
+                self._src.errors.record("memory", exc)
         if gpu is not None:
             fams[c.GPU_MEM_ALLOCATED.name].add_metric(base, gpu.allocated)
             fams[c.GPU_MEM_RESERVED.name].add_metric(base, gpu.reserved)
@@ -141,18 +169,18 @@ class DDPCollector(Collector):
             fams[c.HOST_MEM_RESIDENT.name].add_metric(base, rss)
 
     def _forensics(self, fams: dict, base: list[str]) -> None:
-        fx = getattr(self._obs, "forensics", None)
-        # Always served (0 without forensics), so the series count does not depend on it.
+        fx = self._src.hangs
+        # Always served (0 without a hang watcher), so the series count does not depend on it.
         fams[c.HANG_DUMPS.name].add_metric(base, fx.dumps if fx is not None else 0)
         if fx is None:
             return
-        where = fx.location  # one read: the forensics thread swaps the tuple atomically
+        where = fx.location  # one read: the watcher thread swaps the tuple atomically
         if where is not None:
             labels = dict(zip(c.HANG_LOCATION.labels, where))
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
 
     def _sections(self, fams: dict, base: list[str]) -> None:
-        for s in SECTIONS.snapshot():
+        for s in self._src.sections.snapshot():
             labels = base + [s.name]
             fams[c.SECTION_DEADLINE.name].add_metric(labels, s.deadline_s)
             fams[c.SECTION_RUNS.name].add_metric(labels, s.runs)
@@ -162,7 +190,7 @@ class DDPCollector(Collector):
                 fams[c.SECTION_STARTED.name].add_metric(labels, s.started_unix)
 
     def _job_clock(self, fams: dict, base: list[str]) -> None:
-        clock = self._obs.job_clock
+        clock = self._src.job_clock
         if clock.deadline_unix is not None:
             fams[c.JOB_DEADLINE.name].add_metric(base, clock.deadline_unix)
         if clock.total_steps is not None:

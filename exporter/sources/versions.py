@@ -1,13 +1,17 @@
-"""Report the versions that must agree on every rank of a job (ddp_rank_info, DDPVersionSkew)."""
+"""Report the static facts of a rank (``ddp_rank_info``), versions that must agree included."""
 
 from __future__ import annotations
 
 import platform
+import socket
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["nccl_version", "versions"]
+from ..settings import Identity
+from ..version import __version__
+
+__all__ = ["nccl_version", "rank_info", "versions"]
 
 
 def nccl_version() -> str:
@@ -30,4 +34,19 @@ def versions() -> dict[str, str]:
         "python_version": platform.python_version(),
         "cuda_version": torch.version.cuda or "none",
         "nccl_version": nccl_version(),
+    }
+
+
+def rank_info(identity: Identity, backend: str, device: str, inflight: str) -> dict[str, str]:
+    """Return the labels of ``ddp_rank_info``: who the rank is, where, with what versions."""
+    return {
+        "local_rank": str(identity.local_rank),
+        "node": socket.gethostname(),
+        "world_size": str(identity.world_size),
+        "backend": str(backend),
+        "device": device,
+        "torch_version": torch.__version__,
+        "exporter_version": __version__,
+        "inflight_source": inflight,
+        **versions(),
     }

@@ -13,10 +13,15 @@ from typing import Any
 
 import torch
 
-from .errors import ErrorCounter
+from ..errors import ErrorCounter
 from .recorder import Recorder
 
-__all__ = ["DataLoaderInstrumentor", "OptimizerInstrumentor", "innermost_optimizer"]
+__all__ = [
+    "DataLoaderInstrumentor",
+    "OptimizerInstrumentor",
+    "TimedIterator",
+    "innermost_optimizer",
+]
 
 
 def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -36,7 +41,7 @@ def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
     return optimizer
 
 
-class _TimedIterator:
+class TimedIterator:
     """Time each ``next()`` of a DataLoader iterator into the data phase."""
 
     __slots__ = ("_it", "_rec", "_errors")
@@ -46,7 +51,7 @@ class _TimedIterator:
         self._rec = rec
         self._errors = errors
 
-    def __iter__(self) -> _TimedIterator:
+    def __iter__(self) -> TimedIterator:
         return self
 
     def __next__(self) -> Any:
@@ -97,12 +102,18 @@ class DataLoaderInstrumentor:
         rec, errors = self._rec, self._errors
 
         def __iter__(loader_self):  # noqa: N807 - the method being overridden
-            return _TimedIterator(orig.__iter__(loader_self), rec, errors)
+            return TimedIterator(orig.__iter__(loader_self), rec, errors)
 
         timed = type(orig.__name__, (orig,), {"__iter__": __iter__, "__module__": orig.__module__})
         timed.__qualname__ = orig.__qualname__
         _set_class(self.loader, timed)
         self._orig_class = orig
+
+    def timed(self, iterator: Iterator) -> TimedIterator:
+        """Return ``iterator`` timing each batch (an iterator made before :meth:`instrument`)."""
+        if isinstance(iterator, TimedIterator):
+            return iterator
+        return TimedIterator(iterator, self._rec, self._errors)
 
     def uninstrument(self) -> None:
         """Restore the loader's original class; a second call does nothing."""

@@ -17,22 +17,18 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from typing import Any
 
-import torch.distributed as dist
+from .. import storekeys
+from ..background import BackgroundLoop
+from ..errors import ErrorCounter
+from ..settings import DEFAULT_PEER_SERIES
 
-from .catalog import DEFAULT_PEER_SERIES
-from .errors import ErrorCounter
-
-__all__ = ["LATE_AFTER_INTERVALS", "Heartbeat", "heartbeat_key"]
+__all__ = ["LATE_AFTER_INTERVALS", "Heartbeat"]
 
 #: A live peer's age stays under about two intervals (its beats and the polls drift apart);
 #: a peer unchanged for longer than this many intervals is late and always a candidate.
 LATE_AFTER_INTERVALS = 3
-
-
-def heartbeat_key(run: str, rank: int) -> str:
-    """Return the store key holding ``rank``'s heartbeat counter."""
-    return f"ddp_exporter/{run}/hb/{rank}"
 
 
 class Heartbeat:
@@ -40,7 +36,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: Any,
         run: str,
         rank: int,
         world_size: int,
@@ -51,30 +47,28 @@ class Heartbeat:
         peer_series: int = DEFAULT_PEER_SERIES,
     ) -> None:
         self._store = store
-        self._key = heartbeat_key(run, rank)
-        self._keys = [heartbeat_key(run, r) for r in range(world_size)]
+        self._key = storekeys.heartbeat(run, rank)
+        self._keys = [storekeys.heartbeat(run, r) for r in range(world_size)]
         self._interval = interval_s
-        self._errors = errors
         self._clock = clock
         self.monitor = monitor
         self.peer_series = peer_series
         self._lock = threading.Lock()
         self._seen: list[tuple[bytes, float]] | None = None
         self._paused = threading.Event()  # set: stop beating (tests simulate a frozen rank)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop(
+            "ddp-exporter-heartbeat", self._tick, interval_s, errors=errors, where="heartbeat"
+        )
 
-    def start(self) -> None:
+    def start(self) -> Heartbeat:
         """Beat once synchronously (peers see this rank at once), then in the background."""
         self._beat()
         if self.monitor:
             for key in self._keys:
                 self._store.add(key, 0)  # create missing keys without clobbering live ones
             self.poll()
-        self._thread = threading.Thread(
-            target=self._run, name="ddp-exporter-heartbeat", daemon=True
-        )
-        self._thread.start()
+        self._loop.start()
+        return self
 
     def _beat(self) -> None:
         self._store.add(self._key, 1)
@@ -91,15 +85,12 @@ class Heartbeat:
                     (v, t if v == old else now) for v, (old, t) in zip(values, self._seen)
                 ]
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                if not self._paused.is_set():
-                    self._beat()
-                if self.monitor:
-                    self.poll()
-            except Exception as exc:  # noqa: BLE001 - a dead store must not kill training
-                self._errors.record("heartbeat", exc)
+    def _tick(self) -> None:
+        # A dead store raises here: the loop counts it and training goes on.
+        if not self._paused.is_set():
+            self._beat()
+        if self.monitor:
+            self.poll()
 
     def pause(self, paused: bool = True) -> None:
         """Stop (or resume) beating while the process stays alive; used by fault drills."""
@@ -138,8 +129,10 @@ class Heartbeat:
             return []
         return [(peer, seen[peer][0] not in (b"", b"0")) for peer, _ in self.published_ages()]
 
+    def stop(self) -> None:
+        """Ask the thread to stop without waiting for it (it ends within one interval)."""
+        self._loop.stop()
+
     def close(self) -> None:
         """Stop the thread (it may be stuck on a dead store; it is a daemon then)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        self._loop.close()

@@ -1,9 +1,17 @@
-"""Command line: ``ddp-exporter demo`` runs an instrumented job, ``ddp-exporter top`` watches one."""
+"""Run ``ddp-exporter demo``: a small instrumented job under torchrun, its table and alerts.
+
+The driver starts the trainer (:mod:`exporter.tools.trainer`) under torchrun (one process per
+rank for the ``kill`` fault, as srun would), optionally Prometheus and Alertmanager
+(:mod:`exporter.tools.localstack`), prints the live ``top`` table, and stops every process it
+started when it ends, on Ctrl-C, and on SIGTERM or SIGHUP. This module imports no torch: the
+trainer does, in its own processes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,13 +22,29 @@ import threading
 import time
 
 from . import top as topmod
-from .core import DEFAULT_PORT
-from .demo import FAULTS, metrics_urls, say
 from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
-from .mixin.config import DEFAULT, duration_seconds
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 
-__all__ = ["main"]
+__all__ = ["FAULTS", "metrics_urls", "run", "say"]
+
+FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
+
+_URL_LINE = re.compile(r"rank (\d+): metrics at (http\S*?/metrics)")
+
+
+def metrics_urls(text: str) -> dict[int, str]:
+    """Return ``{rank: url}`` for every "metrics at" announcement in ``text``.
+
+    Searches the whole text rather than whole lines, so an announcement glued to
+    another rank's output (two processes writing one pipe) is still found.
+    """
+    return {int(m.group(1)): m.group(2) for m in _URL_LINE.finditer(text)}
+
+
+def say(line: str) -> None:
+    """Print one line in a single write, so lines from ranks sharing a pipe never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _port_free(port: int, addr: str = "127.0.0.1") -> bool:
@@ -56,7 +80,8 @@ def _sweep_adopted() -> None:
         p.signal(signal.SIGKILL)
 
 
-def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``ddp-exporter demo`` with parsed ``args``; return its exit status."""
     if args.ranks < 1:
         parser.error("--ranks must be at least 1")
     if args.fault != "none" and not 0 <= args.fault_rank < args.ranks:
@@ -116,7 +141,7 @@ def _run_demo(
 ) -> int:
     file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
     trainer = [
-        "-m", "exporter.demo",
+        "-m", "exporter.tools.trainer",
         "--duration", str(args.duration), "--fault", args.fault,
         "--fault-rank", str(args.fault_rank), "--fault-after", str(args.fault_after),
         "--addr", "127.0.0.1", "--heartbeat", "1",
@@ -208,110 +233,3 @@ def _run_demo(
     code = max(abs(job.wait()) for job in jobs)
     print(f"ddp-exporter demo: training finished (exit {code})")
     return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code
-
-
-def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    targets = [t for t in (args.targets or "").split(",") if t]
-    if bool(targets) == bool(args.prometheus):
-        parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
-    if args.prometheus and not args.run:
-        parser.error("--prometheus needs --run (the run label to show)")
-    if args.refresh <= 0:
-        parser.error("--refresh must be positive")
-    try:
-        duration_seconds(args.window)
-    except ValueError as exc:
-        parser.error(f"--window: {exc}")
-
-    def read() -> list[topmod.RankRow]:
-        if targets:
-            return topmod.fetch(targets)
-        return topmod.fetch_prometheus(args.prometheus, args.run, window=args.window)
-
-    previous: dict[str, topmod.RankRow] | None = None
-    try:
-        while True:
-            try:
-                rows = topmod.diagnose(read(), previous)
-            except (OSError, RuntimeError) as exc:
-                print(f"ddp-exporter top: {exc}", file=sys.stderr)
-                return 1
-            first, previous = previous is None, {r.target: r for r in rows}
-            if first and args.once:
-                # A verdict needs two reads (like an alert's "for"): take the second one.
-                time.sleep(args.refresh)
-                continue
-            tty = sys.stdout.isatty()
-            print(
-                ("\x1b[2J\x1b[H" if tty else "") + topmod.render(rows, args.worst, color=tty),
-                flush=True,
-            )
-            if args.once:
-                return 0
-            time.sleep(args.refresh)
-    except KeyboardInterrupt:
-        return 130
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Build the ``ddp-exporter`` argument parser."""
-    p = argparse.ArgumentParser(prog="ddp-exporter", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run a small instrumented multi-rank CPU training")
-    d.add_argument("--ranks", type=int, default=3)
-    d.add_argument("--fault", choices=FAULTS, default="none")
-    d.add_argument("--fault-rank", type=int, default=1)
-    d.add_argument("--fault-after", type=float, default=10.0)
-    d.add_argument("--duration", type=float, default=60.0, help="seconds (0: until Ctrl-C)")
-    d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
-    d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
-    d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
-    d.add_argument("--no-top", action="store_true", help="do not show the live table")
-    g = d.add_mutually_exclusive_group()
-    g.add_argument(
-        "--stack",
-        dest="stack",
-        action="store_true",
-        default=None,
-        help="also run Prometheus + Alertmanager (default: when installed)",
-    )
-    g.add_argument("--no-stack", dest="stack", action="store_false")
-    t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints")
-    t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
-    t.add_argument("--prometheus", help="read from this Prometheus URL instead")
-    t.add_argument("--run", help="with --prometheus: the run label to show")
-    t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
-    t.add_argument("--window", default=DEFAULT.rate_window,
-                   help="with --prometheus: rate window of the per-step figures (default: the "
-                   "alerts' %(default)s)")  # fmt: skip
-    t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
-    t.add_argument("--once", action="store_true",
-                   help="read twice, --refresh apart, print one table and exit")  # fmt: skip
-    # Listed for --help only: main() hands "doctor ..." to exporter.doctor's own parser.
-    sub.add_parser("doctor", help="preflight: check that the ranks of a job can meet")
-    # Hang forensics (exporter.hangs): read one episode's dumps and print the verdict.
-    h = sub.add_parser("hangs", help="print who is stuck where, from a hang dump folder")
-    h.add_argument("dir", help="an episode folder, or the dump folder (its newest episode)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``ddp-exporter`` command."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["doctor"]:
-        from . import doctor
-
-        return doctor.main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo(args, parser)
-    if args.command == "hangs":
-        from . import hangs
-
-        return hangs.main(args.dir)
-    return _top(args, parser)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ badness and shows the worst N, so thousands of ranks fit.
 
 Verdicts follow the same definitions as the generated alerts: a straggler by compute or data
 time per step (:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
-:mod:`exporter.hung`. Every accusation (DOWN, HUNG, straggler) must hold in two consecutive
+:mod:`exporter.hangs.definition`. Every accusation (DOWN, HUNG, straggler) must hold in two consecutive
 reads, as an alert must hold for its ``for`` duration: one slow scrape or one odd interval
 accuses nobody.
 """
@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import catalog as c
-from .hung import HangPolicy, SeqState, find_hangs
-from .mixin.config import DEFAULT
+from .. import catalog as c
+from ..hangs.definition import HangPolicy, SeqState, find_hangs
+from ..mixin.config import DEFAULT
+from ..ranklist import format_ranks
 
 __all__ = ["ACCUSATIONS", "RankRow", "accuses", "diagnose", "fetch", "fetch_prometheus", "render"]
 
@@ -314,8 +315,7 @@ def diagnose(
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
-    shown = ",".join(map(str, ranks[:8]))
-    return shown + (f",... ({len(ranks)})" if len(ranks) > 8 else "")
+    return format_ranks(ranks, most=8)
 
 
 #: Verdict prefixes that blame a rank, strongest first (STUCK describes the whole job).

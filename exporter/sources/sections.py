@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from .errors import ErrorCounter, log
+from ..errors import ErrorCounter
+from ..log import log
 
 __all__ = ["MAX_SECTIONS", "REGISTRY", "Deadline", "SectionRegistry", "SectionState", "deadline"]
 

@@ -29,12 +29,12 @@ import json
 import os
 import re
 import socket
-import threading
 from collections.abc import Mapping
 from typing import Any
 
-from . import env
-from .errors import ErrorCounter
+from .. import settings, storekeys
+from ..background import DONE, BackgroundLoop
+from ..errors import ErrorCounter
 
 __all__ = [
     "MAX_REFRESH_S",
@@ -45,7 +45,6 @@ __all__ = [
     "advertise_host",
     "format_target",
     "register",
-    "sd_key",
     "start",
     "target_group",
 ]
@@ -55,15 +54,9 @@ __all__ = [
 REFRESH_S = 1.0
 MAX_REFRESH_S = 16.0
 
-_WILDCARD = ("", "0.0.0.0", "::")
 # A TEST-NET-1 address (RFC 5737): connecting a UDP socket to it picks the default route's
 # interface without sending a packet.
 _DEFAULT_ROUTE_PROBE = "192.0.2.1"
-
-
-def sd_key(run: str) -> str:
-    """Return the store key the ranks of ``run`` append their registrations to."""
-    return f"ddp_exporter/{run}/sd"
 
 
 def _is_loopback(host: str) -> bool:
@@ -71,13 +64,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
 
 
 def _route_ip(host: str) -> str | None:
@@ -101,19 +87,14 @@ def advertise_host(bind_addr: str, environ: Mapping[str, str] | None = None) -> 
     ``DDP_EXPORTER_ADVERTISE_ADDR`` that is not a host (e.g. ``host:port`` or a URL).
     """
     environ = os.environ if environ is None else environ
-    explicit = environ.get(env.ADVERTISE_ADDR, "").strip()
+    explicit = settings.advertise_override(environ)
     if explicit:
-        if ":" in explicit and not _is_ipv6(explicit) or "/" in explicit or " " in explicit:
-            raise ValueError(
-                f"{env.ADVERTISE_ADDR}={explicit!r}: expected a host name or IP address "
-                "without port or scheme (the port is the metrics port)"
-            )
         return explicit
-    if bind_addr not in _WILDCARD:
+    if not settings.is_all_interfaces(bind_addr):
         return bind_addr
     hostname = socket.gethostname()
     candidates = []
-    master = environ.get(env.MASTER_ADDR)
+    master = environ.get(settings.MASTER_ADDR)
     if master:
         candidates.append(lambda: _route_ip(master))
     candidates.append(lambda: socket.gethostbyname(hostname))
@@ -145,7 +126,7 @@ def register(store: Any, run: str, target: str, labels: Mapping[str, str]) -> No
     as written; ``labels`` must hold the rank (``labels["rank"]``).
     """
     line = json.dumps(target_group(target, labels), separators=(",", ":")) + "\n"
-    store.append(sd_key(run), line.encode())
+    store.append(storekeys.sd(run), line.encode())
 
 
 class Directory:
@@ -160,16 +141,17 @@ class Directory:
         interval_s: float = REFRESH_S,
     ) -> None:
         self._store = store
-        self._key = sd_key(run)
+        self._key = storekeys.sd(run)
         self.world_size = world_size
         self._errors = errors
-        self._interval = interval_s
         self._groups: dict[int, str] = {}  # rank -> its target group, serialised
         self._offset = 0  # bytes of the registrations key parsed so far
         self.registered = 0
         self._answer: tuple[bytes, bytes] = (b"[]", gzip.compress(b"[]"))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._wait = interval_s
+        self._loop = BackgroundLoop(
+            "ddp-exporter-discovery", self._tick, interval_s, errors=errors, where="discovery"
+        )
 
     @property
     def complete(self) -> bool:
@@ -186,10 +168,7 @@ class Directory:
         except Exception as exc:  # noqa: BLE001 - the thread below tries again
             self._errors.record("discovery", exc)
         if not self.complete:
-            self._thread = threading.Thread(
-                target=self._run, name="ddp-exporter-discovery", daemon=True
-            )
-            self._thread.start()
+            self._loop.start()
 
     def refresh(self) -> bool:
         """Read the registrations with one store read; rebuild the answer if any is new.
@@ -243,15 +222,15 @@ class Directory:
                 out.append(None)
         return out
 
-    def _run(self) -> None:
-        wait = self._interval
-        while not self.complete and not self._stop.wait(wait):
-            try:
-                # Back off while nothing new arrives (a rank that died before registering
-                # would otherwise cost a read of every registration each second, forever).
-                wait = self._interval if self.refresh() else min(wait * 2, MAX_REFRESH_S)
-            except Exception as exc:  # noqa: BLE001 - a dead store must not kill training
-                self._errors.record("discovery", exc)
+    def _tick(self) -> Any:
+        # Back off while nothing new arrives (a rank that died before registering would
+        # otherwise cost a read of every registration each second, forever). A dead store
+        # raises here: the loop counts it and keeps the current wait.
+        if self.refresh():
+            self._wait = self._loop.interval_s
+        else:
+            self._wait = min(self._wait * 2, MAX_REFRESH_S)
+        return DONE if self.complete else self._wait
 
     def answer(self, gzipped: bool = False) -> bytes:
         """Return the current http_sd JSON (gzip-compressed when asked)."""
@@ -260,9 +239,7 @@ class Directory:
 
     def close(self) -> None:
         """Stop the refresh thread."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        self._loop.close()
 
 
 def _not_served(environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -375,34 +352,38 @@ class Discovery:
                 self._errors.record("discovery", exc)
 
 
-def start(observer: Any, server: Any, bind_addr: str, monitor_rank: int) -> Discovery | None:
-    """Set up discovery for an :class:`exporter.Observer` whose ``server`` is serving.
+def start(
+    identity: settings.Identity,
+    server: Any,
+    *,
+    monitor: bool,
+    errors: ErrorCounter,
+    store: Any | None,
+) -> Discovery | None:
+    """Set up discovery for a rank whose ``server`` (a serving MetricsServer) is up.
 
-    Registers the rank in the default c10d store (when a process group exists), writes its
-    file_sd file when ``DDP_EXPORTER_FILE_SD`` is set, and mounts ``/sd`` on ``server``.
-    Errors are counted, never raised.
+    Registers the rank in ``store`` (the default c10d store; None without a process group),
+    writes its file_sd file when ``DDP_EXPORTER_FILE_SD`` is set, and mounts ``/sd`` on
+    ``server``. Errors are counted, never raised.
     """
-    if server is None or observer.port is None:
+    if server is None or server.port is None:
         return None
-    import torch.distributed as dist
-
     try:
-        store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
         found = Discovery(
             store=store,
-            run=observer.run,
-            rank=observer.rank,
-            local_rank=observer.local_rank,
-            world_size=observer.world_size,
-            host=advertise_host(bind_addr),
-            port=observer.port,
-            monitor=observer.rank == monitor_rank,
-            errors=observer.errors,
-            file_sd_dir=os.environ.get(env.FILE_SD) or None,
+            run=identity.run,
+            rank=identity.rank,
+            local_rank=identity.local_rank,
+            world_size=identity.world_size,
+            host=advertise_host(server.addr),
+            port=server.port,
+            monitor=monitor,
+            errors=errors,
+            file_sd_dir=os.environ.get(settings.FILE_SD) or None,
         )
         server.route("/sd", found.sd_app)
         return found
     except Exception as exc:  # noqa: BLE001
-        observer.errors.record("discovery", exc)
+        errors.record("discovery", exc)
         server.route("/sd", _not_served)
         return None

@@ -1,8 +1,9 @@
 """Run a small instrumented DDP training on CPU (gloo), optionally with an injected fault.
 
-Launch one process per rank with torchrun::
+This is the training script of ``ddp-exporter demo`` (:mod:`exporter.tools.demo`); it uses
+only the public API, like a user's script. Launch one process per rank with torchrun::
 
-    python -m torch.distributed.run --nproc-per-node 3 -m exporter.demo --duration 60
+    python -m torch.distributed.run --nproc-per-node 3 -m exporter.tools.trainer --duration 60
 
 Faults (on ``--fault-rank``, ``--fault-after`` seconds into training):
 ``straggler`` adds compute time to every step; ``slow-data`` slows that rank's DataLoader;
@@ -17,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -28,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 import exporter
+from exporter.settings import is_all_interfaces
+from exporter.tools.demo import FAULTS, say
 
-__all__ = ["FAULTS", "main", "metrics_urls", "parse_args", "say"]
-
-FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
+__all__ = ["main", "parse_args"]
 
 
 class _Synthetic(Dataset):
@@ -54,7 +54,9 @@ class _Synthetic(Dataset):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the demo trainer's options."""
-    p = argparse.ArgumentParser(prog="python -m exporter.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m exporter.tools.trainer", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--duration", type=float, default=60.0, help="seconds to train (0: forever)")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     p.add_argument("--fault", choices=FAULTS, default="none")
@@ -70,24 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--file-sd", default=None, help="directory to write a Prometheus file_sd target")
     p.add_argument("--timeout", type=float, default=1800.0, help="process group timeout, s")
     return p.parse_args(argv)
-
-
-_URL_LINE = re.compile(r"rank (\d+): metrics at (http\S*?/metrics)")
-
-
-def metrics_urls(text: str) -> dict[int, str]:
-    """Return ``{rank: url}`` for every "metrics at" announcement in ``text``.
-
-    Searches the whole text rather than whole lines, so an announcement glued to
-    another rank's output (two processes writing one pipe) is still found.
-    """
-    return {int(m.group(1)): m.group(2) for m in _URL_LINE.finditer(text)}
-
-
-def say(line: str) -> None:
-    """Print one line in a single write, so lines from ranks sharing a pipe never interleave."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
@@ -142,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(f"rank {rank}: metrics at {obs.url}")
     if args.file_sd and obs.port is not None:
-        host = args.addr if args.addr and args.addr not in ("0.0.0.0", "::") else "127.0.0.1"
+        host = args.addr if args.addr and not is_all_interfaces(args.addr) else "127.0.0.1"
         _write_file_sd(args.file_sd, obs, host)
 
     faulty = args.fault != "none" and rank == args.fault_rank

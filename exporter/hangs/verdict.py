@@ -18,6 +18,10 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..ranklist import format_ranks
+from .capture import summarize
+from .dumps import EPISODE_GLOB
+
 __all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "main", "render", "verdict"]
 
 #: Prefix of every verdict line in the monitoring rank's log (the demo shows these lines).
@@ -38,17 +42,8 @@ class Verdict:
     missing: list[int] = field(default_factory=list)
 
 
-def ranks_text(ranks: list[int]) -> str:
-    """Return ``[0, 1, 2, 5]`` as ``0-2,5``."""
-    out, ranks = [], sorted(ranks)
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(out)
+def _ranks(ranks: list[int]) -> str:
+    return format_ranks(ranks, ranges=True)
 
 
 def _at(frame: dict | None) -> str:
@@ -140,7 +135,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         )
     for (mpg, mseq), ops in sorted(at_seq.items()):
         if len(ops) > 1:
-            parts = ", ".join(f"rank {ranks_text(rs)} in {o}" for o, rs in sorted(ops.items()))
+            parts = ", ".join(f"rank {_ranks(rs)} in {o}" for o, rs in sorted(ops.items()))
             v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
     waiting: dict[tuple, list[int]] = {}
     # The trigger's waiting ranks, plus every rank whose dump shows it inside the collective
@@ -158,7 +153,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         waiting.setdefault(key, []).append(r)
     for (what, at), rs in waiting.items():
         verb = "waits" if len(rs) == 1 else "wait"
-        v.waiting.append(f"rank {ranks_text(rs)} {verb} in {what} (pg {pg}), called at {at}")
+        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} (pg {pg}), called at {at}")
     groups: dict[tuple, list[int]] = {}
     frames_of: dict[tuple, list[dict]] = {}
     for r, s in sorted(answered.items()):
@@ -185,7 +180,7 @@ def render(v: Verdict, frames: int = 12) -> str:
     lines.append("STACKS (training thread, ranks grouped by identical stack, innermost last):")
     for ranks, fr in v.groups:
         n = len(ranks)
-        lines.append(f"  rank {ranks_text(ranks)} ({n} rank{'s' if n != 1 else ''}):")
+        lines.append(f"  rank {_ranks(ranks)} ({n} rank{'s' if n != 1 else ''}):")
         shown = fr[-frames:]
         if len(fr) > len(shown):
             lines.append(f"    ... {len(fr) - len(shown)} outer frames")
@@ -201,7 +196,7 @@ def find_episode(path: str) -> str:
         return path
     found = [
         d
-        for d in glob.glob(os.path.join(path, "*-hang-*"))
+        for d in glob.glob(os.path.join(path, EPISODE_GLOB))
         if os.path.isdir(d)
         and (
             glob.glob(os.path.join(d, "rank-*.json"))
@@ -215,8 +210,6 @@ def find_episode(path: str) -> str:
 
 def load_episode(folder: str) -> tuple[dict, dict[int, dict | None]]:
     """Read an episode folder: the monitoring rank's episode.json and every rank's dump."""
-    from .forensics import summarize
-
     summaries: dict[int, dict | None] = {}
     episode: dict | None = None
     path = os.path.join(folder, "episode.json")

@@ -9,7 +9,6 @@ each gradient by ``1/world_size`` before summing, and so does :func:`allreduce_m
 
 # No `from __future__ import annotations`: DDP compares hook annotations to real types.
 import functools
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ErrorCounter
+from ..background import BackgroundLoop
+from ..errors import ErrorCounter
+from ..log import log
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["allreduce_mean_hook", "CommHookWrapper", "CudaEventResolver"]
+__all__ = ["allreduce_mean_hook", "CommHookInstrumentor", "CommHookWrapper", "CudaEventResolver"]
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -58,23 +59,14 @@ class CudaEventResolver:
 
     def __init__(self, recorder: Recorder, errors: ErrorCounter, interval_s: float = 0.05):
         self._recorder = recorder
-        self._errors = errors
         self._pending: deque = deque(maxlen=65536)
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddp-exporter-cuda", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop(
+            "ddp-exporter-cuda", self.drain, interval_s, errors=errors, where="comm_hook"
+        ).start()
 
     def submit(self, item: tuple) -> None:
         """Queue ``(stats, t0, start_event, end_event, launch_event_or_None)``."""
         self._pending.append(item)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.drain()
-            except Exception as exc:  # noqa: BLE001 - the exporter must never raise
-                self._errors.record("comm_hook", exc)
 
     def drain(self) -> None:
         """Resolve every queued pair whose events have completed, in order."""
@@ -89,8 +81,7 @@ class CudaEventResolver:
 
     def close(self) -> None:
         """Stop the thread."""
-        self._stop.set()
-        self._thread.join(timeout=2.0)
+        self._loop.close()
 
 
 class CommHookWrapper:
@@ -170,3 +161,71 @@ class CommHookWrapper:
                     self.recorder.boundary("comm_hook")
         except Exception as exc:  # noqa: BLE001
             self.errors.record("comm_hook", exc)
+
+
+class CommHookInstrumentor:
+    """Register the timing wrapper as a DDP model's comm hook; restore the model exactly.
+
+    DDP's reducer accepts one hook, once. So the wrapper is registered at once, and the model's
+    ``register_comm_hook``/``register_builtin_comm_hook`` are shadowed by instance attributes
+    that put a hook the user registers later *under* the wrapper, with DDP's own checks and
+    errors. :meth:`uninstrument` deletes the shadows; the wrapper then passes buckets through.
+    """
+
+    def __init__(self, model: Any, wrapper: CommHookWrapper) -> None:
+        self.model = model
+        self.wrapper = wrapper
+        self._patched = False
+
+    def instrument(self) -> bool:
+        """Register the wrapper; return False when a hook was registered before (not timed)."""
+        model = self.model
+        existing = list(getattr(model, "_comm_hooks", []))
+        if existing:
+            # A hook registered before instrument() cannot be wrapped. Training is untouched;
+            # per-bucket timing is lost.
+            log.warning(
+                "ddp-exporter: a comm hook (%s) was registered before instrument(); collective "
+                "latency and comm_wait are not measured. Call exporter.instrument() before "
+                "ddp.register_comm_hook() to measure them.",
+                getattr(existing[0][0], "__qualname__", existing[0][0]),
+            )
+            self.wrapper.enabled = False
+            return False
+        wrapper = self.wrapper
+        model.register_comm_hook(wrapper.inner_state, wrapper)
+        registered: list[bool] = []
+
+        def register_comm_hook(state: object, hook) -> None:
+            """Put the user's hook under the exporter's timing wrapper (DDP's signature)."""
+            if registered:
+                raise RuntimeError(
+                    "register_comm_hook or register_builtin_comm_hook can only be called once."
+                )
+            model._check_comm_hook(hook)
+            wrapper.set_inner(hook, state)
+            model._comm_hooks.append((hook, state))
+            registered.append(True)
+
+        def register_builtin_comm_hook(comm_hook_type) -> None:
+            """Map a built-in hook onto its Python equivalent under the timing wrapper."""
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            if comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
+                register_comm_hook(model.process_group, default_hooks.fp16_compress_hook)
+            else:
+                register_comm_hook(model.process_group, allreduce_mean_hook)
+
+        # Instance attributes shadow DDP's methods; uninstrument() deletes them.
+        model.register_comm_hook = register_comm_hook
+        model.register_builtin_comm_hook = register_builtin_comm_hook
+        self._patched = True
+        return True
+
+    def uninstrument(self) -> None:
+        """Stop timing and restore the model's own registration methods; idempotent."""
+        self.wrapper.enabled = False
+        if self._patched:
+            for name in ("register_comm_hook", "register_builtin_comm_hook"):
+                self.model.__dict__.pop(name, None)
+            self._patched = False

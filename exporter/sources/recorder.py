@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import catalog
+from .. import catalog
 
 __all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES"]
 
@@ -286,6 +286,13 @@ class Recorder:
                 collectives=colls,
                 last_progress_unix=self.unix(self.last_progress),
             )
+
+    def collective_totals(self) -> tuple[float, int]:
+        """Return the summed latency (seconds) and count of every collective timed so far."""
+        with self.lock:
+            total = sum(st.hist.sum for st in self.collectives)
+            count = sum(st.hist.count for st in self.collectives)
+        return total, count
 
     def inflight(self) -> list[tuple[str, int, int, float]]:
         """Return comm-hook bookkeeping per pg: ``(pg, enqueued, completed, oldest age s)``."""

@@ -1,7 +1,8 @@
 """Decide when a collective is hung and which ranks are to blame: the one definition.
 
 ``ddp-exporter top`` (from endpoints or from Prometheus), the generated alert rules and the
-hang-forensics trigger all read these thresholds and this logic, so they never disagree.
+hang watcher (:mod:`exporter.hangs.watcher`) all read these thresholds and this logic, so they
+never disagree.
 
 A collective is *stalled* when some rank of the process group has had it in flight for longer
 than :meth:`HangPolicy.stall_seconds`: the larger of a floor and a multiple of the run's normal
@@ -13,7 +14,7 @@ all the time; without an in-flight age past the threshold, a lag means nothing.
 When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
 every rank has sat in the same collective for longer than :meth:`HangPolicy.symmetric_seconds`
 the hang is *symmetric* (network or NCCL trouble: nobody is behind, everybody waits), which is
-when the forensics trigger dumps for it.
+when the watcher dumps for it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class HangPolicy:
         return bound
 
 
-#: The thresholds the committed rules, ``top`` and the forensics trigger use.
+#: The thresholds the committed rules, ``top`` and the hang watcher use.
 DEFAULT_POLICY = HangPolicy()
 
 

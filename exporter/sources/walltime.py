@@ -9,8 +9,8 @@ from the **job's start**:
   torchrun agent, which outlives worker restarts, so a restarted worker keeps the same deadline;
 - otherwise (srun, mpirun, a plain ``python``): the start of this rank's own process.
 
-Start times are read from ``/proc`` (Linux); elsewhere the time this module was imported is used.
-For limits counted from an earlier moment (SageMaker's ``MaxRuntimeInSeconds`` counts from the
+Both variables and their parsing live in :mod:`exporter.settings`. Start times are read from
+``/proc`` (Linux); elsewhere the time this module was imported is used. For limits counted from an earlier moment (SageMaker's ``MaxRuntimeInSeconds`` counts from the
 training job's start, before the container runs Python), prefer an absolute Unix time computed by
 the launcher, e.g. ``DDP_EXPORTER_JOB_DEADLINE=$(( $(date +%s) + 72*3600 ))``.
 
@@ -22,22 +22,17 @@ process will run: when resuming from a checkpoint, pass the steps still to do.
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import env
+from .. import settings
 
-__all__ = ["JobClock", "job_start_unix", "parse_job_deadline", "resolve_job_clock"]
+__all__ = ["JobClock", "job_start_unix", "process_start_unix", "resolve_job_clock"]
 
 _IMPORTED_UNIX = time.time()
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-#: A bare number below this is surely a duration without unit, not a Unix time (2001-09-09).
-_MIN_UNIX = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class JobClock:
     deadline_source: str = ""
 
 
-def _process_start_unix(pid: int) -> float | None:
+def process_start_unix(pid: int) -> float | None:
     """Return the Unix start time of process ``pid`` from /proc, or None where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
@@ -66,63 +61,22 @@ def _process_start_unix(pid: int) -> float | None:
 
 def job_start_unix(environ: Mapping[str, str] | None = None) -> float:
     """Return the job's start: torchrun's start under torchrun, else this process's start."""
-    environ = os.environ if environ is None else environ
-    run_id = environ.get(env.TORCHELASTIC_RUN_ID)
-    if run_id:
-        start = _process_start_unix(os.getppid())
+    if settings.under_torchrun(environ):
+        start = process_start_unix(os.getppid())
         if start is not None:
             return start
-    start = _process_start_unix(os.getpid())
+    start = process_start_unix(os.getpid())
     return _IMPORTED_UNIX if start is None else start
 
 
-def parse_job_deadline(name: str, raw: str, start_unix: float) -> float:
-    """Return the Unix deadline that ``raw`` (read from variable ``name``) stands for.
-
-    Accepts a Unix time (integer or decimal) or, for ``DDP_EXPORTER_JOB_DEADLINE``, a duration
-    with d/h/m/s units counted from ``start_unix``. Raises ValueError naming the variable.
-    """
-    text = raw.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is not None:
-        if not math.isfinite(value) or value < _MIN_UNIX:
-            hint = (
-                f"; for a duration write a unit, e.g. {text}s" if name == env.JOB_DEADLINE else ""
-            )
-            raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970){hint}")
-        return value
-    match = _DURATION.match(text)
-    if name == env.JOB_DEADLINE and text and match is not None:
-        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-        if total <= 0:
-            raise ValueError(f"{name}={raw!r}: the duration must be positive")
-        return start_unix + total
-    if name == env.JOB_DEADLINE:
-        raise ValueError(
-            f"{name}={raw!r} is neither a Unix time nor a duration like 72h, 90m, 3600s or 1d12h"
-        )
-    raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970)")
-
-
 def _deadline_from_env(environ: Mapping[str, str]) -> tuple[float | None, str]:
-    raw = environ.get(env.JOB_DEADLINE, "").strip()
-    if raw:
-        return parse_job_deadline(env.JOB_DEADLINE, raw, job_start_unix(environ)), env.JOB_DEADLINE
-    raw = environ.get(env.SLURM_JOB_END_TIME, "").strip()
-    # 0 (or empty) is what a job without a time limit gets: no deadline.
-    if raw and raw != "0":
-        return parse_job_deadline(env.SLURM_JOB_END_TIME, raw, 0.0), env.SLURM_JOB_END_TIME
-    return None, ""
-
-
-def _positive_int(what: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"exporter.instrument({what}=...): expected an int > 0, got {value!r}")
-    return value
+    found = settings.job_deadline_raw(environ)
+    if found is None:
+        return None, ""
+    name, raw = found
+    # A duration counts from the job's start; Slurm's end time is always absolute.
+    start = job_start_unix(environ) if name == settings.JOB_DEADLINE else 0.0
+    return settings.parse_deadline(name, raw, start), name
 
 
 def resolve_job_clock(
@@ -142,9 +96,9 @@ def resolve_job_clock(
         raise ValueError("exporter.instrument(): give total_steps or epochs, not both")
     steps = None
     if total_steps is not None:
-        steps = _positive_int("total_steps", total_steps)
+        steps = settings.positive_int("total_steps", total_steps)
     elif epochs is not None:
-        epochs = _positive_int("epochs", epochs)
+        epochs = settings.positive_int("epochs", epochs)
         if dataloader is None:
             raise ValueError(
                 "exporter.instrument(epochs=...) needs dataloader=... to count steps per epoch; "

@@ -1,8 +1,8 @@
 """Push this rank's metrics over OTLP/HTTP, translated from the families Prometheus serves.
 
-One aggregation feeds both paths: the hot path records into :mod:`exporter.recorder` only,
-and at each push a background thread reads ``observer.registry.collect()`` (the very
-:class:`~exporter.collector.DDPCollector` output that ``/metrics`` serves) and translates the
+One aggregation feeds both paths: the hot path records into :mod:`exporter.sources.recorder`
+only, and at each push a background thread reads the rank's registry (the very
+:class:`~exporter.export.collector.DDPCollector` output that ``/metrics`` serves) and translates the
 families into OpenTelemetry SDK metric data, which the SDK's OTLP/HTTP exporter encodes and
 sends. No OpenTelemetry instrument or ``MeterProvider`` exists, so training does no per-event
 work for OTLP; the SDK's own aggregation would be a second copy of every event, its readers
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -30,11 +29,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.sdk.environment_variables import (
-    OTEL_METRIC_EXPORT_INTERVAL,
-    OTEL_METRIC_EXPORT_TIMEOUT,
-    OTEL_SDK_DISABLED,
-)
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -52,13 +46,15 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import catalog
-from .errors import log
+from .. import catalog, settings
+from ..background import BackgroundLoop
+from ..errors import ErrorCounter
+from ..log import log
+from ..version import __version__
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric as PromFamily
-
-    from .core import Observer
+    from prometheus_client.registry import CollectorRegistry
 
 __all__ = [
     "DEFAULT_INTERVAL_MS",
@@ -145,20 +141,6 @@ def _install_quiet() -> None:
         for name in _SDK_LOGGERS:
             logging.getLogger(name).addFilter(_quiet)
         _quiet_installed = True
-
-
-def _env_ms(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        log.warning("ddp-exporter: %s=%r is not a positive number; using %g", name, raw, default)
-        return default
-    return value
 
 
 def _metrics_url(endpoint: str) -> str:
@@ -266,8 +248,6 @@ def metrics_data(
     families: Iterable[PromFamily], resource: Resource, start_ns: int, now_ns: int | None = None
 ) -> MetricsData:
     """Wrap the translated families in one resource and the ``ddp-exporter`` scope."""
-    from . import __version__
-
     now = time.time_ns() if now_ns is None else now_ns
     scope = InstrumentationScope(_SCOPE_NAME, __version__)
     return MetricsData(
@@ -289,7 +269,7 @@ def metrics_data(
 
 # -- pushing ------------------------------------------------------------------------------------
 class OTLPPusher:
-    """Push the observer's families every interval on a daemon thread; flush once at close.
+    """Push a rank's families every interval on a daemon thread; flush once at close.
 
     A failed push is counted in ``ddp_exporter_errors_total{where="collect"}`` (the first one
     logged once) and the OTLP stack's own log lines about it are dropped. ``pushes`` and
@@ -298,7 +278,8 @@ class OTLPPusher:
 
     def __init__(
         self,
-        observer: Observer,
+        registry: CollectorRegistry,
+        errors: ErrorCounter,
         exporter: MetricExporter,
         resource: Resource,
         *,
@@ -306,7 +287,8 @@ class OTLPPusher:
         timeout_s: float,
         endpoint: str,
     ) -> None:
-        self._obs = observer
+        self._registry = registry
+        self._errors = errors
         self._exporter = exporter
         self.resource = resource
         self.interval_s = interval_s
@@ -316,19 +298,26 @@ class OTLPPusher:
         self.pushes = 0
         self.failures = 0
         self._lock = threading.Lock()  # one export at a time (the SDK exporter's contract)
-        self._stop = threading.Event()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ddp-exporter-otlp", daemon=True)
+        # The final push runs on the loop's thread after close(): training's last steps are in.
+        self._loop = BackgroundLoop(
+            "ddp-exporter-otlp",
+            self._tick,
+            interval_s,
+            errors=errors,
+            where="collect",
+            final=self.push,
+        )
 
     def start(self) -> OTLPPusher:
         """Start the push thread and return self."""
         _install_quiet()
-        self._thread.start()
+        self._loop.start()
         return self
 
     def collect(self) -> MetricsData:
-        """Read every family from the observer's registry now and translate it."""
-        return metrics_data(self._obs.registry.collect(), self.resource, self.start_ns)
+        """Read every family from the rank's registry now and translate it."""
+        return metrics_data(self._registry.collect(), self.resource, self.start_ns)
 
     def push(self) -> bool:
         """Collect and export once on the calling thread; return whether it was delivered."""
@@ -346,7 +335,7 @@ class OTLPPusher:
                 dropped = _quiet.end()
             if not ok:
                 self.failures += 1
-                self._obs.errors.record(
+                self._errors.record(
                     "collect",
                     OTLPExportError(
                         f"OTLP push to {self.endpoint} failed and was dropped "
@@ -356,10 +345,8 @@ class OTLPPusher:
                 )
             return ok
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.push()
-        self.push()  # the final flush: close() set _stop after training's last step
+    def _tick(self) -> None:
+        self.push()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Push once more (final flush) and shut the exporter down, waiting at most the budget.
@@ -372,10 +359,9 @@ class OTLPPusher:
         self._closed = True
         budget = min(FLUSH_TIMEOUT_S, self.timeout_s) if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(budget)
-        elif self._thread.ident is None:  # never started: flush here, bounded by a thread
+        if self._loop.started:
+            self._loop.close(budget)
+        else:  # never started: flush here, bounded by a thread
             flusher = threading.Thread(
                 target=self.push, name="ddp-exporter-otlp-flush", daemon=True
             )
@@ -386,7 +372,7 @@ class OTLPPusher:
             # Aborts a retry backoff still running on the abandoned thread.
             self._exporter.shutdown(timeout_millis=max(deadline - time.monotonic(), 0.0) * 1e3)
         except Exception as exc:  # noqa: BLE001
-            self._obs.errors.record("collect", exc)
+            self._errors.record("collect", exc)
         finally:
             _quiet.end()
 
@@ -398,30 +384,38 @@ class _NoPush:
         """Do nothing."""
 
 
-def start_push(observer: Observer, endpoint: str | None) -> OTLPPusher | _NoPush:
-    """Start pushing ``observer``'s metrics to ``endpoint`` (None: the ``OTEL_*`` variables).
+def start_push(
+    identity: settings.Identity,
+    registry: CollectorRegistry,
+    errors: ErrorCounter,
+    endpoint: str | None,
+) -> OTLPPusher | _NoPush:
+    """Start pushing ``registry``'s metrics to ``endpoint`` (None: the ``OTEL_*`` variables).
 
     ``endpoint`` is a base URL (``http://collector:4318``, ``/v1/metrics`` is appended) or a
     full metrics URL with a path. ``run`` and ``rank`` are attributes of every data point (as
     Prometheus labels) and ``ddp.run``/``ddp.rank``/``ddp.world_size`` resource attributes.
     Returns the started pusher; its ``close()`` does the final flush.
     """
-    if os.environ.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
-        log.info("ddp-exporter: %s=true; OTLP push not started", OTEL_SDK_DISABLED)
+    if settings.otlp_disabled():
+        log.info("ddp-exporter: %s=true; OTLP push not started", settings.OTEL_SDK_DISABLED)
         return _NoPush()
-    interval_ms = _env_ms(OTEL_METRIC_EXPORT_INTERVAL, DEFAULT_INTERVAL_MS)
-    timeout_ms = _env_ms(OTEL_METRIC_EXPORT_TIMEOUT, DEFAULT_TIMEOUT_MS)
+    interval_ms = settings.env_positive_ms(
+        settings.OTEL_METRIC_EXPORT_INTERVAL, DEFAULT_INTERVAL_MS
+    )
+    timeout_ms = settings.env_positive_ms(settings.OTEL_METRIC_EXPORT_TIMEOUT, DEFAULT_TIMEOUT_MS)
     exporter = OTLPMetricExporter(endpoint=_metrics_url(endpoint) if endpoint else None)
     resource = Resource.create(
         {
-            "ddp.run": observer.run,
-            "ddp.rank": observer.rank,
-            "ddp.world_size": observer.world_size,
+            "ddp.run": identity.run,
+            "ddp.rank": identity.rank,
+            "ddp.world_size": identity.world_size,
         }
     )
     url = getattr(exporter, "_endpoint", None) or endpoint or "the OTLP endpoint"
     pusher = OTLPPusher(
-        observer,
+        registry,
+        errors,
         exporter,
         resource,
         interval_s=interval_ms / 1e3,
@@ -430,7 +424,7 @@ def start_push(observer: Observer, endpoint: str | None) -> OTLPPusher | _NoPush
     )
     log.info(
         "ddp-exporter: rank %s pushes OTLP metrics to %s every %gs",
-        observer.rank,
+        identity.rank,
         url,
         interval_ms / 1e3,
     )

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-__all__ = ["MetricsServer"]
+from ..log import log
 
-log = logging.getLogger("exporter")
+__all__ = ["MetricsServer", "WSGIApp"]
 
 
 #: A WSGI application: what :meth:`MetricsServer.route` mounts on a path.

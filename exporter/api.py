@@ -1,0 +1,221 @@
+"""The functions a training script calls: instrument(), watch_init(), step() and active().
+
+Each resolves its settings (keyword, environment, default: :mod:`exporter.settings`), checks
+its arguments, and keeps the process-wide handle: one observer and one init watch per process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from . import settings
+from .initwatch import InitWatch
+from .observer import Observer
+from .sources.memory import MemorySource
+from .sources.walltime import resolve_job_clock
+
+__all__ = ["active", "instrument", "running_watch", "step", "watch_init"]
+
+_lock = threading.Lock()
+_active: Observer | None = None
+_watch: InitWatch | None = None
+
+
+def _group() -> tuple[int, int] | None:
+    """Return ``(rank, world_size)`` of the default process group, None before it exists."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _check_types(model: object, dataloader: object, optimizer: object) -> None:
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            "exporter.instrument(model): expected a torch.nn.parallel.DistributedDataParallel "
+            f"model, got {type(model).__module__}.{type(model).__qualname__}; wrap the model "
+            "with DistributedDataParallel(model) first"
+        )
+    if dataloader is not None and not isinstance(dataloader, torch.utils.data.DataLoader):
+        raise TypeError(
+            "exporter.instrument(dataloader=...): expected a torch.utils.data.DataLoader, got "
+            f"{type(dataloader).__qualname__}"
+        )
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "exporter.instrument(optimizer=...): expected a torch.optim.Optimizer, got "
+            f"{type(optimizer).__qualname__}"
+        )
+
+
+def instrument(
+    model: DistributedDataParallel,
+    *,
+    dataloader: torch.utils.data.DataLoader | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    port: int | None = None,
+    addr: str | None = None,
+    run: str | None = None,
+    heartbeat_s: float | None = None,
+    monitor_rank: int | None = None,
+    flight_recorder: bool | None = None,
+    memory_source: MemorySource | None = None,
+    serve: bool = True,
+    otlp: bool | str | None = None,
+    peer_series: int | None = None,
+    dump_dir: str | os.PathLike | None = None,
+    total_steps: int | None = None,
+    epochs: int | None = None,
+) -> Observer:
+    """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
+
+    Each rank serves ``/metrics`` on ``port + LOCAL_RANK`` (``port=0``: a free port; see
+    ``Observer.port``). Settings not given fall back to the environment (:mod:`exporter.settings`)
+    and then to defaults. ``otlp``: True or an OTLP/HTTP endpoint URL also pushes the same
+    signals with OpenTelemetry (extra ``otlp``); None enables it when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. ``peer_series`` bounds the monitoring
+    rank's peer-heartbeat series: every peer in jobs of up to that many ranks, else only late
+    peers (see :mod:`exporter.sources.heartbeat`). ``total_steps`` (or ``epochs`` times the
+    DataLoader's length) and the job deadline from the environment
+    (:mod:`exporter.sources.walltime`) let the rules project whether the job finishes before its
+    wall-clock limit. Calling it again warns and returns the same handle.
+    Raises TypeError/ValueError for bad arguments; never raises once training runs.
+    """
+    global _active, _watch
+    with _lock:
+        if _active is not None and not _active.closed:
+            warnings.warn(
+                "exporter.instrument() called twice; returning the existing handle",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return _active
+        _check_types(model, dataloader, optimizer)
+        endpoint = settings.endpoint(
+            "instrument",
+            port=port,
+            addr=addr,
+            heartbeat_s=heartbeat_s,
+            monitor_rank=monitor_rank,
+            peer_series=peer_series,
+        )
+        if memory_source is not None and not callable(memory_source):
+            raise TypeError("exporter.instrument(memory_source=...): expected a callable")
+        folder = settings.dump_dir(dump_dir)
+        watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
+        job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
+        obs = Observer(
+            model,
+            identity=settings.identity(
+                run=run if run is not None or watch is None else watch.run, group=_group()
+            ),
+            endpoint=endpoint,
+            dataloader=dataloader,
+            optimizer=optimizer,
+            flight_recorder=settings.flight_recorder(flight_recorder),
+            memory_source=memory_source,
+            serve=serve and watch is None,
+            otlp=settings.otlp_requested(otlp),
+            dump_dir=folder,
+            job_clock=job_clock,
+        )
+        if watch is not None:
+            _watch = None
+            obs.errors.merge(watch.errors)
+            obs.adopt_endpoint(*watch.hand_over(obs.collector))
+        _active = obs
+    atexit.register(obs.close)
+    return obs
+
+
+def watch_init(
+    *,
+    port: int | None = None,
+    addr: str | None = None,
+    run: str | None = None,
+    heartbeat_s: float | None = None,
+    monitor_rank: int | None = None,
+    peer_series: int | None = None,
+    serve: bool = True,
+) -> InitWatch | None:
+    """Serve this rank's endpoint now and publish its init phase until instrument() takes over.
+
+    Call it before ``dist.init_process_group``. Settings mean what they mean for
+    :func:`instrument` and fall back to the same environment variables: the rank serves on
+    ``port + LOCAL_RANK``; under torchrun every rank checks in through the agent's store every
+    ``heartbeat_s`` and ``monitor_rank`` publishes ``ddp_init_peer_arrived`` (bounded by
+    ``peer_series``). A later ``instrument()`` keeps this endpoint (its own port and address
+    arguments are then not used). Calling it twice warns and returns the same handle; after
+    ``instrument()`` it warns and returns None. Raises ValueError for bad settings.
+    """
+    global _watch
+    with _lock:
+        running = running_watch()
+        if running is not None:
+            warnings.warn(
+                "exporter.watch_init() called twice; returning the existing handle",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return running
+        if _active is not None and not _active.closed:
+            warnings.warn(
+                "exporter.watch_init() called after exporter.instrument(); nothing to watch",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        endpoint = settings.endpoint(
+            "watch_init",
+            port=port,
+            addr=addr,
+            heartbeat_s=heartbeat_s,
+            monitor_rank=monitor_rank,
+            peer_series=peer_series,
+        )
+        watch = InitWatch(settings.identity(run=run), endpoint, serve=serve)
+        _watch = watch
+    atexit.register(_close_watch, watch)
+    return watch
+
+
+def _close_watch(watch: InitWatch) -> None:
+    """Close ``watch`` and forget it (at exit, or when a test closes it)."""
+    global _watch
+    with _lock:
+        if _watch is watch:
+            _watch = None
+    watch.close()
+
+
+def running_watch() -> InitWatch | None:
+    """Return the init watch of this process while it runs (before instrument() takes over)."""
+    watch = _watch
+    if watch is not None and watch.closed:
+        return None
+    return watch
+
+
+def active() -> Observer | None:
+    """Return the handle of this process's instrumented model, if any."""
+    obs = _active
+    return obs if obs is not None and not obs.closed else None
+
+
+@contextlib.contextmanager
+def step() -> Iterator[None]:
+    """Mark one step explicitly; a no-op when nothing is instrumented."""
+    obs = active()
+    if obs is None:
+        yield
+        return
+    with obs.step():
+        yield

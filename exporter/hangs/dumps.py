@@ -1,0 +1,75 @@
+"""Lay hang dumps out on disk: one folder per episode, user-only files, a readable text form.
+
+An episode's folder has the same name on every node (``<run>-hang-<episode>`` under the dump
+folder); each rank writes ``rank-N.json`` and ``rank-N.txt`` there, the monitoring rank also
+``episode.json`` and ``verdict.txt``. Folders are 0o700 and files 0o600: stacks reveal
+internals and stay on the local disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+__all__ = ["EPISODE_GLOB", "episode_dir", "makedirs_private", "render_dump", "write_private"]
+
+#: Matches every episode folder under a dump folder.
+EPISODE_GLOB = "*-hang-*"
+
+
+def episode_dir(dump_dir: str, run: str, episode: int) -> str:
+    """Return the folder holding one episode's dumps (same name on every node)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run).strip("._") or "run"
+    return os.path.join(dump_dir, f"{safe}-hang-{episode}")
+
+
+def makedirs_private(path: str) -> None:
+    """Create ``path`` (and a missing parent) readable by this user only."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        os.chmod(parent, 0o700)  # makedirs' mode is filtered by the umask
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` with user-only permissions (0o600), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
+def render_dump(rank: int, dump: dict) -> str:
+    """Return one rank's dump as text: every thread's stack, then the Flight Recorder."""
+    lines = [
+        f"ddp-exporter hang dump: rank {rank}, episode {dump.get('episode')}, "
+        f"run {dump.get('run')}, host {dump.get('host')}, pid {dump.get('pid')}",
+        f"step {dump.get('step')}, phase {dump.get('phase')}, "
+        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(dump.get('time_unix', 0)))}",
+    ]
+    for err in dump.get("errors", []):
+        lines.append(f"capture incomplete: {err}")
+    for t in dump.get("threads", []):
+        tag = " (training thread)" if t["training"] else " (exporter)" if t["exporter"] else ""
+        lines += ["", f'Thread "{t["name"]}"{tag}, most recent call last:']
+        for f in t["frames"]:
+            lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}')
+            if f.get("code"):
+                lines.append(f"    {f['code']}")
+    fr = dump.get("flight_recorder", {})
+    lines += ["", "Flight Recorder:"]
+    if not fr.get("available"):
+        lines.append(f"  unavailable: {fr.get('error')}")
+    else:
+        for title, key in (("in flight", "inflight"), ("recent", "recent")):
+            lines.append(f"  {title}:")
+            for e in fr.get(key, []):
+                lines.append(
+                    f"    pg {e['pg']} #{e['seq']} {e['op']} {e['state']} sizes {e['input_sizes']}"
+                )
+                for f in e["frames"][-6:]:
+                    lines.append(f"      {f['file']}:{f['line']} in {f['function']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,367 @@
+"""Watch for hangs and capture where every rank is stuck, seconds after a hang starts.
+
+Everything goes through the c10d store, never through collectives (they are what hangs), and
+runs on one background thread per rank, never on the training thread:
+
+* every interval each rank ``set``s one small *report* key (per process group: last enqueued
+  sequence number, oldest in-flight age, timeout; and its recent collective latency), and
+  reads the run's *episode* counter with one ``add(key, 0)``;
+* the monitoring rank reads every report with one ``multi_get`` per quarter interval (per
+  interval beyond :data:`FAST_WATCH_MAX_RANKS` ranks), runs
+  :func:`exporter.hangs.definition.find_hangs` (the one definition of "hung", shared with
+  ``top`` and the alert rules) and, for a ``behind`` or ``symmetric`` finding, writes a request
+  and bumps the episode counter: one episode per hang, a new one only after progress resumed;
+* every rank that sees a new episode captures its state (:mod:`exporter.hangs.capture`),
+  writes ``rank-N.json`` and ``rank-N.txt`` (:mod:`exporter.hangs.dumps`) and sets its *ack*
+  key with a short summary;
+* the monitoring rank collects acks until every rank answered or a deadline passed, then logs
+  the verdict (:mod:`exporter.hangs.verdict`) and writes it next to its dump. A rank that
+  never answers (SIGSTOPped, dead, or a thread holding the GIL) is named as such.
+
+The watcher is handed what it reads (the rank's identity, store, in-flight state and
+recorder), never the observer.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from .. import storekeys
+from ..background import BackgroundLoop
+from ..errors import ErrorCounter
+from ..log import log
+from ..settings import Identity
+from ..sources import flight
+from ..sources.flight import InFlight
+from ..sources.recorder import Recorder
+from . import verdict as verdicts
+from .capture import capture, summarize
+from .definition import DEFAULT_POLICY, HangFinding, HangPolicy, SeqState, find_hangs
+from .dumps import episode_dir, makedirs_private, render_dump, write_private
+
+__all__ = ["FAST_WATCH_MAX_RANKS", "FAULTHANDLER_S", "HangWatcher"]
+
+#: Largest job whose monitoring rank reads the reports every quarter interval, not every one.
+FAST_WATCH_MAX_RANKS = 256
+#: Seconds the C-level fallback (faulthandler) waits before it dumps every thread's stack.
+FAULTHANDLER_S = 3.0
+
+
+class HangWatcher:
+    """Report, trigger and answer dump requests on one rank, from one background thread."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        store: Any,
+        *,
+        inflight: InFlight,
+        recorder: Recorder,
+        interval_s: float,
+        monitor: bool,
+        dump_dir: str,
+        errors: ErrorCounter,
+        policy: HangPolicy = DEFAULT_POLICY,
+    ) -> None:
+        self._store = store
+        self._inflight = inflight
+        self._recorder = recorder
+        self._run = identity.run
+        self.rank = identity.rank
+        self.world_size = identity.world_size
+        self.interval = interval_s
+        self.monitor = monitor
+        self.dump_dir = dump_dir
+        self.policy = policy
+        self._errors = errors
+        self._episode_key = storekeys.episode(self._run)
+        self._request_key = storekeys.request(self._run)
+        self._report_keys = [storekeys.report(self._run, r) for r in range(self.world_size)]
+        self._ack_keys = [storekeys.ack(self._run, r) for r in range(self.world_size)]
+        self._main_ident = threading.main_thread().ident
+        self._loop = BackgroundLoop(
+            "ddp-exporter-forensics",
+            self._tick_once,
+            max(interval_s / 4.0, 0.05),
+            errors=errors,
+            where="forensics",
+        )
+        self._tick = 0
+        self._lat: tuple[float, int] = (0.0, 0)
+        self._recent_latency: float | None = None
+        self._answered = 0
+        self._last_states: list = []
+        #: Dumps written by this rank (``ddp_hang_dumps_total``).
+        self.dumps = 0
+        #: ``(file, line, function)`` while this rank is the culprit of an open episode.
+        self.location: tuple[str, str, str] | None = None
+        self._location_mark: Any = None
+        # Monitoring rank only.
+        self._all_keys_exist = False
+        self._seen: list[tuple[bytes, float]] | None = None
+        self._episode: dict | None = None
+        self._blocked_pg: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> HangWatcher:
+        """Publish this rank's keys synchronously (the monitor waits for all), then run."""
+        self._store.set(self._report_keys[self.rank], self._report())
+        self._store.set(self._ack_keys[self.rank], json.dumps({"episode": 0}))
+        self._answered = int(self._store.add(self._episode_key, 0))
+        self._loop.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread (a daemon: it may be stuck on a dead store)."""
+        self._loop.close()
+
+    def _tick_once(self) -> None:
+        # A dead store raises here: the loop counts it and training goes on.
+        self._tick += 1
+        full = self._tick % 4 == 0
+        if full:
+            self._store.set(self._report_keys[self.rank], self._report())
+        if full or self._self_stuck():
+            self._check_request()
+        self._update_location()
+        # Reports are read every quarter interval (a hang is seen up to 3/4 of an interval
+        # sooner); in large jobs once per interval, to bound store traffic.
+        if self.monitor and (full or self.world_size <= FAST_WATCH_MAX_RANKS):
+            self._watch()
+
+    # -- every rank --------------------------------------------------------------------------
+    def _latency(self) -> float | None:
+        """Return the mean collective latency since the last full tick (last known if none)."""
+        total, count = self._recorder.collective_totals()
+        s0, c0 = self._lat
+        if count > c0:
+            self._recent_latency = (total - s0) / (count - c0)
+            self._lat = (total, count)
+        return self._recent_latency
+
+    def _report(self) -> str:
+        states = self._inflight.read()
+        self._last_states = states
+        return json.dumps(
+            {
+                "n": self._tick,
+                "pgs": [[s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s] for s in states],
+                "lat": self._latency(),
+            }
+        )
+
+    def _self_stuck(self) -> bool:
+        """Say whether this rank sits in a collective long enough to expect a request soon."""
+        states = self._last_states
+        return any(s.inflight_age_s > self.policy.stall_min_seconds / 2 for s in states)
+
+    def _check_request(self) -> None:
+        episode = int(self._store.add(self._episode_key, 0))
+        if episode <= self._answered:
+            return
+        self._answered = episode
+        request = json.loads(self._store.get(self._request_key))
+        if int(request.get("episode", -1)) != episode:
+            return  # a newer request replaced it; the next check answers that one
+        summary = self.dump(episode, request)
+        self._store.set(
+            self._ack_keys[self.rank], json.dumps({"episode": episode, "summary": summary})
+        )
+
+    def dump(self, episode: int, request: dict) -> dict:
+        """Write this rank's dump for ``episode``; return its summary (the ack).
+
+        A dump folder that cannot be written still gets an ack (with the error in it): the
+        monitoring rank must not mistake a full disk for a frozen rank.
+        """
+        folder = episode_dir(self.dump_dir, self._run, episode)
+        base = os.path.join(folder, f"rank-{self.rank}")
+        fallback = None
+        try:
+            makedirs_private(folder)
+            fd = os.open(base + ".txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fallback = os.fdopen(fd, "w")
+            fallback.write(
+                f"ddp-exporter hang dump: rank {self.rank}, episode {episode}: the Python "
+                "capture did not finish; C-level stacks from faulthandler follow.\n"
+            )
+            fallback.flush()
+        except OSError as exc:
+            self._errors.record("forensics", exc)
+        # C-level fallback: if this thread cannot get the GIL back (a thread holding it in C
+        # code), faulthandler's own watchdog thread still writes every thread's stack there.
+        # (It replaces a dump_traceback_later the application armed itself, for this moment.)
+        try:
+            if fallback is not None:
+                faulthandler.dump_traceback_later(FAULTHANDLER_S, repeat=False, file=fallback)
+            try:
+                data = self._capture()
+            finally:
+                if fallback is not None:
+                    faulthandler.cancel_dump_traceback_later()
+        finally:
+            if fallback is not None:
+                fallback.close()
+        data.update(
+            episode=episode,
+            run=self._run,
+            rank=self.rank,
+            world_size=self.world_size,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            request=request,
+        )
+        summary = summarize(self.rank, data)
+        data["summary"] = summary
+        try:
+            write_private(base + ".json", json.dumps(data, indent=1, default=str))
+            write_private(base + ".txt", render_dump(self.rank, data))
+            self.dumps += 1
+        except OSError as exc:
+            self._errors.record("forensics", exc)
+            summary["errors"] = [*summary["errors"], f"dump files not written: {exc!r}"]
+        if self.rank in request.get("behind", ()) and summary.get("where"):
+            w = summary["where"]
+            self.location = (w["file"], str(w["line"]), w["function"])
+            self._location_mark = self._progress_mark()
+        return summary
+
+    def _capture(self) -> dict:
+        """Capture this rank; the Flight Recorder only while it is the in-flight source."""
+        in_use = self._inflight.name == "flight_recorder"
+        return capture(
+            main_ident=self._main_ident,
+            flight_recorder=flight.entries_report if in_use else None,
+            step=self._recorder.steps,
+            seqs=self._seqs,
+        )
+
+    def _seqs(self) -> dict:
+        return {
+            s.pg: {"last_enqueued": s.last_enqueued, "last_completed": s.last_completed}
+            for s in self._inflight.read()
+        }
+
+    def _progress_mark(self) -> tuple:
+        states = self._last_states
+        return (self._recorder.steps, tuple(sorted((s.pg, s.last_enqueued) for s in states)))
+
+    def _update_location(self) -> None:
+        """Drop the published location once this rank progresses again (episode over)."""
+        if self.location is not None and self._progress_mark() != self._location_mark:
+            self.location = None
+
+    # -- monitoring rank ---------------------------------------------------------------------
+    def _watch(self) -> None:
+        if not self._all_keys_exist:
+            keys = self._report_keys + self._ack_keys
+            if not self._store.check(keys):
+                return
+            self._all_keys_exist = True
+        raw = self._store.multi_get(self._report_keys)
+        now = time.monotonic()
+        if self._seen is None:
+            self._seen = [(v, now) for v in raw]
+        else:
+            self._seen = [(v, t if v == old else now) for v, (old, t) in zip(raw, self._seen)]
+        states, lats, last = [], [], {}
+        for rank, (value, seen_at) in enumerate(self._seen):
+            rep = json.loads(value)
+            if rep.get("lat"):
+                lats.append(float(rep["lat"]))
+            # The report is up to an interval old: age it by the time since it changed.
+            for pg, enq, age, tmo in rep.get("pgs", []):
+                age = float(age) + (now - seen_at) if age else 0.0
+                states.append(SeqState(rank, str(pg), float(enq), age, tmo))
+                last[(rank, str(pg))] = enq
+        lats.sort()
+        normal = lats[len(lats) // 2] if lats else None
+        findings = find_hangs(states, normal, self.policy)
+        ep = self._episode
+        if ep is not None:
+            self._collect(ep, last)
+        if self._blocked_pg is not None and not any(f.pg == self._blocked_pg for f in findings):
+            self._blocked_pg = None  # progress resumed: the next hang is a new episode
+        if self._episode is None and self._blocked_pg is None:
+            act = [f for f in findings if f.kind in ("behind", "symmetric")]
+            if act:
+                act.sort(key=lambda f: f.kind != "behind")
+                self._open(act[0])
+                self._check_request()  # the monitoring rank dumps at once
+
+    def _open(self, finding: HangFinding) -> None:
+        request = {
+            "pg": finding.pg,
+            "kind": finding.kind,
+            "seq": finding.seq,
+            "behind": list(finding.behind),
+            "waiting": list(finding.waiting),
+            "age": finding.age,
+            "threshold": finding.threshold,
+            "requested_unix": time.time(),
+        }
+        # Publish the request before bumping the counter: a rank that sees the new number
+        # always finds its request. Only the monitoring rank writes either key.
+        number = int(self._store.add(self._episode_key, 0)) + 1
+        request["episode"] = number
+        self._store.set(self._request_key, json.dumps(request))
+        self._store.add(self._episode_key, 1)
+        self._blocked_pg = finding.pg
+        deadline = time.monotonic() + 3 * self.interval + FAULTHANDLER_S + 2.0
+        self._episode = {"request": request, "deadline": deadline, "acks": {}}
+        log.warning(
+            "ddp-exporter: hang detected in run %s (pg %s, %s, seq %g, oldest in flight %.1fs "
+            "> %.1fs); asking every rank for a dump (episode %d)",
+            self._run,
+            finding.pg,
+            finding.kind,
+            finding.seq,
+            finding.age,
+            finding.threshold,
+            number,
+        )
+
+    def _collect(self, ep: dict, last: dict) -> None:
+        number = ep["request"]["episode"]
+        acks = ep["acks"]
+        missing = [r for r in range(self.world_size) if r not in acks]
+        if missing:
+            for rank, value in zip(
+                missing, self._store.multi_get([self._ack_keys[r] for r in missing])
+            ):
+                ack = json.loads(value)
+                if int(ack.get("episode", 0)) == number:
+                    acks[rank] = ack.get("summary") or {"rank": rank}
+        if len(acks) < self.world_size and time.monotonic() < ep["deadline"]:
+            return
+        self._episode = None
+        last_seq = {r: v for (r, pg), v in last.items() if pg == ep["request"]["pg"]}
+        episode = dict(
+            ep["request"],
+            run=self._run,
+            world_size=self.world_size,
+            answered=sorted(acks),
+            missing=[r for r in range(self.world_size) if r not in acks],
+            last_enqueued=last_seq,
+            complete_unix=time.time(),
+        )
+        summaries: dict[int, dict | None] = {r: acks.get(r) for r in range(self.world_size)}
+        text = verdicts.render(verdicts.verdict(episode, summaries))
+        folder = episode_dir(self.dump_dir, self._run, number)
+        try:
+            makedirs_private(folder)
+            episode["summaries"] = {str(r): s for r, s in summaries.items()}
+            write_private(os.path.join(folder, "episode.json"), json.dumps(episode, indent=1))
+            write_private(os.path.join(folder, "verdict.txt"), text)
+        except OSError as exc:
+            self._errors.record("forensics", exc)
+        log.warning(
+            "%s",
+            "\n".join(f"{verdicts.MARKER} {line}" for line in text.rstrip("\n").splitlines()),
+        )

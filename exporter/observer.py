@@ -1,0 +1,282 @@
+"""Hold one instrumented rank together: its sources, its endpoint and its background threads.
+
+The :class:`Observer` builds the sources (recorder, comm hook, DataLoader and optimizer
+instrumentors, in-flight state), hands each exporting part the small things it reads (the
+collector a :class:`~exporter.export.collector.RankSources`, the hang watcher its identity,
+store and sources) and restores everything it patched in :meth:`Observer.close`. Settings are
+resolved before it is built (:func:`exporter.instrument`, :mod:`exporter.settings`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+from torch.nn.parallel import DistributedDataParallel
+
+from . import settings
+from .errors import ErrorCounter
+from .export import discovery
+from .export.collector import DDPCollector, RankSources
+from .export.server import MetricsServer
+from .hangs.watcher import HangWatcher
+from .log import log
+from .sources.commhook import (
+    CommHookInstrumentor,
+    CommHookWrapper,
+    CudaEventResolver,
+    allreduce_mean_hook,
+)
+from .sources.flight import InFlight, pg_timeout_seconds
+from .sources.heartbeat import Heartbeat
+from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
+from .sources.memory import MemorySource, cuda_memory_source
+from .sources.recorder import Recorder
+from .sources.versions import rank_info
+from .sources.walltime import JobClock
+
+__all__ = ["Observer"]
+
+
+def _default_store() -> Any:
+    # Private torch API: the store every rank of the default process group shares.
+    return dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+
+
+class Observer:
+    """Handle of one instrumented rank: its metrics endpoint, hooks and background threads.
+
+    Create it with :func:`exporter.instrument`. ``port`` is the bound port (None when the
+    endpoint could not start); :meth:`close` restores everything that was patched.
+    """
+
+    def __init__(
+        self,
+        model: DistributedDataParallel,
+        *,
+        identity: settings.Identity,
+        endpoint: settings.Endpoint,
+        dataloader: torch.utils.data.DataLoader | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        flight_recorder: bool = True,
+        memory_source: MemorySource | None = None,
+        serve: bool = True,
+        otlp: bool | str = False,
+        dump_dir: str = settings.DEFAULT_DUMP_DIR,
+        job_clock: JobClock | None = None,
+    ) -> None:
+        self.model = model
+        self.identity = identity
+        self.run, self.rank = identity.run, identity.rank
+        self.world_size, self.local_rank = identity.world_size, identity.local_rank
+        #: The job's wall-clock deadline and total steps (exporter.sources.walltime).
+        self.job_clock = job_clock if job_clock is not None else JobClock()
+        self.errors = ErrorCounter()
+        self._closed = False
+        if optimizer is not None:
+            mode = "optimizer"
+        else:
+            mode = "dataloader" if dataloader is not None else "comm_hook"
+        self.recorder = Recorder(mode)
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self.backend = dist.get_backend(model.process_group) if dist.is_initialized() else "none"
+
+        # Comm hook: wrap the user's hook, or stand in for the built-in allreduce.
+        pg = model.process_group
+        stats = self.recorder.collective_stats(
+            "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)
+        )
+        cuda = self.device.type == "cuda"
+        self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda else None
+        self.hook = CommHookWrapper(
+            self.recorder, self.errors, stats, allreduce_mean_hook, pg, self._cuda
+        )
+        self._comm = CommHookInstrumentor(model, self.hook)
+        self._comm.instrument()
+        # The first forward opens the first step, whatever source closes steps.
+        self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
+        self._loader = None
+        if dataloader is not None:
+            self._loader = DataLoaderInstrumentor(dataloader, self.recorder, self.errors)
+            self._loader.instrument()
+        self._optim = None
+        if optimizer is not None:
+            self._optim = OptimizerInstrumentor(optimizer, self.recorder, self.errors)
+            self._optim.instrument()
+
+        # In-flight state: the Flight Recorder where it works, else our own bookkeeping.
+        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder)
+        if memory_source is None and cuda:
+            memory_source = cuda_memory_source(self.device)
+        self.memory_source = memory_source
+
+        store = self._started("heartbeat", _default_store)
+        self._monitor = self.rank == endpoint.monitor_rank
+        self.heartbeat: Heartbeat | None = None
+        self.hangs: HangWatcher | None = None
+        beat = endpoint.heartbeat_s
+        if beat > 0 and store is not None:
+            self.heartbeat = self._started("heartbeat", lambda: Heartbeat(
+                store, self.run, self.rank, self.world_size, beat, monitor=self._monitor,
+                errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
+        # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
+        # nobody would decide a hang, so nothing is reported either.
+        if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
+            self.hangs = self._started("forensics", lambda: HangWatcher(
+                identity, store, inflight=self.inflight, recorder=self.recorder,
+                interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
+                errors=self.errors).start())  # fmt: skip
+
+        self.collector = DDPCollector(
+            RankSources(
+                run=self.run,
+                rank=self.rank,
+                errors=self.errors,
+                info=self.info_labels,
+                recorder=self.recorder,
+                inflight=self.inflight,
+                job_clock=self.job_clock,
+                peer_ages=self.heartbeat.published_ages
+                if self.heartbeat is not None and self._monitor
+                else None,
+                memory=memory_source,
+                hangs=self.hangs,
+            )
+        )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
+        self.port: int | None = self._server.start() if self._server else None
+        self._store = store
+        self.discovery: discovery.Discovery | None = None
+        self._start_discovery()
+        self.otlp = self._start_otlp(otlp)
+
+    # -- setup -------------------------------------------------------------------------------
+    def _started(self, where: str, start: Any) -> Any:
+        """Return what ``start()`` built and started, or None after counting its error."""
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - a dead store must not stop training
+            self.errors.record(where, exc)
+            return None
+
+    def _start_discovery(self) -> None:
+        if self.discovery is None and self._server is not None:
+            self.discovery = discovery.start(
+                self.identity, self._server, monitor=self._monitor, errors=self.errors,
+                store=self._store,
+            )  # fmt: skip
+
+    def _start_otlp(self, otlp: bool | str) -> Any:
+        """Start the OTLP push path when asked to (keyword or OTEL_* environment)."""
+        if otlp is False:
+            return None
+        try:
+            from .export.otlp import start_push
+        except ImportError as exc:
+            log.error(
+                "ddp-exporter: OTLP push requested but unavailable (%s); install "
+                "ddp-exporter[otlp]. Prometheus metrics are still served.",
+                exc,
+            )
+            return None
+        endpoint = otlp if isinstance(otlp, str) else None
+        return self._started("collect", lambda: start_push(self.identity, self.registry,
+                                                           self.errors, endpoint))  # fmt: skip
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        # Once a step is open one stays open (each boundary opens the next): drop the hook.
+        self._forward_handle.remove()
+        try:
+            self.recorder.open_step()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("step", exc)
+
+    # -- public ------------------------------------------------------------------------------
+    def adopt_endpoint(self, server: MetricsServer | None, registry: CollectorRegistry) -> None:
+        """Serve through ``server`` and ``registry`` (the init watch's), binding no second port.
+
+        The init watch calls this when :func:`exporter.instrument` takes over; its registry then
+        collects from :attr:`collector`, so scrapers see one endpoint from start to end.
+        """
+        self._server, self.registry = server, registry
+        self.port = server.port if server is not None else None
+        self._start_discovery()  # /sd and file_sd need the endpoint just adopted
+
+    def info_labels(self) -> dict[str, str]:
+        """Return the static facts published as ``ddp_rank_info``."""
+        return rank_info(self.identity, self.backend, self.device.type, self.inflight.name)
+
+    def timed_batches(self, iterator: Iterator) -> Iterator:
+        """Return ``iterator`` timing its batches (one made before the DataLoader was hooked)."""
+        return self._loader.timed(iterator) if self._loader is not None else iterator
+
+    def optimizer_phase_begins(self, optimizer: torch.optim.Optimizer) -> None:
+        """Start the optimizer phase now, for frameworks that step inside a closure."""
+        if self._optim is None or optimizer is not self._optim.optimizer:
+            return  # an optimizer without the exporter's step hooks
+        try:
+            self.recorder.optimizer_begin()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("optimizer", exc)
+
+    @property
+    def url(self) -> str | None:
+        """Return this rank's metrics URL, or None when the endpoint is not serving."""
+        if self.port is None or self._server is None:
+            return None
+        addr = self._server.addr
+        host = socket.gethostname() if settings.is_all_interfaces(addr) else addr
+        return f"http://{host}:{self.port}/metrics"
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Mark one step explicitly (loops without an optimizer, e.g. evaluation)."""
+        rec = self.recorder
+        try:
+            if rec.mode != "explicit":
+                rec.set_mode("explicit")
+            rec.open_step()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.record("step", exc)
+        try:
+            yield
+        finally:
+            try:
+                rec.boundary("explicit")
+            except Exception as exc:  # noqa: BLE001
+                self.errors.record("step", exc)
+
+    @property
+    def closed(self) -> bool:
+        """Say whether :meth:`close` ran."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop serving, stop threads and restore every patched object; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._comm.uninstrument()
+        self._forward_handle.remove()
+        for part in (self._loader, self._optim):
+            if part is not None:
+                part.uninstrument()
+        for thread in (self.heartbeat, self.hangs, self._cuda):
+            if thread is not None:
+                thread.close()
+        if self.otlp is not None:
+            try:
+                self.otlp.close()  # final flush: a short job's last steps are not lost
+            except Exception as exc:  # noqa: BLE001
+                self.errors.record("collect", exc)
+        if self.discovery is not None:
+            self.discovery.close()
+        if self._server is not None:
+            self._server.close()

@@ -1,0 +1,520 @@
+"""Name every environment variable the exporter reads, with its parser and default, in one place.
+
+Every setting of :func:`exporter.instrument` and :func:`exporter.watch_init` that is not passed
+as a keyword can come from the environment, so a launcher can configure jobs it does not own. A
+keyword always wins over the environment; the environment wins over the default. The resolvers
+at the end (:func:`identity`, :func:`endpoint`) are the only place these rules are applied.
+
+==============================  =====================================================  =========
+Variable                        Meaning                                                Default
+==============================  =====================================================  =========
+``DDP_EXPORTER_PORT``           Base port; each rank serves ``port + LOCAL_RANK``.     19400
+                                ``0`` picks a free port.
+``DDP_EXPORTER_ADDR``           Bind address of the metrics endpoint.                  0.0.0.0
+``DDP_EXPORTER_RUN``            ``run`` label value; else ``TORCHELASTIC_RUN_ID``.     see below
+``DDP_EXPORTER_HEARTBEAT_S``    Seconds between c10d-store heartbeats.                 5
+``DDP_EXPORTER_MONITOR_RANK``   Rank that publishes peer heartbeat ages; ``-1`` none.  0
+``DDP_EXPORTER_PEER_SERIES``    Most peer-heartbeat series the monitoring rank         64
+                                publishes: all peers up to this world size, beyond it
+                                only late peers, oldest first. ``0`` none.
+``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
+                                bookkeeping only).
+``DDP_EXPORTER_ADVERTISE_ADDR``  Host or IP registered for discovery (``/sd``,          see below
+                                file_sd): where Prometheus scrapes this rank.
+``DDP_EXPORTER_FILE_SD``        Directory where each rank writes its file_sd target    unset
+                                file (removed at a clean exit).
+``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
+                                user-only permissions; see exporter.hangs).            exporter-
+                                                                                       dumps
+``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
+                                duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
+                                from the job's start (torchrun's start under
+                                torchrun, else the rank's process start; see
+                                :mod:`exporter.sources.walltime`). Wins over
+                                ``SLURM_JOB_END_TIME``.
+==============================  =====================================================  =========
+
+The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun; ignored when it is
+torchrun's placeholder ``none``), then to ``SLURM_JOB_ID`` (set by Slurm on every task of a
+job), then to ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between
+concurrent jobs), then to ``local``. An explicit rendezvous id (``torchrun --rdzv-id``) thus
+wins over the Slurm job id; pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way.
+
+The advertised address defaults to the bind address when it names one interface; when bound
+to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
+the hostname's address, else the default route's interface IP (never a loopback address),
+else the hostname (see :func:`exporter.export.discovery.advertise_host`).
+
+Test-only (never set in production; ``ddp-exporter doctor`` would report a skew that is not there):
+
+``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``: comma-separated ``KEY=VERSION`` (KEY one of ``python``,
+``torch``, ``cuda``, ``nccl``) that this rank's doctor reports instead of its real versions, so a
+test can inject version skew between ranks, e.g. ``torch=9.9.9``.
+
+:func:`exporter.watch_init` reads the same settings. Under torchrun it checks in through the
+agent's store when ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun sets it), at
+``MASTER_ADDR:MASTER_PORT``, keyed by ``TORCHELASTIC_RESTART_COUNT``.
+
+This module imports no torch and nothing of the exporter but its logger: offline tools use it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .log import log
+
+__all__ = [
+    "ADDR",
+    "ADVERTISE_ADDR",
+    "ALL_INTERFACES",
+    "DEFAULT_ADDR",
+    "DEFAULT_DUMP_DIR",
+    "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_PEER_SERIES",
+    "DEFAULT_PORT",
+    "DOCTOR_FAKE_VERSIONS",
+    "DUMP_DIR",
+    "Endpoint",
+    "FILE_SD",
+    "FLIGHT_RECORDER",
+    "GLOO_SOCKET_IFNAME",
+    "HEARTBEAT_S",
+    "Identity",
+    "JOB_DEADLINE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "MONITOR_RANK",
+    "NCCL_SOCKET_IFNAME",
+    "OTEL_ENDPOINT",
+    "OTEL_METRICS_ENDPOINT",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_METRIC_EXPORT_TIMEOUT",
+    "OTEL_SDK_DISABLED",
+    "PEER_SERIES",
+    "PORT",
+    "RANK",
+    "RUN",
+    "SLURM_JOB_END_TIME",
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "VERSION_KEYS",
+    "WORLD_SIZE",
+    "advertise_override",
+    "agent_store_address",
+    "bind_addr",
+    "default_run",
+    "dump_dir",
+    "endpoint",
+    "env_float",
+    "env_int",
+    "env_positive_ms",
+    "fake_versions",
+    "flight_recorder",
+    "identity",
+    "int_or_none",
+    "is_all_interfaces",
+    "job_deadline_raw",
+    "monitoring_rank",
+    "otlp_requested",
+    "otlp_disabled",
+    "parse_deadline",
+    "positive_int",
+    "restart_count",
+    "under_torchrun",
+]
+
+# -- the exporter's own variables ------------------------------------------------------------
+PORT = "DDP_EXPORTER_PORT"
+ADDR = "DDP_EXPORTER_ADDR"
+RUN = "DDP_EXPORTER_RUN"
+HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
+MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
+PEER_SERIES = "DDP_EXPORTER_PEER_SERIES"
+FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+DUMP_DIR = "DDP_EXPORTER_DUMP_DIR"
+ADVERTISE_ADDR = "DDP_EXPORTER_ADVERTISE_ADDR"
+FILE_SD = "DDP_EXPORTER_FILE_SD"
+JOB_DEADLINE = "DDP_EXPORTER_JOB_DEADLINE"
+# Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
+DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
+
+# -- OpenTelemetry's standard variables (exporter.export.otlp); the SDK reads the rest ------
+OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_METRIC_EXPORT_TIMEOUT = "OTEL_METRIC_EXPORT_TIMEOUT"
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+
+# -- set by launchers (torchrun, Slurm); read, never written ---------------------------------
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+# "True" when torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT before the workers
+# start (exporter.watch_init and the doctor check in there); the restart count keeps attempts
+# apart.
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+SLURM_JOB_ID = "SLURM_JOB_ID"
+# Set by Slurm 23.02+ in the job's environment (Unix time the job's time limit ends it).
+SLURM_JOB_END_TIME = "SLURM_JOB_END_TIME"
+# Read by gloo and NCCL; the doctor checks that they name interfaces that exist.
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+
+# -- defaults ----------------------------------------------------------------------------------
+#: Base port; rank ``LOCAL_RANK`` serves on ``DEFAULT_PORT + LOCAL_RANK``. Outside the
+#: 9100-9999 range that Prometheus exporters have allocated among themselves.
+DEFAULT_PORT = 19400
+DEFAULT_ADDR = "0.0.0.0"
+DEFAULT_HEARTBEAT_S = 5.0
+#: Most peer-heartbeat series the monitoring rank publishes by default (``peer_series``).
+DEFAULT_PEER_SERIES = 64
+#: Where dumps go unless ``dump_dir=`` / ``DDP_EXPORTER_DUMP_DIR`` say otherwise (relative to
+#: the working directory of each rank).
+DEFAULT_DUMP_DIR = "ddp-exporter-dumps"
+#: Bind addresses that mean "every interface": no single address to show or advertise.
+ALL_INTERFACES: tuple[str, ...] = ("", "0.0.0.0", "::")
+#: The versions compared across ranks (and the keys the test-only override accepts).
+VERSION_KEYS: tuple[str, ...] = ("python", "torch", "cuda", "nccl")
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+# -- parsers -----------------------------------------------------------------------------------
+def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """Return the integer in variable ``name``, or ``default`` when unset or empty.
+
+    Raises ValueError naming the variable when it holds something else.
+    """
+    raw = _environ(environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """Return the number in variable ``name``, or ``default`` when unset or empty."""
+    raw = _environ(environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def env_positive_ms(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """Return the positive milliseconds in ``name``; log once and use ``default`` otherwise.
+
+    For OpenTelemetry's variables, which the SDK itself treats as advisory: a bad value must
+    not stop the push path.
+    """
+    raw = _environ(environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        log.warning("ddp-exporter: %s=%r is not a positive number; using %g", name, raw, default)
+        return default
+    return value
+
+
+def int_or_none(environ: Mapping[str, str], name: str) -> int | None:
+    """Return the integer in ``name``, or None when unset or not an integer (checkers report it)."""
+    try:
+        return int(environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def positive_int(what: str, value: Any) -> int:
+    """Return ``value`` if it is an int > 0; else raise ValueError naming keyword ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"exporter.instrument({what}=...): expected an int > 0, got {value!r}")
+    return value
+
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+#: A bare number below this is surely a duration without unit, not a Unix time (2001-09-09).
+_MIN_UNIX = 1_000_000_000
+
+
+def parse_deadline(name: str, raw: str, start_unix: float) -> float:
+    """Return the Unix deadline that ``raw`` (read from variable ``name``) stands for.
+
+    Accepts a Unix time (integer or decimal) or, for ``DDP_EXPORTER_JOB_DEADLINE``, a duration
+    with d/h/m/s units counted from ``start_unix``. Raises ValueError naming the variable.
+    """
+    text = raw.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not math.isfinite(value) or value < _MIN_UNIX:
+            hint = f"; for a duration write a unit, e.g. {text}s" if name == JOB_DEADLINE else ""
+            raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970){hint}")
+        return value
+    match = _DURATION.match(text)
+    if name == JOB_DEADLINE and text and match is not None:
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        if total <= 0:
+            raise ValueError(f"{name}={raw!r}: the duration must be positive")
+        return start_unix + total
+    if name == JOB_DEADLINE:
+        raise ValueError(
+            f"{name}={raw!r} is neither a Unix time nor a duration like 72h, 90m, 3600s or 1d12h"
+        )
+    raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970)")
+
+
+def job_deadline_raw(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """Return ``(variable, raw value)`` of the job's deadline, or None when none is set.
+
+    ``DDP_EXPORTER_JOB_DEADLINE`` wins over ``SLURM_JOB_END_TIME``; Slurm's ``0`` (or empty)
+    is what a job without a time limit gets: no deadline.
+    """
+    environ = _environ(environ)
+    raw = environ.get(JOB_DEADLINE, "").strip()
+    if raw:
+        return JOB_DEADLINE, raw
+    raw = environ.get(SLURM_JOB_END_TIME, "").strip()
+    if raw and raw != "0":
+        return SLURM_JOB_END_TIME, raw
+    return None
+
+
+def fake_versions(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the test-only version overrides of ``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``."""
+    raw = _environ(environ).get(DOCTOR_FAKE_VERSIONS, "")
+    out = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in VERSION_KEYS or not value:
+            raise ValueError(
+                f"{DOCTOR_FAKE_VERSIONS}={raw!r}: expected comma-separated "
+                f"KEY=VERSION with KEY in {', '.join(VERSION_KEYS)}"
+            )
+        out[key] = value
+    return out
+
+
+# -- single settings ---------------------------------------------------------------------------
+def default_run(environ: Mapping[str, str] | None = None) -> str:
+    """Return the ``run`` label from the environment (see the module docstring for the order)."""
+    environ = _environ(environ)
+    run = environ.get(RUN)
+    if run:
+        return run
+    run = environ.get(TORCHELASTIC_RUN_ID)
+    if run and run != "none":
+        return run
+    run = environ.get(SLURM_JOB_ID)
+    if run:
+        return run
+    addr, port = environ.get(MASTER_ADDR), environ.get(MASTER_PORT)
+    if addr and port:
+        return f"{addr}:{port}"
+    return "local"
+
+
+def bind_addr(addr: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """Return the metrics bind address: keyword, ``DDP_EXPORTER_ADDR``, then all interfaces."""
+    return addr if addr is not None else _environ(environ).get(ADDR, DEFAULT_ADDR)
+
+
+def is_all_interfaces(addr: str) -> bool:
+    """Say whether binding ``addr`` listens on every interface (0.0.0.0, ::, empty)."""
+    return addr in ALL_INTERFACES
+
+
+def monitoring_rank(rank: int | None, environ: Mapping[str, str] | None = None) -> int:
+    """Return the monitoring rank: keyword, ``DDP_EXPORTER_MONITOR_RANK``, then 0."""
+    return env_int(MONITOR_RANK, 0, environ) if rank is None else rank
+
+
+def flight_recorder(on: bool | None, environ: Mapping[str, str] | None = None) -> bool:
+    """Say whether to read the Flight Recorder: keyword, else the variable (default on)."""
+    if on is not None:
+        return bool(on)
+    return _environ(environ).get(FLIGHT_RECORDER, "1") not in ("0", "false", "")
+
+
+def dump_dir(path: Any, environ: Mapping[str, str] | None = None) -> str:
+    """Return the hang dump folder: keyword (a path), ``DDP_EXPORTER_DUMP_DIR``, the default."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"exporter.instrument(dump_dir=...): expected a path, got {type(path).__name__}"
+        )
+    return os.fspath(path or _environ(environ).get(DUMP_DIR) or DEFAULT_DUMP_DIR)
+
+
+def otlp_requested(otlp: bool | str | None, environ: Mapping[str, str] | None = None) -> bool | str:
+    """Return the OTLP setting: the keyword, else whether an ``OTEL_*`` endpoint is set."""
+    if otlp is not None:
+        return otlp
+    environ = _environ(environ)
+    return bool(environ.get(OTEL_ENDPOINT) or environ.get(OTEL_METRICS_ENDPOINT))
+
+
+def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Say whether ``OTEL_SDK_DISABLED`` switches OpenTelemetry off."""
+    return _environ(environ).get(OTEL_SDK_DISABLED, "").strip().lower() == "true"
+
+
+def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset.
+
+    Raises ValueError for a value that is not a host (``host:port`` or a URL).
+    """
+    explicit = _environ(environ).get(ADVERTISE_ADDR, "").strip()
+    if not explicit:
+        return None
+    if ":" in explicit and not _is_ipv6(explicit) or "/" in explicit or " " in explicit:
+        raise ValueError(
+            f"{ADVERTISE_ADDR}={explicit!r}: expected a host name or IP address "
+            "without port or scheme (the port is the metrics port)"
+        )
+    return explicit
+
+
+def _is_ipv6(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Say whether torchrun (an elastic agent) started this process."""
+    return bool(_environ(environ).get(TORCHELASTIC_RUN_ID))
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> str:
+    """Return torchrun's restart attempt (``0`` outside torchrun) as it names store keys."""
+    return _environ(environ).get(TORCHELASTIC_RESTART_COUNT, "0")
+
+
+def agent_store_address(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """Return torchrun's agent store address, or None when the workers have no such store."""
+    environ = _environ(environ)
+    if environ.get(TORCHELASTIC_USE_AGENT_STORE) != "True":
+        return None
+    addr, port = environ.get(MASTER_ADDR), environ.get(MASTER_PORT)
+    if not addr or not port:
+        return None
+    try:
+        return addr, int(port)
+    except ValueError:
+        return None
+
+
+# -- resolvers ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is in its job: the labels and sizes every part of the exporter uses."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    run: str
+
+
+def identity(
+    *,
+    run: str | None = None,
+    group: tuple[int, int] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Identity:
+    """Return this rank's identity.
+
+    ``group`` is ``(rank, world_size)`` of the default process group when it exists (it wins
+    over ``RANK``/``WORLD_SIZE``); ``run`` a keyword that wins over :func:`default_run`.
+    """
+    if group is not None:
+        rank, world = group
+    else:
+        rank, world = env_int(RANK, 0, environ), env_int(WORLD_SIZE, 1, environ)
+    return Identity(
+        rank=rank,
+        world_size=world,
+        local_rank=env_int(LOCAL_RANK, 0, environ),
+        run=run if run is not None else default_run(environ),
+    )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the metrics endpoint and its background threads need, resolved and validated."""
+
+    #: The port this rank binds: ``port + LOCAL_RANK``, or 0 for a free port.
+    port: int
+    addr: str
+    heartbeat_s: float
+    monitor_rank: int
+    peer_series: int
+
+
+def endpoint(
+    caller: str,
+    *,
+    port: Any = None,
+    addr: str | None = None,
+    heartbeat_s: Any = None,
+    monitor_rank: int | None = None,
+    peer_series: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> Endpoint:
+    """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
+
+    Raises ValueError naming ``caller``'s keyword or the variable.
+    """
+    base_port = env_int(PORT, DEFAULT_PORT, environ) if port is None else port
+    if isinstance(base_port, bool) or not isinstance(base_port, int) or not 0 <= base_port <= 65535:
+        raise ValueError(
+            f"exporter.{caller}(port=...): expected an int in 0..65535, got {base_port!r}"
+        )
+    local_rank = env_int(LOCAL_RANK, 0, environ)
+    bound = 0 if base_port == 0 else base_port + local_rank
+    if bound > 65535:
+        raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
+    hb = (
+        env_float(HEARTBEAT_S, DEFAULT_HEARTBEAT_S, environ) if heartbeat_s is None else heartbeat_s
+    )
+    source = f"exporter.{caller}(peer_series=...)"
+    if peer_series is None:
+        source, peer_series = PEER_SERIES, env_int(PEER_SERIES, DEFAULT_PEER_SERIES, environ)
+    if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
+        raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
+    return Endpoint(
+        port=bound,
+        addr=bind_addr(addr, environ),
+        heartbeat_s=float(hb),
+        monitor_rank=monitoring_rank(monitor_rank, environ),
+        peer_series=peer_series,
+    )

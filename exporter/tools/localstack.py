@@ -1,0 +1,283 @@
+"""Run Prometheus and Alertmanager on loopback: one starter for the demo, the drills and tests.
+
+:func:`start_prometheus` and :func:`start_alertmanager` start one server as a plain child
+process on a free loopback port, wait for ``/-/ready`` against a deadline and return a
+:class:`Service` whose :meth:`~Service.close` stops it. :class:`LocalStack` puts both together
+for ``ddp-exporter demo --stack`` and the fault drills: Prometheus scrapes the ranks listed in a
+file_sd directory every second, evaluates the FAST variant of the generated rules (same
+expressions, short windows), and sends alerts to Alertmanager, whose generated routes deliver
+to a webhook receiver served here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "LocalStack",
+    "MissingBinaryError",
+    "Service",
+    "find_binaries",
+    "find_binary",
+    "free_port",
+    "start_alertmanager",
+    "start_prometheus",
+]
+
+_INSTALL = "apt-get install prometheus prometheus-alertmanager"
+#: Names each server's binary goes by, in the order they are looked up on PATH.
+_BINARIES = {
+    "prometheus": ("prometheus",),
+    "alertmanager": ("prometheus-alertmanager", "alertmanager"),
+}
+
+
+class MissingBinaryError(RuntimeError):
+    """Prometheus or Alertmanager is not installed."""
+
+
+def find_binary(name: str) -> str:
+    """Return the path of ``prometheus`` or ``alertmanager``; raise MissingBinaryError if absent."""
+    for candidate in _BINARIES[name]:
+        path = shutil.which(candidate)
+        if path is not None:
+            return path
+    raise MissingBinaryError(
+        f"{name} not found on PATH; install it with `{_INSTALL}` (Debian/Ubuntu) or put the "
+        "official binaries on PATH"
+    )
+
+
+def find_binaries() -> tuple[str, str]:
+    """Return the prometheus and alertmanager paths, or raise MissingBinaryError saying how to install."""
+    found = {name: next(filter(None, map(shutil.which, c)), None) for name, c in _BINARIES.items()}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise MissingBinaryError(
+            f"{' and '.join(missing)} not found on PATH; install them with `{_INSTALL}` "
+            "(Debian/Ubuntu) or put the official binaries on PATH"
+        )
+    return found["prometheus"], found["alertmanager"]  # type: ignore[return-value]
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Service:
+    """A Prometheus or Alertmanager process this module started, serving on loopback."""
+
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+
+    @property
+    def log_path(self) -> Path:
+        """Return the file holding the process's output."""
+        return self.workdir / f"{self.name}.log"
+
+    def close(self) -> None:
+        """Stop the process (terminate, then kill if it lingers); idempotent."""
+        proc = self.process
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _launch(name: str, cmd: list[str], workdir: Path, port: int, timeout: float) -> Service:
+    """Start ``cmd`` logging to ``workdir/<name>.log``; return it once ``/-/ready`` answers."""
+    with open(workdir / f"{name}.log", "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    service = Service(name, f"http://127.0.0.1:{port}", proc, workdir)
+    deadline = time.monotonic() + timeout
+    try:
+        while not _ready(service.url):
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited {proc.returncode}: {service.log_path.read_text()[-2000:]}"
+                )
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"{service.url} not ready after {timeout}s; log in {service.log_path}"
+                )
+            time.sleep(0.2)
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
+def start_prometheus(workdir: Path, config: dict[str, Any], *, timeout: float = 30.0) -> Service:
+    """Start Prometheus with ``config`` (written to ``workdir``); return it once ready."""
+    binary = find_binary("prometheus")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = workdir / "prometheus.yml"
+    cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    cmd = [
+        binary,
+        f"--config.file={cfg_path}",
+        f"--storage.tsdb.path={workdir / 'prom-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    return _launch("prometheus", cmd, workdir, port, timeout)
+
+
+def start_alertmanager(
+    workdir: Path, config: dict[str, Any] | str, *, timeout: float = 30.0
+) -> Service:
+    """Start Alertmanager with ``config`` (a dict or YAML text); return it once ready."""
+    binary = find_binary("alertmanager")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path = workdir / "alertmanager.yml"
+    cfg_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+    port = free_port()
+    cmd = [
+        binary,
+        f"--config.file={cfg_path}",
+        f"--storage.path={workdir / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--cluster.listen-address=127.0.0.1:{free_port()}",
+    ]
+    return _launch("alertmanager", cmd, workdir, port, timeout)
+
+
+def _fast_routes(node: dict[str, Any]) -> None:
+    # Local runs measure detection, not batching: deliver each alert group at once.
+    node["group_wait"], node["group_interval"] = "1s", "1s"
+    for child in node.get("routes", []):
+        _fast_routes(child)
+
+
+class _Receiver:
+    """Webhook receiver: keep every firing alert with its arrival time, call ``on_alert``."""
+
+    def __init__(self, on_alert: Callable[[dict[str, Any]], None] | None) -> None:
+        self.alerts: list[tuple[float, dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                now = time.monotonic()
+                for alert in body.get("alerts", []):
+                    if alert.get("status") == "firing":
+                        outer.alerts.append((now, alert))
+                        if on_alert is not None:
+                            on_alert(alert)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class LocalStack:
+    """Prometheus + Alertmanager + webhook receiver on loopback, over a file_sd directory."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        file_sd_dir: Path,
+        on_alert: Callable[[dict[str, Any]], None] | None = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        from ..mixin.alertmanager import alertmanager_config
+        from ..mixin.config import FAST
+        from ..mixin.rules import render_rules
+
+        find_binaries()  # both, or neither: say what to install before starting anything
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._services: list[Service] = []
+        self._receiver = _Receiver(on_alert)
+        try:
+            am_cfg = alertmanager_config(dataclasses.replace(FAST, webhook_url=self._receiver.url))
+            _fast_routes(am_cfg["route"])
+            am = start_alertmanager(self.workdir, am_cfg, timeout=ready_timeout)
+            self._services.append(am)
+            self.alertmanager_url = am.url
+            (self.workdir / "rules.yml").write_text(render_rules(FAST))
+            prom_cfg = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                           "scrape_timeout": "900ms"},
+                "rule_files": [str(self.workdir / "rules.yml")],
+                "alerting": {"alertmanagers": [
+                    {"static_configs": [{"targets": [am.url.split("//", 1)[1]]}]}]},
+                "scrape_configs": [{
+                    "job_name": FAST.job, "honor_labels": True,
+                    "file_sd_configs": [{"files": [str(Path(file_sd_dir) / "*.json")],
+                                         "refresh_interval": "1s"}],
+                }],
+            }  # fmt: skip
+            prom = start_prometheus(self.workdir, prom_cfg, timeout=ready_timeout)
+            self._services.append(prom)
+            self.prometheus_url = prom.url
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alerts(self) -> list[tuple[float, dict[str, Any]]]:
+        """Return every firing alert delivered so far, with its monotonic arrival time."""
+        return list(self._receiver.alerts)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Run an instant PromQL query against the local Prometheus."""
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {expr!r} failed: {body}")
+        return body["data"]["result"]
+
+    def close(self) -> None:
+        """Stop every process this stack started; idempotent."""
+        for service in self._services:
+            service.close()
+        self._services = []
+        self._receiver.server.shutdown()
+        self._receiver.server.server_close()
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
