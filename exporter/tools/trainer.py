@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ import exporter
 from exporter.settings import is_all_interfaces
 from exporter.tools.demo import FAULTS, say
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "run"]
 
 
 class _Synthetic(Dataset):
@@ -99,6 +100,26 @@ def _linger(args: argparse.Namespace, t_start: float) -> None:
         time.sleep(0.5)
 
 
+def _finished(args: argparse.Namespace, elapsed: float, steps: int) -> bool:
+    """Say whether to stop training now: every rank gives the same answer at the same step."""
+    if args.steps and steps >= args.steps:
+        return True
+    if not args.duration:
+        return False
+    # Each rank reads its own clock a fraction of a step apart from the others: a rank that
+    # stopped alone would leave its peers in an allreduce it never enters. Agree on it.
+    up = torch.tensor([float(elapsed >= args.duration)])
+    dist.all_reduce(up, op=dist.ReduceOp.MAX)
+    return bool(up.item())
+
+
+def _peer_failed(rank: int, exc: RuntimeError, args: argparse.Namespace, t_start: float) -> int:
+    # A peer died: keep this rank's endpoint up for inspection until the end.
+    say(f"rank {rank}: collective failed ({str(exc)[:120]}); still serving metrics")
+    _linger(args, t_start)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until the duration or step limit, injecting the chosen fault."""
     args = parse_args(argv)
@@ -136,10 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         for x, y in loader:
             elapsed = time.monotonic() - t_start
-            if args.duration and elapsed >= args.duration or args.steps and steps >= args.steps:
+            try:
+                if _finished(args, elapsed, steps):
+                    obs.close()
+                    return 0
+            except RuntimeError as exc:
+                code = _peer_failed(rank, exc, args, t_start)
                 obs.close()
-                dist.destroy_process_group()
-                return 0
+                return code
             if faulty and not fault_on and elapsed >= args.fault_after:
                 fault_on = True
                 say(f"rank {rank}: injecting fault {args.fault}")
@@ -159,13 +184,28 @@ def main(argv: list[str] | None = None) -> int:
                 loss.backward()
                 opt.step()
             except RuntimeError as exc:
-                # A peer died: keep this rank's endpoint up for inspection until the end.
-                say(f"rank {rank}: collective failed ({str(exc)[:120]}); still serving metrics")
-                _linger(args, t_start)
+                code = _peer_failed(rank, exc, args, t_start)
                 obs.close()
-                return 1
+                return code
             steps += 1
 
 
+def run(argv: list[str] | None = None) -> NoReturn:
+    """Train, then leave with the exit status without the interpreter's finalization.
+
+    torch 2.13 + gloo aborts at interpreter exit after training in about one run of six
+    ("terminate called without an active exception", SIGABRT), with or without the exporter:
+    gloo's threads still hold work whose tensors are freed during finalization (an upstream
+    teardown race, pytorch/pytorch PR 179291). Training and the exporter are closed by then, and
+    a crash while they run happens inside :func:`main`, which is not masked.
+    """
+    code = main(argv)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
