@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from results import leave
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
@@ -91,5 +92,4 @@ while True:
 if saver is not None:
     saver.join()
 say(f"rank {rank}: done after {step} steps")
-obs.close()
-dist.destroy_process_group()
+leave()  # closes the exporter and the group

@@ -7,7 +7,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from results import write_all_ranks
+from results import leave, write_all_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -69,7 +69,7 @@ def main() -> None:
     rank = dist.get_rank()
     out = {name: scenario(name, rank) for name in ("builtin", "fp16_after", "fp16_before")}
     write_all_ranks(sys.argv[1], out)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

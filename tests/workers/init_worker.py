@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from results import leave
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
@@ -55,9 +56,8 @@ def main() -> None:
         stop.fill_(float(os.path.exists(stop_file) or time.monotonic() > deadline))
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         time.sleep(0.05)
-    obs.close()
-    dist.destroy_process_group()
     say(f"rank {rank}: done")
+    leave()  # closes the exporter and the group
 
 
 if __name__ == "__main__":

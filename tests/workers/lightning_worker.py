@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from results import write_all_ranks
+from results import leave, write_all_ranks
 from scrape_util import scrape
 from torch.distributed.algorithms.ddp_comm_hooks import (
     default_hooks,  # a sibling of this script (its dir is sys.path[0])
@@ -123,7 +123,7 @@ def main() -> None:
     }
     print(f"rank {rank}: {out}", flush=True)
     write_all_ranks(sys.argv[1], out)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

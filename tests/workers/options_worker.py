@@ -12,7 +12,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from results import write_all_ranks
+from results import leave, write_all_ranks
 from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -185,7 +185,7 @@ def main() -> None:
         out[option] = scenario(option, rank, group)
         print(f"rank {rank} {option}: {out[option]}", flush=True)
     write_all_ranks(sys.argv[1], out)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

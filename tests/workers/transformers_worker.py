@@ -11,7 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from results import write_all_ranks
+from results import leave, write_all_ranks
 from scrape_util import scrape  # a sibling of this script (its dir is sys.path[0])
 from transformers import (
     BertConfig,
@@ -165,7 +165,7 @@ def main() -> None:
     out = {"trainer": trainer_out, "accelerate": acc_out}
     print(f"rank {rank}: {out}", flush=True)
     write_all_ranks(sys.argv[1], out)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":
