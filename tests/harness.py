@@ -1,14 +1,22 @@
-"""Launch real torchrun jobs and scrape their endpoints, for the tests."""
+"""Launch real jobs for the tests (torchrun, or one process per rank) and scrape their endpoints.
+
+Every test that starts ranks does it here: :class:`Job` (torchrun), :class:`Ranks` (one process
+per rank, as srun does) and :class:`Process` (any one command, e.g. the demo CLI). Each starts
+in a session of its own with SIGINT at its default action, captures its output by line, and is
+stopped with :func:`exporter.tools.reaper.stop_tree`, also when the test fails.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -65,7 +73,109 @@ def value(samples: dict[str, list], name: str, **labels: str) -> float:
     return hits[0]
 
 
-class Job:
+@contextlib.contextmanager
+def default_signals() -> Iterator[None]:
+    """Let processes started inside see SIGINT with its default action.
+
+    A test session started from a non-interactive background shell (``nohup``, many CI runners)
+    inherits SIGINT as ignored, and exec passes an ignored signal on to every child: a test that
+    interrupts a child with SIGINT would wait in vain. Only an ignored disposition is inherited
+    (a handler is reset by exec), so it is switched to the default around the spawn only.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGINT)
+    if old is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if old is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, old)
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Return the environment of a process a test starts: this checkout first on the path."""
+    full = dict(os.environ)
+    full["PYTHONPATH"] = REPO + os.pathsep + full.get("PYTHONPATH", "")
+    full["PYTHONUNBUFFERED"] = "1"
+    full.update(env or {})
+    return full
+
+
+class Process:
+    """One process a test starts: its own session, default signals, output captured by line.
+
+    :meth:`stop` stops it and everything below it (torchrun's workers too, also stopped ones)
+    through :func:`exporter.tools.reaper.stop_tree`; so does leaving a ``with`` block.
+    """
+
+    def __init__(self, cmd: list[str], env: dict[str, str], name: str = "") -> None:
+        self.name = name
+        with default_signals():
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        self.pid = self.proc.pid
+        #: Every line printed so far, with the monotonic time it was read.
+        self.stamped: list[tuple[float, str]] = []
+        self.urls: dict[int, str] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stamped.append((time.monotonic(), line))
+            self.urls.update(metrics_urls(line))
+
+    @property
+    def lines(self) -> list[str]:
+        """Return every line printed so far."""
+        return [line for _, line in self.stamped]
+
+    def text(self) -> str:
+        """Return everything printed so far."""
+        return "".join(self.lines)
+
+    def seen(self, text: str) -> float | None:
+        """Return when the first line containing ``text`` was read, None if none has been."""
+        return next((t for t, line in self.stamped if text in line), None)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit and its output to be read; return its exit status."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)  # the pipe ends when the last writer is gone
+        return code
+
+    def poll(self) -> int | None:
+        """Return the exit status, or None while it runs."""
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the process itself."""
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        """Stop the process and every process below it; collect its output to the end."""
+        stop_tree(self.proc)
+        self._reader.join(timeout=10)
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Job(Process):
     """A torchrun job in its own session; torchrun and all its workers are stopped at the end."""
 
     def __init__(
@@ -76,10 +186,6 @@ class Job:
         module: str = "exporter.tools.trainer",
     ) -> None:
         self.nproc = nproc
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env["PYTHONUNBUFFERED"] = "1"
-        full_env.update(env or {})
         cmd = [
             sys.executable,
             "-m",
@@ -93,25 +199,7 @@ class Job:
         ]
         cmd += ["-m", module] if not module.endswith(".py") else [module]
         cmd += args
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=full_env,
-            start_new_session=True,
-            cwd=REPO,
-        )
-        self.lines: list[str] = []
-        self.urls: dict[int, str] = {}
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            self.urls.update(metrics_urls(line))
+        super().__init__(cmd, child_env(env), name="torchrun")
 
     def wait_urls(self, timeout: float = 180.0) -> dict[int, str]:
         """Wait until every rank printed its metrics URL (torch imports are slow under load)."""
@@ -131,22 +219,98 @@ class Job:
         return parse(scrape_text(self.urls[rank]))
 
     def output(self) -> str:
-        """Return what the job printed so far."""
+        """Return the last lines the job printed."""
         return "".join(self.lines[-80:])
-
-    def wait(self, timeout: float) -> int:
-        """Wait for the job to exit."""
-        return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
         """Stop torchrun and every worker it started (also stopped ones)."""
-        stop_tree(self.proc)
+        self.stop()
 
-    def __enter__(self) -> Job:
+
+#: Launcher variables a one-process-per-rank job must not inherit from the test's environment.
+_LAUNCHER_VARS = ("TORCHELASTIC_", "SLURM_", "DDP_EXPORTER_RUN")
+
+
+class Ranks:
+    """One process per rank, as srun or mpirun start them (env:// rendezvous, no torchrun).
+
+    ``cmd`` is the command of every rank (after ``python``), or a function of the rank giving
+    it. Each rank gets RANK, LOCAL_RANK (the rank: one node), WORLD_SIZE, LOCAL_WORLD_SIZE and a
+    shared MASTER_ADDR/MASTER_PORT, plus ``env`` and its entry in ``per_rank``. ``ranks``
+    starts only some of them (the others are "missing"). Every rank is stopped at the end.
+    """
+
+    def __init__(
+        self,
+        world: int,
+        cmd: list[str] | Callable[[int], list[str]],
+        *,
+        env: dict[str, str] | None = None,
+        per_rank: dict[int, dict[str, str]] | None = None,
+        ranks: list[int] | None = None,
+    ) -> None:
+        self.world = world
+        self.master_port = free_port()
+        self.started = time.monotonic()
+        base = {k: v for k, v in child_env(env).items() if not k.startswith(_LAUNCHER_VARS)}
+        base.update(env or {})
+        self.procs: dict[int, Process] = {}
+        try:
+            for r in range(world) if ranks is None else ranks:
+                rank_env = dict(base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(self.master_port))  # fmt: skip
+                rank_env.update((per_rank or {}).get(r, {}))
+                args = cmd(r) if callable(cmd) else cmd
+                self.procs[r] = Process([sys.executable, *args], rank_env, name=f"rank {r}")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def urls(self) -> dict[int, str]:
+        """Return every rank's metrics URL printed so far."""
+        out: dict[int, str] = {}
+        for p in self.procs.values():
+            out.update(p.urls)
+        return out
+
+    def out(self, rank: int) -> str:
+        """Return what ``rank`` printed so far."""
+        return self.procs[rank].text()
+
+    def output(self) -> str:
+        """Return what every rank printed so far, rank by rank."""
+        return "\n".join(f"--- rank {r}\n{p.text()}" for r, p in self.procs.items())
+
+    def seen(self, text: str) -> float | None:
+        """Return when any rank first printed a line containing ``text``."""
+        times = [t for p in self.procs.values() if (t := p.seen(text)) is not None]
+        return min(times, default=None)
+
+    def wait(self, timeout: float) -> dict[int, int]:
+        """Wait for every rank to exit; return the exit codes."""
+        end = time.monotonic() + timeout
+        codes = {}
+        for r, p in self.procs.items():
+            try:
+                codes[r] = p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"rank {r} still running after {timeout}s\n{self.output()}"
+                ) from None
+        return codes
+
+    def stop(self) -> None:
+        """Stop every rank (a frozen one too)."""
+        for p in self.procs.values():
+            p.stop()
+
+    def __enter__(self) -> Ranks:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.kill()
+        self.stop()
 
 
 class TopReader:

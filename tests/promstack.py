@@ -1,10 +1,10 @@
 """Start real Prometheus and Alertmanager processes for tests, and find their tools.
 
-Reusable by any test (mixin, fault drills): each helper binds loopback only, picks a free port,
-waits for readiness against a deadline (never a bare sleep), and kills the process at teardown.
-A missing binary skips the test with the reason; CI installs the Debian packages
+The processes are started by the product's own starter (:mod:`exporter.tools.localstack`: loopback
+only, a free port, readiness against a deadline, stopped at teardown); this module adds what tests
+need around it: a missing binary skips the test with the reason (CI installs the Debian packages
 ``prometheus`` (promtool, prometheus) and ``prometheus-alertmanager`` (amtool,
-prometheus-alertmanager).
+prometheus-alertmanager)), and a small client for Prometheus's HTTP API.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from harness import wait_for
 
+from exporter.tools import localstack
 from exporter.tools.localstack import free_port
 
 __all__ = [
@@ -60,15 +59,6 @@ def _http_json(url: str, timeout: float = 5.0) -> Any:
     """GET ``url`` and return its decoded JSON body."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
         return json.loads(resp.read().decode())
-
-
-def _ready(url: str) -> bool:
-    """Return True when ``url`` answers 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def write_file_sd(path: Path, targets: list[tuple[str, dict[str, str]]]) -> None:
@@ -110,52 +100,16 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def _launch(
-    name: str, cmd: list[str], workdir: Path, port: int, timeout: float
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Start ``cmd`` logging to ``workdir/<name>.log``; yield (url, process) once ready; stop it."""
-    log_path = workdir / f"{name}.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def probe() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"{name} exited {proc.returncode}: {log_path.read_text()}")
-            return _ready(f"{url}/-/ready")
-
-        wait_for(probe, timeout, f"{name} /-/ready")
-        yield url, proc
-    finally:
-        _stop(proc)
-        log.close()
-
-
-@contextlib.contextmanager
 def run_prometheus(
-    workdir: Path,
-    config: dict[str, Any],
-    *,
-    timeout: float = 30.0,
-    extra_args: tuple[str, ...] = (),
+    workdir: Path, config: dict[str, Any], *, timeout: float = 30.0
 ) -> Iterator[Prometheus]:
-    """Start prometheus with ``config`` (written to ``workdir``); yield it once ready; kill it."""
-    binary = require("prometheus")
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / "prometheus.yml"
-    cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    cmd = [
-        binary,
-        f"--config.file={cfg_path}",
-        f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-lifecycle",
-        *extra_args,
-    ]
-    with _launch("prometheus", cmd, workdir, port, timeout) as (url, proc):
-        yield Prometheus(url, proc, workdir)
+    """Start prometheus with ``config`` (written to ``workdir``); yield it once ready; stop it."""
+    require("prometheus")
+    service = localstack.start_prometheus(workdir, config, timeout=timeout)
+    try:
+        yield Prometheus(service.url, service.process, Path(workdir))
+    finally:
+        service.close()
 
 
 @dataclass
@@ -170,29 +124,11 @@ class Alertmanager:
 def run_alertmanager(
     workdir: Path, config_text: str, *, timeout: float = 30.0
 ) -> Iterator[Alertmanager]:
-    """Start Alertmanager with ``config_text``; yield it once ready; kill it at exit."""
-    binary = shutil.which("prometheus-alertmanager") or require("alertmanager")
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / "alertmanager.yml"
-    cfg_path.write_text(config_text)
-    port, cluster_port = free_port(), free_port()
-    cmd = [
-        binary,
-        f"--config.file={cfg_path}",
-        f"--storage.path={workdir / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-    ]
-    with _launch("alertmanager", cmd, workdir, port, timeout) as (url, proc):
-        yield Alertmanager(url, proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate ``proc`` (the one this module started), killing it if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    """Start Alertmanager with ``config_text``; yield it once ready; stop it at exit."""
+    if shutil.which("prometheus-alertmanager") is None:
+        require("alertmanager")
+    service = localstack.start_alertmanager(workdir, config_text, timeout=timeout)
+    try:
+        yield Alertmanager(service.url, service.process)
+    finally:
+        service.close()

@@ -5,14 +5,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 
 import leftovers
 import pytest
-from harness import REPO, wait_for
+from harness import REPO, Process, child_env, wait_for
 
 from exporter.tools.localstack import MissingBinaryError, find_binaries
-from exporter.tools.reaper import stop_tree
 
 
 def run_cli(*args, timeout=120):
@@ -123,21 +121,16 @@ def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     cmd = [sys.executable, "-m", "exporter.tools.cli", "demo", "--ranks", "3", "--fault", fault,
            "--fault-rank", "1", "--fault-after", "2", "--duration", "0", "--port", "0",
            "--no-top", "--stack" if stack else "--no-stack"]  # fmt: skip
-    # Like a shell does for a foreground job: the demo leads its own process group.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, start_new_session=True)  # fmt: skip
-    lines: list[str] = []
-    threading.Thread(target=lambda: [lines.append(x) for x in proc.stdout], daemon=True).start()
-    try:
-        wait_for(lambda: when in "".join(lines), 180, f"the demo to print {when!r}")
+    # Like a shell does for a foreground job: the demo leads its own process group, and SIGINT
+    # has its default action even when this session inherited it ignored (a background shell).
+    with Process(cmd, child_env()) as demo:
+        wait_for(lambda: when in demo.text(), 180, f"the demo to print {when!r}")
         mine = [x for x in leftovers.leftovers() if x.test == request.node.nodeid]
         if when == "injecting fault":
             assert len(mine) >= 4, mine  # the CLI, torchrun and its ranks (+ the stack)
-        proc.send_signal(sig)
-        code = proc.wait(timeout=90)
-    finally:
-        stop_tree(proc)
-    assert code == 128 + sig, "".join(lines)
+        demo.send_signal(sig)
+        code = demo.wait(timeout=90)
+    assert code == 128 + sig, demo.text()
     left = [x for x in leftovers.leftovers() if x.test == request.node.nodeid]
     assert not left, [(x.proc.pid, x.cmdline) for x in left]
-    assert "stopping every process it started" in "".join(lines)
+    assert "stopping every process it started" in demo.text()

@@ -13,84 +13,37 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import urllib.request
 
 import pytest
-from harness import REPO, wait_for
-from promstack import Prometheus, free_port, require, run_prometheus
-
-from exporter.tools.demo import metrics_urls
+from harness import Ranks, wait_for
+from promstack import Prometheus, require, run_prometheus
 
 WORLD = 3
 JOB_ID = "4242"
 
 
-class Rank:
-    """One rank process started like an srun task, killed by pid at the end."""
-
-    def __init__(self, rank: int, master_port: int, file_sd: str) -> None:
-        environ = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("TORCHELASTIC_", "DDP_EXPORTER_", "SLURM_"))
-        }
-        environ.update(
-            PYTHONPATH=REPO + os.pathsep + environ.get("PYTHONPATH", ""),
-            PYTHONUNBUFFERED="1",
-            OMP_NUM_THREADS="1",
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
-            LOCAL_WORLD_SIZE=str(WORLD),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(master_port),
-            SLURM_JOB_ID=JOB_ID,
-            SLURM_PROCID=str(rank),
-            SLURM_LOCALID=str(rank),
-            DDP_EXPORTER_FILE_SD=file_sd,
-        )
-        cmd = [sys.executable, "-m", "exporter.tools.trainer", "--duration", "0", "--port", "0"]
-        cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=environ,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self.url: str | None = None
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            self.url = self.url or next(iter(metrics_urls(line).values()), None)
-
-    def kill(self) -> None:
-        """SIGKILL the process (by pid) and reap it."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
 def ranks(tmp_path):
     require("prometheus")
-    port = free_port()
-    started = [Rank(r, port, str(tmp_path / "file_sd")) for r in range(WORLD)]
-    try:
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "SLURM_JOB_ID": JOB_ID,
+        "DDP_EXPORTER_FILE_SD": str(tmp_path / "file_sd"),
+    }
+    per_rank = {r: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)} for r in range(WORLD)}
+    cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0"]
+    cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
+    with Ranks(WORLD, cmd, env=env, per_rank=per_rank) as started:
         yield started
-    finally:
-        for rank in started:
-            rank.kill()
+
+
+def _sigkill(ranks: Ranks, rank: int) -> None:
+    """SIGKILL one rank (by pid) and reap it: it dies without a clean exit."""
+    proc = ranks.procs[rank].proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
 
 
 def _self_metric(prom: Prometheus, name: str) -> float:
@@ -112,12 +65,13 @@ def _targets(prom: Prometheus) -> dict[str, dict]:
 
 def test_prometheus_discovers_every_srun_rank_through_sd_and_keeps_them(ranks, tmp_path):
     def all_urls():
-        dead = [r for r in ranks if r.proc.poll() is not None]
-        assert not dead, "".join(dead[0].lines)
-        return all(r.url for r in ranks)
+        dead = [r for r, p in ranks.procs.items() if p.poll() is not None]
+        assert not dead, ranks.output()
+        return len(ranks.urls) == WORLD
 
     wait_for(all_urls, 180, "every rank to announce its metrics URL")
-    sd_url = ranks[0].url.replace("/metrics", "/sd")
+    urls = ranks.urls
+    sd_url = urls[0].replace("/metrics", "/sd")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
@@ -136,7 +90,7 @@ def test_prometheus_discovers_every_srun_rank_through_sd_and_keeps_them(ranks, t
             labels = target["labels"]
             assert labels["run"] == JOB_ID and labels["job"] == "ddp"
             assert labels["local_rank"] == rank and labels["node"]
-            assert target["scrapeUrl"] == ranks[int(rank)].url
+            assert target["scrapeUrl"] == urls[int(rank)]
         wait_for(
             lambda: len(prom.query(f'ddp_steps_total{{run="{JOB_ID}"}} > 0')) == WORLD,
             60,
@@ -144,7 +98,7 @@ def test_prometheus_discovers_every_srun_rank_through_sd_and_keeps_them(ranks, t
         )
 
         failures = _self_metric(prom, "prometheus_sd_http_failures_total")
-        ranks[0].kill()  # the monitoring rank: /sd is gone with it
+        _sigkill(ranks, 0)  # the monitoring rank: /sd is gone with it
         wait_for(
             lambda: _self_metric(prom, "prometheus_sd_http_failures_total") >= failures + 3,
             60,

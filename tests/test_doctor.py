@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from harness import REPO, Job, free_port
+from harness import Job, Ranks, free_port
 
 from exporter import settings
 from exporter.tools import doctor
@@ -97,97 +93,23 @@ def _table(text: str) -> dict[str, dict[str, str]]:
     return rows
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (torchrun's workers run in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-class Ranks:
-    """Start one doctor process per rank with its own env (like srun); kill them all at the end."""
-
-    def __init__(self, tmp_path, world: int, ranks: list[int], args: list[str], per_rank=None):
-        self.port = free_port()
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.paths: dict[int, str] = {}
-        self.started = time.monotonic()
-        for r in ranks:
-            env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-            env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))  # fmt: skip
-            for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
-                env.pop(var, None)
-            env.update((per_rank or {}).get(r, {}))
-            self.paths[r] = str(tmp_path / f"rank{r}.out")
-            with open(self.paths[r], "w") as out:
-                self.procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "exporter.doctor", *args],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=REPO,
-                    start_new_session=True,
-                )
-
-    def wait(self, timeout: float) -> dict[int, int]:
-        """Wait for every rank to exit; return the exit codes."""
-        end = time.monotonic() + timeout
-        codes = {}
-        for r, p in self.procs.items():
-            try:
-                codes[r] = p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise AssertionError(
-                    f"rank {r} still running after {timeout}s\n{self.output()}"
-                ) from None
-        return codes
-
-    def out(self, rank: int) -> str:
-        with open(self.paths[rank]) as f:
-            return f.read()
-
-    def output(self) -> str:
-        return "\n".join(f"--- rank {r}\n{self.out(r)}" for r in self.procs)
-
-    def __enter__(self) -> Ranks:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait(timeout=30)
+def _doctor_ranks(world: int, ranks: list[int], args: list[str], per_rank=None) -> Ranks:
+    """Start one doctor process per rank with its own env (like srun)."""
+    return Ranks(
+        world,
+        ["-m", "exporter.doctor", *args],
+        env={"OMP_NUM_THREADS": "1"},
+        per_rank=per_rank,
+        ranks=ranks,
+    )
 
 
 def test_healthy_torchrun_job_passes_every_check():
     with Job(
         3, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1"}, module="exporter.tools.cli"
     ) as job:
-        try:
-            code = job.wait(timeout=180)
-        finally:
-            for pid in _descendants(job.proc.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        out = "".join(job.lines)
+        code = job.wait(timeout=180)
+        out = job.text()
         assert code == 0, out
         rows = _table(out)
         assert sorted(rows) == ["0", "1", "2"], out
@@ -200,10 +122,10 @@ def test_healthy_torchrun_job_passes_every_check():
         assert "all checks passed" in out and "FAIL" not in out
 
 
-def test_wrong_master_port_fails_that_rank_with_the_fix(tmp_path):
+def test_wrong_master_port_fails_that_rank_with_the_fix():
     wrong = free_port()  # nothing listens there
     args = ["--timeout", "15", "--step-timeout", "4"]
-    with Ranks(tmp_path, 3, [0, 1, 2], args, {2: {"MASTER_PORT": str(wrong)}}) as ranks:
+    with _doctor_ranks(3, [0, 1, 2], args, {2: {"MASTER_PORT": str(wrong)}}) as ranks:
         codes = ranks.wait(timeout=150)
         own = ranks.out(2)
         assert codes[2] == 1, ranks.output()
@@ -215,9 +137,9 @@ def test_wrong_master_port_fails_that_rank_with_the_fix(tmp_path):
         assert codes[0] == 1 and codes[1] == 1, ranks.output()
 
 
-def test_missing_rank_is_named_and_doctor_ends_within_its_deadline(tmp_path):
+def test_missing_rank_is_named_and_doctor_ends_within_its_deadline():
     args = ["--timeout", "15", "--step-timeout", "4"]
-    with Ranks(tmp_path, 3, [0, 1], args) as ranks:
+    with _doctor_ranks(3, [0, 1], args) as ranks:
         codes = ranks.wait(timeout=150)
         wall = time.monotonic() - ranks.started
         out = ranks.out(0)
@@ -233,9 +155,9 @@ def test_missing_rank_is_named_and_doctor_ends_within_its_deadline(tmp_path):
         assert wall < 15 + doctor.VERDICT_GRACE_S + 60, wall
 
 
-def test_version_skew_names_the_rank_and_the_versions(tmp_path):
+def test_version_skew_names_the_rank_and_the_versions():
     fake = {1: {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
-    with Ranks(tmp_path, 3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
+    with _doctor_ranks(3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
         codes = ranks.wait(timeout=150)
         out = ranks.out(0)
         assert codes == {0: 1, 1: 1, 2: 1}, ranks.output()

@@ -10,16 +10,13 @@ is killed.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from harness import REPO, TopReader, free_port, wait_for
+from harness import Ranks, TopReader, wait_for
 
 import exporter.tools.top as top
-from exporter.tools.demo import metrics_urls
 from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 
 RANKS = 3
@@ -72,44 +69,19 @@ def for_run(st: LocalStack, run: str) -> list[tuple[float, dict]]:
     return [(t, a) for t, a in st.alerts if a["labels"].get("run") == run]
 
 
-class Ranks:
-    """One process per rank, env:// rendezvous, all killed at the end."""
+def start_ranks(run: str, sd, args: list[str]) -> Ranks:
+    """Start the demo trainer one process per rank (env:// rendezvous, like srun)."""
+    cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
+           "--addr", "127.0.0.1", "--heartbeat", "1", "--file-sd", str(sd), "--run", run,
+           "--timeout", str(PG_TIMEOUT), "--fault-after", str(FAULT_AFTER), *args]  # fmt: skip
+    return Ranks(RANKS, cmd, env={"OMP_NUM_THREADS": "1"})
 
-    def __init__(self, run: str, sd, args: list[str]) -> None:
-        port = free_port()
-        self.onset: float | None = None
-        self.lines: list[str] = []
-        self.urls: dict[int, str] = {}
-        self.procs = []
-        for r in range(RANKS):
-            env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(RANKS),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-                       OMP_NUM_THREADS="1", PYTHONPATH=REPO)  # fmt: skip
-            cmd = [sys.executable, "-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
-                   "--addr", "127.0.0.1", "--heartbeat", "1", "--file-sd", str(sd), "--run", run,
-                   "--timeout", str(PG_TIMEOUT), "--fault-after", str(FAULT_AFTER), *args]  # fmt: skip
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=env, cwd=REPO, start_new_session=True)  # fmt: skip
-            threading.Thread(target=self._read, args=(p,), daemon=True).start()
-            self.procs.append(p)
 
-    def _read(self, p) -> None:
-        for line in p.stdout:
-            if "injecting fault" in line and self.onset is None:
-                self.onset = time.monotonic()
-            self.urls.update(metrics_urls(line))
-            self.lines.append(line)
-
-    def stop(self, sd) -> None:
-        for p in self.procs:
-            for sig in ("SIGCONT", "SIGKILL"):
-                try:
-                    os.killpg(p.pid, getattr(__import__("signal"), sig))
-                except ProcessLookupError:
-                    pass
-            p.wait(timeout=30)
-        for f in sd.glob("*.json"):
-            f.unlink()
+def stop_ranks(ranks: Ranks, sd) -> None:
+    """Stop every rank (a frozen one too) and withdraw their file_sd targets."""
+    ranks.stop()
+    for f in sd.glob("*.json"):
+        f.unlink()
 
 
 class TopWatch:
@@ -165,18 +137,19 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
     st, sd = stack
     run = f"drill-{fault}-{fault_rank}"
     names, bound = EXPECTED[fault]
-    ranks = Ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank)])
+    ranks = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank)])
     watch = None
     try:
         watch = TopWatch(st, ranks, run)
         hit = wait_alert(st, run, names, fault_rank, FAULT_AFTER + 60 + bound)
-        assert ranks.onset is not None, "".join(ranks.lines[-30:])
+        onset = ranks.seen("injecting fault")
+        assert onset is not None, ranks.output()[-3000:]
         assert hit is not None, (
             f"no {names} for rank {fault_rank}; got {[a['labels'] for _, a in for_run(st, run)]}"
-            f"\n{''.join(ranks.lines[-20:])}"
+            f"\n{ranks.output()[-2000:]}"
         )
         t, alert = hit
-        secs = t - ranks.onset
+        secs = t - onset
         TIMES.append((fault, fault_rank, alert["labels"]["alertname"], secs))
         assert secs <= bound, f"{fault}: alert after {secs:.1f}s > {bound}s"
         if fault == "straggler":
@@ -194,7 +167,7 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
     finally:
         if watch is not None:
             watch.stop()
-        ranks.stop(sd)
+        stop_ranks(ranks, sd)
 
 
 HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "120"))
@@ -203,7 +176,7 @@ HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "120"))
 def test_healthy_run_delivers_no_alert(stack):
     st, sd = stack
     run = "drill-healthy"
-    ranks = Ranks(run, sd, ["--fault", "none"])
+    ranks = start_ranks(run, sd, ["--fault", "none"])
     watch = None
     try:
         watch = TopWatch(st, ranks, run)
@@ -224,4 +197,4 @@ def test_healthy_run_delivers_no_alert(stack):
     finally:
         if watch is not None:
             watch.stop()
-        ranks.stop(sd)
+        stop_ranks(ranks, sd)

@@ -13,19 +13,16 @@ import os
 import re
 import signal
 import stat
-import subprocess
-import sys
 import threading
 from contextlib import redirect_stdout
 
 import pytest
 from conftest import train_epoch
-from harness import REPO, Job, parse, scrape_text, value, wait_for
+from harness import REPO, Job, Ranks, parse, scrape_text, value, wait_for
 
 import exporter
 from exporter.hangs.capture import capture, innermost_user_frame, summarize
 from exporter.tools import cli
-from exporter.tools.localstack import free_port
 
 WORKER = os.path.join("tests", "workers", "hang_worker.py")
 
@@ -42,18 +39,8 @@ def _pids(text: str) -> dict[int, int]:
     return {int(r): int(p) for r, p in re.findall(r"^pid (\d+) (\d+)$", text, re.M)}
 
 
-def _kill(pids) -> None:
-    """Kill worker processes we know by pid (torchrun starts them in their own sessions)."""
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped rank needs SIGCONT first
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-
 def _all(job: Job) -> str:
-    return "".join(job.lines)  # Job.output() keeps only the tail; the pids come first
+    return job.text()  # Job.output() keeps only the tail; the pids come first
 
 
 def _episodes(root: str) -> list[str]:
@@ -97,123 +84,97 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
     root = str(tmp_path / "dumps")
     release = str(tmp_path / "release")
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DUMP_DIR": root, "HANG_WORKER_RELEASE": release}
-    pids: dict[int, int] = {}
+    # Leaving the block stops torchrun and every rank, the SIGSTOPped one included.
     with Job(3, ["behind", "2"], env=env, module=WORKER) as job:
-        try:
-            urls = job.wait_urls()
-            pids = wait_for(lambda: len(_pids(_all(job))) == 3 and _pids(_all(job)), 60, "pids")
-            folder = _verdict(root, 120)
-            with open(os.path.join(folder, "episode.json")) as f:
-                episode = json.load(f)
-            with open(os.path.join(folder, "verdict.txt")) as f:
-                text = f.read()
-            seq = int(episode["seq"])
-            stuck = _line_of("# stuck here")
-            assert episode["kind"] == "behind" and episode["behind"] == [1, 2], text
-            assert episode["missing"] == [2], text
-            culprit = (
-                f"rank 1 never entered all_reduce #{seq} (pg 0); it is at "
-                f"hang_worker.py:{stuck} in load_batch"
-            )
-            assert culprit in text
-            assert re.search(rf"rank 2 never entered all_reduce #{seq} .*did not answer", text)
-            assert text.index(culprit) < text.index("STACKS")
-            # The monitoring rank logged the same verdict.
-            wait_for(lambda: culprit in _all(job), 10, "the verdict in the log")
+        urls = job.wait_urls()
+        pids = wait_for(lambda: len(_pids(_all(job))) == 3 and _pids(_all(job)), 60, "pids")
+        folder = _verdict(root, 120)
+        with open(os.path.join(folder, "episode.json")) as f:
+            episode = json.load(f)
+        with open(os.path.join(folder, "verdict.txt")) as f:
+            text = f.read()
+        seq = int(episode["seq"])
+        stuck = _line_of("# stuck here")
+        assert episode["kind"] == "behind" and episode["behind"] == [1, 2], text
+        assert episode["missing"] == [2], text
+        culprit = (
+            f"rank 1 never entered all_reduce #{seq} (pg 0); it is at "
+            f"hang_worker.py:{stuck} in load_batch"
+        )
+        assert culprit in text
+        assert re.search(rf"rank 2 never entered all_reduce #{seq} .*did not answer", text)
+        assert text.index(culprit) < text.index("STACKS")
+        # The monitoring rank logged the same verdict.
+        wait_for(lambda: culprit in _all(job), 10, "the verdict in the log")
 
-            # The waiting rank's stack shows the collective's call site, FR its op and seq.
-            with open(os.path.join(folder, "rank-0.json")) as f:
-                rank0 = json.load(f)
-            main = rank0["threads"][0]
-            assert main["training"]
-            call_site = _line_of("# collective call site")
-            assert any(
-                fr["file"].endswith("hang_worker.py") and fr["line"] == call_site
-                for fr in main["frames"]
-            )
-            inflight = rank0["flight_recorder"]["inflight"]
-            assert [(e["op"], e["seq"]) for e in inflight] == [("all_reduce", seq)]
-            assert inflight[0]["frames"], "Flight Recorder stack traces"
-            assert not os.path.exists(os.path.join(folder, "rank-2.json"))  # frozen: no dump
+        # The waiting rank's stack shows the collective's call site, FR its op and seq.
+        with open(os.path.join(folder, "rank-0.json")) as f:
+            rank0 = json.load(f)
+        main = rank0["threads"][0]
+        assert main["training"]
+        call_site = _line_of("# collective call site")
+        assert any(
+            fr["file"].endswith("hang_worker.py") and fr["line"] == call_site
+            for fr in main["frames"]
+        )
+        inflight = rank0["flight_recorder"]["inflight"]
+        assert [(e["op"], e["seq"]) for e in inflight] == [("all_reduce", seq)]
+        assert inflight[0]["frames"], "Flight Recorder stack traces"
+        assert not os.path.exists(os.path.join(folder, "rank-2.json"))  # frozen: no dump
 
-            # User-only permissions: dumps reveal internals.
-            for path in [root, folder, *glob.glob(os.path.join(folder, "*"))]:
-                mode = stat.S_IMODE(os.stat(path).st_mode)
-                assert mode == (0o700 if os.path.isdir(path) else 0o600), (path, oct(mode))
+        # User-only permissions: dumps reveal internals.
+        for path in [root, folder, *glob.glob(os.path.join(folder, "*"))]:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            assert mode == (0o700 if os.path.isdir(path) else 0o600), (path, oct(mode))
 
-            # The culprit publishes where it is stuck; dumps are counted.
-            s1 = parse(scrape_text(urls[1]))
-            (labels, v), *_ = s1["ddp_hang_location_info"]
-            assert (labels["file"].endswith("hang_worker.py"), labels["line"]) == (True, str(stuck))
-            assert labels["function"] == "load_batch" and v == 1
-            assert value(s1, "ddp_hang_dumps_total") == 1
-            s0 = parse(scrape_text(urls[0]))
-            assert "ddp_hang_location_info" not in s0
-            assert value(s0, "ddp_hang_dumps_total") == 1
+        # The culprit publishes where it is stuck; dumps are counted.
+        s1 = parse(scrape_text(urls[1]))
+        (labels, v), *_ = s1["ddp_hang_location_info"]
+        assert (labels["file"].endswith("hang_worker.py"), labels["line"]) == (True, str(stuck))
+        assert labels["function"] == "load_batch" and v == 1
+        assert value(s1, "ddp_hang_dumps_total") == 1
+        s0 = parse(scrape_text(urls[0]))
+        assert "ddp_hang_location_info" not in s0
+        assert value(s0, "ddp_hang_dumps_total") == 1
 
-            # The CLI reads the folder: culprits first.
-            out = io.StringIO()
-            with redirect_stdout(out):
-                assert cli.main(["hangs", root]) == 0
-            printed = out.getvalue()
-            assert culprit in printed and printed.index(culprit) < printed.index("STACKS")
+        # The CLI reads the folder: culprits first.
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert cli.main(["hangs", root]) == 0
+        printed = out.getvalue()
+        assert culprit in printed and printed.index(culprit) < printed.index("STACKS")
 
-            # Progress resumes (rank 2 thawed, rank 1 released), then rank 1 hangs again: a
-            # new episode with a new dump, and still one dump per rank per episode.
-            os.kill(pids[2], signal.SIGCONT)
-            open(release, "w").close()
-            wait_for(lambda: _all(job).count("recovered") >= 3, 60, "training to resume")
-            folder2 = _verdict(root, 90, episode=2)
-            with open(os.path.join(folder2, "episode.json")) as f:
-                episode2 = json.load(f)
-            assert episode2["behind"] == [1] and episode2["missing"] == [], episode2
-            assert episode2["seq"] > seq
-            with open(os.path.join(folder2, "verdict.txt")) as f:
-                assert "; it is at hang_worker.py:" in f.read()
-            assert len(_episodes(root)) == 2  # no dump storm
-            for rank in (0, 1):
-                assert value(parse(scrape_text(urls[rank])), "ddp_hang_dumps_total") == 2
-            (labels, _), *_ = parse(scrape_text(urls[1]))["ddp_hang_location_info"]
-            assert labels["function"] == "load_batch"
-        finally:
-            _kill({**_pids(_all(job)), **pids}.values())
+        # Progress resumes (rank 2 thawed, rank 1 released), then rank 1 hangs again: a
+        # new episode with a new dump, and still one dump per rank per episode.
+        os.kill(pids[2], signal.SIGCONT)
+        open(release, "w").close()
+        wait_for(lambda: _all(job).count("recovered") >= 3, 60, "training to resume")
+        folder2 = _verdict(root, 90, episode=2)
+        with open(os.path.join(folder2, "episode.json")) as f:
+            episode2 = json.load(f)
+        assert episode2["behind"] == [1] and episode2["missing"] == [], episode2
+        assert episode2["seq"] > seq
+        with open(os.path.join(folder2, "verdict.txt")) as f:
+            assert "; it is at hang_worker.py:" in f.read()
+        assert len(_episodes(root)) == 2  # no dump storm
+        for rank in (0, 1):
+            assert value(parse(scrape_text(urls[rank])), "ddp_hang_dumps_total") == 2
+        (labels, _), *_ = parse(scrape_text(urls[1]))["ddp_hang_location_info"]
+        assert labels["function"] == "load_batch"
 
 
 def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
     root = str(tmp_path / "dumps")
-    port = str(free_port())
-    procs: list[subprocess.Popen] = []
-    lines: list[str] = []
-    try:
-        for rank in range(2):
-            env = dict(
-                os.environ,
-                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                PYTHONUNBUFFERED="1",
-                OMP_NUM_THREADS="1",
-                RANK=str(rank),
-                LOCAL_RANK="0",
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                HANG_WORKER_PG_TIMEOUT="40",  # symmetric hang declared at 25% of it: 10 s
-                DDP_EXPORTER_DUMP_DIR=root,
-                DDP_EXPORTER_RUN="mismatch",
-            )
-            proc = subprocess.Popen(
-                [sys.executable, WORKER, "mismatch"],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            procs.append(proc)
-            threading.Thread(target=lambda p=proc: lines.extend(p.stdout), daemon=True).start()
-        wait_for(lambda: "".join(lines).count("healthy done") == 2, 180, "the healthy phase")
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "HANG_WORKER_PG_TIMEOUT": "40",  # symmetric hang declared at 25% of it: 10 s
+        "DDP_EXPORTER_DUMP_DIR": root,
+        "DDP_EXPORTER_RUN": "mismatch",
+    }
+    with Ranks(2, [WORKER, "mismatch"], env=env) as ranks:
+        wait_for(lambda: ranks.output().count("healthy done") == 2, 180, "the healthy phase")
         # Healthy training, a 3 s slow step included, must not dump.
-        assert _episodes(root) == [], "".join(lines)
+        assert _episodes(root) == [], ranks.output()
         folder = _verdict(root, 90)
         with open(os.path.join(folder, "episode.json")) as f:
             episode = json.load(f)
@@ -224,10 +185,6 @@ def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
         assert "COLLECTIVE MISMATCH" in text
         assert f"collective #{seq} (pg 0): rank 0 in all_reduce, rank 1 in broadcast" in text
         assert text.index("COLLECTIVE MISMATCH") < text.index("STACKS")
-    finally:
-        for p in procs:
-            _kill([p.pid])
-            p.wait(timeout=30)
 
 
 def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
