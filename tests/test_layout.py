@@ -1,0 +1,200 @@
+"""The package's layout: imports run one way, no private name crosses a module, tools stay light.
+
+Rooms, lowest first (README, Development): the base (settings, catalog, errors, ...), sources,
+export and hangs, observer and init watch, API, integrations; the tools and the mixin generator
+stand beside the library, which never imports them. Every import counts, also one inside a
+function or under ``TYPE_CHECKING``: a cycle there is still a tangle.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import REPO, child_env
+
+PACKAGE = Path(REPO) / "exporter"
+
+#: Room of each module prefix (longest prefix wins) and the rooms it may import from.
+ROOMS = {
+    "exporter": "root",
+    "exporter.version": "base",
+    "exporter.log": "base",
+    "exporter.settings": "base",
+    "exporter.catalog": "base",
+    "exporter.errors": "base",
+    "exporter.storekeys": "base",
+    "exporter.background": "base",
+    "exporter.ranklist": "base",
+    "exporter.sources": "sources",
+    "exporter.export": "export",
+    "exporter.hangs": "hangs",
+    "exporter.observer": "observer",
+    "exporter.initwatch": "observer",
+    "exporter.api": "api",
+    "exporter.integrations": "integrations",
+    "exporter.mixin": "mixin",
+    "exporter.tools": "tools",
+    "exporter.doctor": "tools",
+}
+LIBRARY = ("base", "sources", "export", "hangs", "observer", "api")
+ALLOWED = {
+    "root": {"base"},
+    "base": {"base"},
+    "sources": {"base", "sources"},
+    "export": {"base", "sources", "export"},
+    "hangs": {"base", "sources", "hangs"},
+    "observer": {"base", "sources", "export", "hangs", "observer"},
+    "api": {"base", "sources", "observer", "api"},
+    "integrations": {"base", "observer", "api", "integrations"},
+    "mixin": {"base", "hangs", "mixin"},
+    "tools": {"root", *LIBRARY, "mixin", "tools"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """Return ``(imported module, imported name, line)`` for every exporter import of ``name``."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target.split(".")[0] != "exporter":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub if sub in modules else target, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "exporter":
+                    found.append((alias.name, "", node.lineno))
+    return [(m, n, line) for m, n, line in found if m in modules and m != name]
+
+
+def _room(module: str) -> str:
+    prefix = max((p for p in ROOMS if module == p or module.startswith(p + ".")), key=len)
+    return ROOMS[prefix]
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, list[tuple[str, str, int]]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_every_module_has_a_room(graph):
+    assert all(_room(m) for m in graph)
+
+
+def test_no_import_cycle(graph):
+    edges = {m: {t for t, _, _ in imports} for m, imports in graph.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:10])
+
+
+def test_no_private_name_imported_from_another_module(graph):
+    private = [
+        f"{m}:{line} imports {name} from {target}"
+        for m, imports in graph.items()
+        for target, name, line in imports
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not private, private
+
+
+def test_imports_run_one_way(graph):
+    wrong = [
+        f"{m} ({_room(m)}):{line} imports {target} ({_room(target)})"
+        for m, imports in graph.items()
+        for target, _, line in imports
+        if _room(target) not in ALLOWED[_room(m)]
+    ]
+    assert not wrong, wrong
+
+
+def test_observer_stays_small():
+    lines = (PACKAGE / "observer.py").read_text().count("\n")
+    assert lines < 300, f"exporter/observer.py has {lines} lines"
+
+
+_NO_TORCH = """
+import sys
+{code}
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+assert not loaded, loaded[:5]
+print("no torch")
+"""
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import exporter, exporter.mixin, exporter.mixin.__main__",
+        "import exporter.tools.top, exporter.hangs.verdict",
+        "from exporter.tools import cli; assert cli.main(['hangs', sys.argv[1]]) == 1",
+        "from exporter.tools import cli\n"
+        "assert cli.main(['top', '--targets', '127.0.0.1:9', '--once', '--refresh', '0.1']) == 0",
+        "from exporter.mixin.__main__ import main; assert main(['generate', '--out', sys.argv[1]]) == 0",
+    ],
+    ids=["import", "top-and-hangs-modules", "hangs-command", "top-command", "mixin-generate"],
+)
+def test_offline_tools_import_no_torch(code, tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH.format(code=code), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=child_env(),
+    )
+    assert res.returncode == 0 and "no torch" in res.stdout, res.stdout + res.stderr
+
+
+def test_public_api_resolves_lazily():
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import exporter, sys; print(sorted(set(exporter.__all__) - set(dir(exporter))))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=child_env(),
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    import exporter
+
+    for name in exporter.__all__:
+        assert getattr(exporter, name) is not None, name
+    assert os.path.basename(exporter.instrument.__code__.co_filename) == "api.py"
