@@ -30,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 from harness import free_port, parse, wait_for  # noqa: E402
 
 from exporter import catalog  # noqa: E402
-from exporter.initwatch import watch_init  # noqa: E402
+from exporter import watch_init  # noqa: E402
 
 INTERVAL_S = 0.2
 

@@ -1,4 +1,4 @@
-"""exporter.deadline: named sections, their bounds, nesting and threads, and what a scrape shows."""
+"""exporter.deadline (exporter.sources.sections): named sections, their bounds, nesting and threads, and what a scrape shows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""exporter.versions: the versions every rank publishes on ddp_rank_info for DDPVersionSkew."""
+"""exporter.sources.versions: the versions every rank publishes on ddp_rank_info for DDPVersionSkew."""
 
 from __future__ import annotations
 

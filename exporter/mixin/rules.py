@@ -349,7 +349,7 @@ def _name_collective_ranks(r: Recorded, run_pg_condition: str, rank_condition: s
 def hang_location(cfg: MixinConfig = DEFAULT) -> str:
     """Return a description suffix saying where the alert's rank is stuck, when it is known.
 
-    The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.forensics);
+    The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.hangs.watcher);
     a template ``query`` looks it up for the alert's run and rank and adds nothing otherwise.
     """
     # The selector goes through printf: a literal % in it must be doubled.
