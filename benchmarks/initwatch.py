@@ -29,8 +29,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import torch.distributed as dist  # noqa: E402
 from harness import free_port, parse, wait_for  # noqa: E402
 
-from exporter import catalog  # noqa: E402
-from exporter import watch_init  # noqa: E402
+from exporter import catalog, watch_init  # noqa: E402
 
 INTERVAL_S = 0.2
 
