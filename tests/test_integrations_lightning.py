@@ -4,7 +4,8 @@ One job fits a tiny model plain, then with ExporterCallback while rank 1 is slow
 training_step (which Lightning runs inside optimizer.step()'s closure): parameters bit-identical,
 steps = Lightning's optimizer steps with accumulate_grad_batches, phases sum to the step time,
 the straggler has the largest compute, a comm hook registered in a later callback's
-on_train_start (README's recipe) is timed, and everything is restored at teardown.
+on_train_start (README's recipe) is timed, validation and the checkpoint save run in declared
+sections, and everything is restored at teardown.
 """
 
 import json
@@ -40,6 +41,11 @@ def test_lightning_fit_with_a_compute_straggler(tmp_path):
         assert r["collectives"] == {r["pg"]: BATCHES // ACCUM}, where
         assert r["errors"] == 0.0, where
         assert r["closed"] and r["hooks_left"] == 1, "not restored at teardown; " + where
+        # Validation and the checkpoint save ran inside declared sections (not hangs, not
+        # steps), and teardown put trainer.save_checkpoint back.
+        assert r["busy"] == {"validation": ["evaluation"], "checkpoint": ["checkpoint"]}, where
+        assert r["sections"] == {"evaluation": 1.0, "checkpoint": 1.0}, where
+        assert r["save_restored"], where
     # The straggler's sleep runs in Lightning's optimizer closure: it is compute, not optimizer.
     compute = {r: _per_step(res[r], "compute") for r in (0, 1)}
     comm = {r: _per_step(res[r], "comm_wait") for r in (0, 1)}

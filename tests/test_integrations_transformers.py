@@ -4,8 +4,8 @@ One torchrun job trains a tiny config-built BERT with transformers.Trainer plain
 ExporterCallback while rank 1's dataset is slow (a data straggler), and then runs the
 documented accelerate loop plain and instrumented. Checked: parameters bit-identical, steps =
 optimizer steps with gradient_accumulation_steps, phases sum to the step time, collectives on
-DDP's process group, zero exporter errors, everything restored at the end, and the straggler
-has the largest data phase.
+DDP's process group, zero exporter errors, evaluation and checkpoint saving in declared sections,
+everything restored at the end, and the straggler has the largest data phase.
 """
 
 import json
@@ -47,6 +47,10 @@ def test_trainer_callback_with_a_data_straggler(verdicts):
         # Optimizer steps with gradient_accumulation_steps=3, as the Trainer counts them.
         assert r["global_step"] == r["plain_global_step"] == STEPS, where
         assert r["closed"] and r["hooks_left"] == 0, "not restored at on_train_end; " + where
+        # Evaluation and the checkpoint save ran in declared sections, then were restored.
+        assert r["busy"] == ["evaluation"], where
+        assert r["sections"] == {"evaluation": 2.0, "checkpoint": 1.0}, where
+        assert r["restored"], where
     data = {rank: verdicts[rank]["trainer"]["phases"]["data"] / STEPS for rank in (0, 1)}
     assert data[1] > 5 * data[0], data
 

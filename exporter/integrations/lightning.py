@@ -3,7 +3,9 @@
 The callback instruments the DDP module the strategy built, the train DataLoader and the
 optimizer once training starts, and closes the exporter at teardown. Steps are Lightning's
 optimizer steps, so ``accumulate_grad_batches`` is respected (DDP's ``no_sync()`` covers the
-accumulating batches). Needs the extra ``ddp-exporter[lightning]``.
+accumulating batches). Validation runs in the section ``evaluation`` and ``trainer.save_checkpoint``
+in the section ``checkpoint`` (``exporter.deadline``), so neither is taken for a hang or a stall.
+Needs the extra ``ddp-exporter[lightning]``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from torch.nn.parallel import DistributedDataParallel
 from ..api import instrument
 from ..log import log
 from ..observer import Observer
+from .sections import (
+    CHECKPOINT,
+    CHECKPOINT_SECONDS,
+    EVALUATION,
+    EVALUATION_SECONDS,
+    MethodSection,
+    section,
+)
 
 __all__ = ["ExporterCallback"]
 
@@ -28,14 +38,43 @@ class ExporterCallback(Callback):
     ``instrument_kwargs`` are passed to :func:`exporter.instrument` (``port``, ``addr``,
     ``run``, ...). Only the first optimizer is timed (Lightning's automatic optimization has
     one). A strategy that does not wrap the model in DDP (one device) is logged and skipped.
+    Validation is declared as the section ``evaluation`` (deadline ``evaluation_seconds``) and
+    ``trainer.save_checkpoint`` as ``checkpoint`` (``checkpoint_seconds``).
     """
 
-    def __init__(self, **instrument_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        evaluation_seconds: float = EVALUATION_SECONDS,
+        **instrument_kwargs: Any,
+    ) -> None:
         for key in ("dataloader", "optimizer"):
             if key in instrument_kwargs:
                 raise TypeError(f"ExporterCallback: {key}= is taken from the Trainer")
         self._kwargs = instrument_kwargs
+        self._checkpoint = section(CHECKPOINT, checkpoint_seconds, "checkpoint_seconds")
+        self._evaluation = section(EVALUATION, evaluation_seconds, "evaluation_seconds")
+        self._saving: MethodSection | None = None
+        self._validating = 0
         self.observer: Observer | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Run ``trainer.save_checkpoint`` inside the section ``checkpoint``."""
+        if self._saving is None:
+            self._saving = MethodSection(trainer, "save_checkpoint", self._checkpoint)
+            self._saving.apply()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Enter the section ``evaluation`` (also the sanity check before training)."""
+        self._evaluation.__enter__()
+        self._validating += 1
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Leave the section ``evaluation``."""
+        if self._validating:
+            self._validating -= 1
+            self._evaluation.__exit__(None, None, None)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Instrument the strategy's DDP module, the train DataLoader and the optimizer."""
@@ -64,7 +103,9 @@ class ExporterCallback(Callback):
         # The fit loop calls iter() on the loader (and prefetches a batch) before any callback
         # runs; the instrumented loader times every later iter(), this one is wrapped in place.
         try:
-            iterators = trainer.fit_loop._combined_loader._iterator.iterators
+            iterators = (
+                trainer.fit_loop._combined_loader._iterator.iterators
+            )  # private: feature-detected
             for i, it in enumerate(iterators):
                 iterators[i] = obs.timed_batches(it)
         except Exception as exc:  # noqa: BLE001 - another Lightning layout: later epochs still timed
@@ -81,16 +122,22 @@ class ExporterCallback(Callback):
             self.observer.optimizer_phase_begins(optimizer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Close the exporter: restore the DataLoader, optimizer and comm hook; stop serving."""
-        self._close()
+        """Close the exporter (a clean end): restore what was patched; stop serving."""
+        self._close(clean=True)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
-        """Close the exporter when the fit fails."""
-        self._close()
+        """Close the exporter when the fit fails (no clean end)."""
+        self._close(clean=False)
 
-    def _close(self) -> None:
+    def _close(self, clean: bool) -> None:
+        while self._validating:  # a validation the exception cut short
+            self._validating -= 1
+            self._evaluation.__exit__(None, None, None)
+        if self._saving is not None:
+            self._saving.restore()
+            self._saving = None
         if self.observer is not None:
-            self.observer.close()
+            self.observer.close(clean=clean)
             self.observer = None

@@ -4,8 +4,10 @@ The DDP module exists only once ``train()`` has prepared the model with accelera
 callbacks are not handed it (their ``model`` is the unwrapped model), so the callback holds
 the trainer and instruments ``trainer.model_wrapped`` at ``on_train_begin``, with the prepared
 train DataLoader and the optimizer. Steps are optimizer steps: ``gradient_accumulation_steps``
-is respected (the accumulating micro-batches run under ``no_sync()``). Closes at
-``on_train_end``. Needs the extra ``ddp-exporter[transformers]``.
+is respected (the accumulating micro-batches run under ``no_sync()``). ``trainer.evaluate`` runs
+in the section ``evaluation`` and the Trainer's checkpoint save (``_save_checkpoint``, a private
+method: feature-detected) in ``checkpoint`` (``exporter.deadline``), so neither is taken for a
+hang or a stall. Closes at ``on_train_end``. Needs the extra ``ddp-exporter[transformers]``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from transformers import Trainer, TrainerCallback
 from ..api import instrument
 from ..log import log
 from ..observer import Observer
+from .sections import (
+    CHECKPOINT,
+    CHECKPOINT_SECONDS,
+    EVALUATION,
+    EVALUATION_SECONDS,
+    MethodSection,
+    section,
+)
 
 __all__ = ["ExporterCallback"]
 
@@ -27,10 +37,19 @@ class ExporterCallback(TrainerCallback):
     """Export this rank's DDP metrics from ``trainer.train()``.
 
     ``instrument_kwargs`` are passed to :func:`exporter.instrument`. When the trainer did not
-    wrap the model in DDP (one process), this is logged and nothing is exported.
+    wrap the model in DDP (one process), this is logged and nothing is exported. Evaluation and
+    checkpoint saving are declared as the sections ``evaluation`` (``evaluation_seconds``) and
+    ``checkpoint`` (``checkpoint_seconds``).
     """
 
-    def __init__(self, trainer: Trainer, **instrument_kwargs: Any) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        *,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        evaluation_seconds: float = EVALUATION_SECONDS,
+        **instrument_kwargs: Any,
+    ) -> None:
         if not isinstance(trainer, Trainer):
             raise TypeError(
                 "ExporterCallback(trainer): expected a transformers.Trainer, got "
@@ -41,10 +60,18 @@ class ExporterCallback(TrainerCallback):
                 raise TypeError(f"ExporterCallback: {key}= is taken from the Trainer")
         self._trainer = trainer
         self._kwargs = instrument_kwargs
+        self._sections = [
+            MethodSection(trainer, "evaluate", section(EVALUATION, evaluation_seconds,
+                                                       "evaluation_seconds")),
+            MethodSection(trainer, "_save_checkpoint", section(CHECKPOINT, checkpoint_seconds,
+                                                               "checkpoint_seconds")),
+        ]  # fmt: skip
         self.observer: Observer | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Instrument the DDP-wrapped model, the prepared DataLoader and the optimizer."""
+        for wrapped in self._sections:
+            wrapped.apply()
         if self.observer is not None:
             return
         model = self._trainer.model_wrapped
@@ -62,7 +89,9 @@ class ExporterCallback(TrainerCallback):
         self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **self._kwargs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Close the exporter: restore what was patched and stop serving."""
+        """Close the exporter (a clean end): restore what was patched and stop serving."""
+        for wrapped in self._sections:
+            wrapped.restore()
         if self.observer is not None:
-            self.observer.close()
+            self.observer.close(clean=True)
             self.observer = None

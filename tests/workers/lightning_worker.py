@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import (
 
 import exporter
 from exporter.integrations.lightning import ExporterCallback
+from exporter.sources.sections import REGISTRY
 
 BATCHES = 24  # per rank and epoch
 ACCUM = 2  # accumulate_grad_batches
@@ -33,6 +34,10 @@ class Tiny(LightningModule):
         self.net = torch.nn.Sequential(
             torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)
         )
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
 
     def training_step(self, batch, batch_idx):
         if self.slow and self.global_rank == SLOW_RANK:
@@ -52,10 +57,18 @@ class FP16Hook(Callback):
 
 
 class Probe(Callback):
-    """Scrape the endpoint before ExporterCallback closes it at teardown."""
+    """Scrape the endpoint before ExporterCallback closes it at teardown; see which section
+    runs while Lightning validates and saves a checkpoint."""
 
     def __init__(self) -> None:
         self.result: dict = {}
+        self.busy: dict[str, set] = {"validation": set(), "checkpoint": set()}
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.busy["validation"].add(REGISTRY.busy())
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.busy["checkpoint"].add(REGISTRY.busy())
 
     def on_train_end(self, trainer, pl_module) -> None:
         obs = exporter.active()
@@ -71,6 +84,7 @@ def fit(instrumented: bool, root: str):
         torch.randn(n, 32, generator=g), torch.randn(n, 3, generator=g)
     )
     loader = torch.utils.data.DataLoader(data, batch_size=8)
+    val = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(32)), batch_size=8)
     probe = Probe()
     callbacks = (
         [ExporterCallback(port=0, addr="127.0.0.1", heartbeat_s=0), probe] if instrumented else []
@@ -83,7 +97,8 @@ def fit(instrumented: bool, root: str):
         accumulate_grad_batches=ACCUM,
         callbacks=callbacks,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=True,  # ModelCheckpoint saves at the end of the epoch
+        num_sanity_val_steps=0,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
@@ -100,9 +115,10 @@ def fit(instrumented: bool, root: str):
             opt.register_step_post_hook(lambda *a: taken.__setitem__(0, taken[0] + 1))
 
     trainer.callbacks.append(Count())
-    trainer.fit(model, loader)
+    trainer.fit(model, loader, val)
     opt = trainer_opt_hook[0]
-    return model, trainer, {**probe.result, "pg": pg[0]}, taken[0], opt
+    busy = {k: sorted(map(str, v)) for k, v in probe.busy.items()}
+    return model, trainer, {**probe.result, "pg": pg[0], "busy": busy}, taken[0], opt
 
 
 def main() -> None:
@@ -117,6 +133,8 @@ def main() -> None:
         "taken": taken,
         "plain_taken": plain_taken,
         "closed": exporter.active() is None,
+        # Lightning's save_checkpoint runs through the trainer attribute only while exported.
+        "save_restored": "save_checkpoint" not in vars(trainer),
         # Count's own post hook is the only one left once the exporter restored the optimizer.
         "hooks_left": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
         **result,

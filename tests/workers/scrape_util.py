@@ -9,7 +9,7 @@ def scrape(url: str) -> dict:
     """Return steps, step duration, phase sums, collective counts per pg and total errors."""
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    out: dict = {"phases": {}, "collectives": {}, "errors": 0.0}
+    out: dict = {"phases": {}, "collectives": {}, "errors": 0.0, "sections": {}}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "ddp_steps_total":
@@ -24,4 +24,6 @@ def scrape(url: str) -> dict:
                 out["collectives"][s.labels["pg"]] = s.value
             elif s.name == "ddp_exporter_errors_total":
                 out["errors"] += s.value
+            elif s.name == "ddp_section_runs_total":
+                out["sections"][s.labels["section"]] = s.value
     return out

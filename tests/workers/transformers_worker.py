@@ -23,6 +23,7 @@ from transformers import (
 
 import exporter
 from exporter.integrations.transformers import ExporterCallback
+from exporter.sources.sections import REGISTRY
 
 N, BATCH, ACCUM = 96, 4, 3  # samples, per-device batch, gradient_accumulation_steps
 SLOW_RANK, SLOW_S = 1, 0.01  # added to every sample the slow rank loads
@@ -61,11 +62,16 @@ def tiny_bert() -> BertForSequenceClassification:
 
 
 class Probe(TrainerCallback):
-    """Scrape the endpoint (before ExporterCallback closes it) and count optimizer steps."""
+    """Scrape the endpoint (before ExporterCallback closes it) and count optimizer steps; see
+    which section runs while the Trainer evaluates."""
 
     def __init__(self) -> None:
         self.result: dict = {}
         self.taken = 0
+        self.busy: set = set()
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.busy.add(str(REGISTRY.busy()))
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.taken += 1
@@ -88,12 +94,21 @@ def run_trainer(instrumented: bool, root: str) -> tuple:
         use_cpu=True,
         ddp_backend="gloo",
         report_to="none",
-        save_strategy="no",
+        eval_strategy="steps",
+        eval_steps=2,  # two evaluations and one checkpoint in the run's 4 optimizer steps
+        save_strategy="steps",
+        save_steps=4,
+        save_only_model=True,
         logging_strategy="no",
         disable_tqdm=True,
         seed=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Data(slow=instrumented))
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Data(slow=instrumented),
+        eval_dataset=torch.utils.data.Subset(Data(slow=False), range(16)),
+    )
     probe = Probe()
     trainer.add_callback(probe)
     if instrumented:
@@ -101,6 +116,8 @@ def run_trainer(instrumented: bool, root: str) -> tuple:
     trainer.train()
     inner = trainer.optimizer.optimizer  # accelerate's AcceleratedOptimizer wraps the real one
     hooks = len(inner._optimizer_step_pre_hooks) + len(inner._optimizer_step_post_hooks)
+    probe.result["busy"] = sorted(probe.busy)
+    probe.result["restored"] = not {"evaluate", "_save_checkpoint"} & set(vars(trainer))
     return model, trainer.state.global_step, probe, hooks
 
 
