@@ -8,7 +8,7 @@ import sys
 
 import leftovers
 import pytest
-from harness import REPO, Process, child_env, wait_for
+from harness import REPO, Process, child_env, free_port, wait_for
 
 from exporter.tools.localstack import MissingBinaryError, find_binaries
 
@@ -66,6 +66,19 @@ def test_demo_runs_and_the_table_names_the_straggler():
         assert f"rank {r}: metrics at http://127.0.0.1:" in res.stdout
     verdicts = [line for line in res.stdout.splitlines() if "straggler: compute" in line]
     assert verdicts and all(line.split()[0] == "2" for line in verdicts), res.stdout
+    # After the normal end the last table says every rank finished, not that it is down.
+    last = res.stdout.split(" rank  step ms")[-1].splitlines()[1:4]
+    assert all("finished: ended cleanly" in line for line in last), res.stdout[-2000:]
+    assert "DOWN" not in res.stdout.split(" rank  step ms")[-1], res.stdout[-2000:]
+
+
+def test_demo_runs_twice_in_a_row_on_the_same_ports():
+    base = free_port()
+    for _ in range(2):  # the first run's connections linger in TIME_WAIT: no refusal
+        res = run_cli("demo", "--ranks", "2", "--duration", "4", "--port", str(base),
+                      "--refresh", "1", "--no-stack")  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "in use" not in res.stderr
 
 
 def test_stack_without_binaries_says_how_to_install():
@@ -133,4 +146,7 @@ def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     assert code == 128 + sig, demo.text()
     left = [x for x in leftovers.leftovers() if x.test == request.node.nodeid]
     assert not left, [(x.proc.pid, x.cmdline) for x in left]
-    assert "stopping every process it started" in demo.text()
+    text = demo.text()
+    assert "stopping every process it started" in text
+    stop = text.index("stopping every process it started")
+    assert "Traceback" not in text[stop:] and 'File "' not in text[stop:], text[stop:]

@@ -3,6 +3,7 @@ real jobs read both from their endpoints and from a real Prometheus."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -78,6 +79,68 @@ def test_down_needs_two_failed_reads_and_survives_in_the_table():
                         {"t1": top.diagnose([top.RankRow("t1", rank=1, up=False)])[0]})  # fmt: skip
     table = top.render(rows, worst=2)
     assert table.splitlines()[1].split()[0] == "1" and "1 more ranks" in table
+
+
+def _in_section(row, started, deadline=600.0, name="checkpoint"):
+    row.sections[name] = (started, deadline)
+    row.section_deadline[name] = deadline
+    return row
+
+
+def test_a_rank_in_a_declared_section_and_the_ranks_it_holds_up_are_not_hung():
+    now = time.time()
+    # Rank 0 saves a checkpoint inside exporter.deadline(); ranks 1 and 2 wait in the allreduce.
+    rows = lambda: [_in_section(_row(0, 9), now - 40), _row(1, 10, age=40), _row(2, 10, age=40)]  # noqa: E731
+    previous, tables = None, []
+    for _ in range(3):
+        table = top.diagnose(rows(), previous, now=now)
+        previous = {r.target: r for r in table}
+        tables.append(table)
+    last = {r.rank: r for r in tables[-1]}
+    assert not any(r.verdict for r in last.values()), [r.verdict for r in last.values()]
+    assert last[0].note.startswith("in section checkpoint for 40 s of 600 s")
+    assert "declared section" in last[1].note and "declared section" in last[2].note
+    # Past its deadline the section excuses nobody: rank 0 is behind, and named.
+    late = lambda: [_in_section(_row(0, 9), now - 700), _row(1, 10, age=40), _row(2, 10, age=40)]  # noqa: E731
+    first = top.diagnose(late(), now=now)
+    second = top.diagnose(late(), {r.target: r for r in first}, now=now)
+    assert second[0].verdict.startswith("HUNG"), second[0].verdict
+
+
+def test_a_rank_that_ended_cleanly_is_finished_not_down():
+    last_read = [_row(0, 5), _row(1, 5)]
+    last_read[1].finished = time.time()  # its final scrape said so
+    gone = [_row(0, 5), top.RankRow("t1", up=False)]
+    verdicts = _reads(last_read, gone, [_row(0, 5), top.RankRow("t1", up=False)])
+    assert verdicts[1][1].startswith("finished: ended cleanly")
+    assert verdicts[2][1].startswith("finished") and not top.accuses(
+        top.RankRow("t1", verdict=verdicts[2][1])
+    )
+
+
+def test_top_judges_with_the_config_the_rules_were_generated_with(tmp_path):
+    from exporter.mixin.config import config_json, load_config
+
+    def slow():
+        return [_row(0, 5), _row(1, 5, compute=0.2), _row(2, 5)]
+
+    def later():
+        return [_row(0, 6, steps=200), _row(1, 6, compute=0.2, steps=200), _row(2, 6, steps=200)]
+
+    assert _reads(slow(), later())[1][1].startswith("straggler")
+    path = tmp_path / "mixin.json"
+    lenient = dataclasses.replace(FAST, straggler_ratio=10.0)
+    path.write_text(config_json(lenient))
+    assert load_config(path) == lenient
+    first = top.diagnose(slow(), config=load_config(path))
+    second = top.diagnose(later(), {r.target: r for r in first}, config=load_config(path))
+    assert not any(r.verdict for r in second)
+    res = subprocess.run(
+        [sys.executable, "-m", "exporter.tools.cli", "top", "--targets", "127.0.0.1:9",
+         "--once", "--refresh", "0.1", "--config", str(tmp_path / "missing.json")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert res.returncode == 2 and "--config: cannot read the mixin config" in res.stderr
 
 
 def _stack(tmp_path) -> tuple[LocalStack, object]:

@@ -2,11 +2,14 @@
 
 Usage::
 
-    python -m exporter.mixin generate [--out DIR] [--fast] [--set FIELD=VALUE ...]
+    python -m exporter.mixin generate [--out DIR] [--fast] [--config FILE] [--set FIELD=VALUE ...]
     python -m exporter.mixin check      # exit 1 with a diff if the committed files are stale
 
 ``--set`` overrides one :class:`~exporter.mixin.config.MixinConfig` field, e.g.
-``--set stalled_for=5m --set webhook_url=http://hooks.internal/ddp`` for your own deployment.
+``--set stalled_for=5m --set webhook_url=http://hooks.internal/ddp`` for your own deployment;
+``--config FILE`` starts from a JSON file of fields (the ``dashboards/mixin.json`` an earlier run
+wrote, edited). Every run writes the configuration it used to ``dashboards/mixin.json``: give it to
+``ddp-exporter top --config`` so that the table judges with the thresholds of the rules.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import DEFAULT, FAST, MixinConfig
+from .config import DEFAULT, FAST, MixinConfig, load_config
 from .files import generated_files, write_files
 
 __all__ = ["REPO_ROOT", "apply_overrides", "check", "main"]
@@ -85,13 +88,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fast", action="store_true", help="render the FAST variant (short windows, for tests)"
     )
     gen.add_argument(
+        "--config", type=Path, default=None, help="start from this JSON config (mixin.json)"
+    )
+    gen.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a setting"
     )
     sub.add_parser("check", help="exit 1 with a diff if the committed files are stale")
     args = parser.parse_args(argv)
     if args.command == "generate":
+        if args.fast and args.config:
+            parser.error("give --fast or --config, not both")
         try:
-            cfg = apply_overrides(FAST if args.fast else DEFAULT, args.set)
+            base = load_config(args.config) if args.config else FAST if args.fast else DEFAULT
+            cfg = apply_overrides(base, args.set)
         except ValueError as exc:
             parser.error(str(exc))
         written = write_files(args.out, generated_files(cfg))

@@ -5,18 +5,37 @@ dashboard, alerting and stack generators read them and nothing else. :data:`DEFA
 committed files are rendered from. :data:`FAST` renders the SAME expressions with shorter
 windows and ``for`` durations so that unit tests and fault drills finish in seconds.
 Users with other collective timeouts or step times regenerate with their own instance, e.g.
-``dataclasses.replace(DEFAULT, stalled_for="5m")``.
+``dataclasses.replace(DEFAULT, stalled_for="5m")``, ``--set`` or ``--config FILE``.
+
+The generator also writes the configuration it used (:data:`CONFIG_FILE`, JSON), so that
+``ddp-exporter top --config`` judges with exactly the thresholds of the rules: one set of
+thresholds, read by both.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ..hangs.definition import DEFAULT_POLICY, HangPolicy
 from ..settings import DEFAULT_PORT
 
-__all__ = ["DEFAULT", "FAST", "MixinConfig", "duration_seconds"]
+__all__ = [
+    "CONFIG_FILE",
+    "DEFAULT",
+    "FAST",
+    "MixinConfig",
+    "config_json",
+    "duration_seconds",
+    "load_config",
+]
+
+#: Where the generator writes the configuration it rendered from (relative to its output).
+CONFIG_FILE = "dashboards/mixin.json"
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -208,3 +227,49 @@ FAST = MixinConfig(
     job_deadline_margin_seconds=10.0,
     job_deadline_for="5s",
 )
+
+
+def config_json(cfg: MixinConfig) -> str:
+    """Return ``cfg`` as the JSON the generator writes next to the rules (every field)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(MixinConfig)}
+    return json.dumps({"ddp_exporter_mixin": fields}, indent=2) + "\n"
+
+
+def config_from(data: Any, origin: str = "config") -> MixinConfig:
+    """Return the config that ``data`` (a mapping of fields, as :func:`config_json` writes it,
+    or bare) describes on top of :data:`DEFAULT`; raise ValueError naming a bad field."""
+    if isinstance(data, dict) and "ddp_exporter_mixin" in data:
+        data = data["ddp_exporter_mixin"]
+    if not isinstance(data, dict):
+        raise ValueError(f"{origin}: expected a mapping of MixinConfig fields")
+    types = {f.name: f.type for f in dataclasses.fields(MixinConfig)}
+    changes: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in types:
+            raise ValueError(
+                f"{origin}: unknown field {name!r} (fields: {', '.join(sorted(types))})"
+            )
+        want = types[name]
+        if (
+            want in (float, "float")
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ):
+            value = float(value)
+        elif want in (int, "int") and isinstance(value, int) and not isinstance(value, bool):
+            pass
+        elif want in (str, "str") and isinstance(value, str):
+            pass
+        else:
+            raise ValueError(f"{origin}: field {name!r} expects {want}, got {value!r}")
+        changes[name] = value
+    return dataclasses.replace(DEFAULT, **changes)
+
+
+def load_config(path: str | Path) -> MixinConfig:
+    """Read a configuration file written by the generator (or by hand, same JSON)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the mixin config {path}: {exc}") from None
+    return config_from(data, str(path))

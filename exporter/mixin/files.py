@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .alertmanager import render_alertmanager
-from .config import DEFAULT, MixinConfig
+from .config import CONFIG_FILE, DEFAULT, MixinConfig, config_json
 from .dashboards import render_dashboards
 from .kubernetes import render_kubernetes
 from .rules import render_rules
@@ -23,6 +23,7 @@ def generated_files(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
     out["docs/runbook.md"] = render_runbook(cfg)
     out.update(render_stack(cfg))
     out.update(render_kubernetes(cfg))
+    out[CONFIG_FILE] = config_json(cfg)
     return dict(sorted(out.items()))
 
 

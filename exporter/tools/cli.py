@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from ..mixin.config import DEFAULT, duration_seconds
+from ..mixin.config import DEFAULT, duration_seconds, load_config
 from ..settings import DEFAULT_PORT
 from . import demo
 from . import top as topmod
@@ -23,20 +23,25 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.refresh <= 0:
         parser.error("--refresh must be positive")
     try:
-        duration_seconds(args.window)
+        cfg = load_config(args.config) if args.config else DEFAULT
+    except ValueError as exc:
+        parser.error(f"--config: {exc}")
+    window = args.window or cfg.rate_window
+    try:
+        duration_seconds(window)
     except ValueError as exc:
         parser.error(f"--window: {exc}")
 
     def read() -> list[topmod.RankRow]:
         if targets:
             return topmod.fetch(targets)
-        return topmod.fetch_prometheus(args.prometheus, args.run, window=args.window)
+        return topmod.fetch_prometheus(args.prometheus, args.run, window=window)
 
     previous: dict[str, topmod.RankRow] | None = None
     try:
         while True:
             try:
-                rows = topmod.diagnose(read(), previous)
+                rows = topmod.diagnose(read(), previous, config=cfg)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1
@@ -85,9 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prometheus", help="read from this Prometheus URL instead")
     t.add_argument("--run", help="with --prometheus: the run label to show")
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
-    t.add_argument("--window", default=DEFAULT.rate_window,
+    t.add_argument("--config", default=None,
+                   help="the mixin config the rules were generated with (dashboards/mixin.json): "
+                   "judge with their thresholds (default: the DEFAULT config)")  # fmt: skip
+    t.add_argument("--window", default=None,
                    help="with --prometheus: rate window of the per-step figures (default: the "
-                   "alerts' %(default)s)")  # fmt: skip
+                   f"alerts', {DEFAULT.rate_window} or the config's)")  # fmt: skip
     t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
     t.add_argument("--once", action="store_true",
                    help="read twice, --refresh apart, print one table and exit")  # fmt: skip

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 
+from ..mixin.config import FAST
 from . import top as topmod
 from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
@@ -48,7 +49,13 @@ def say(line: str) -> None:
 
 
 def _port_free(port: int, addr: str = "127.0.0.1") -> bool:
+    """Say whether a rank could bind ``port`` now, as its server does (SO_REUSEADDR).
+
+    The previous run's connections linger in TIME_WAIT for a minute; they do not stop a server
+    that sets SO_REUSEADDR (every HTTP server does), so they must not stop the demo either.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((addr, port))
         except OSError:
@@ -61,6 +68,8 @@ class _Children:
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        #: Set once the demo stops them: their output is no longer shown.
+        self.stopping = threading.Event()
 
     def start(self, cmd: list[str], **kw) -> subprocess.Popen:
         proc = subprocess.Popen(cmd, start_new_session=True, **kw)
@@ -69,6 +78,7 @@ class _Children:
 
     def stop(self) -> None:
         """Let each launcher stop its workers, then kill by pid whatever is left."""
+        self.stopping.set()
         for p in self.procs:
             stop_tree(p)
 
@@ -115,6 +125,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _run_demo(args, use_stack, workdir, children, stacks)
     except KeyboardInterrupt as exc:
         _ignore_signals()
+        children.stopping.set()  # what torchrun prints while it dies is not news
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print("\nddp-exporter demo: stopping every process it started", file=sys.stderr)
         return 128 + signum
@@ -212,6 +223,8 @@ def _run_demo(
     def pump(job: subprocess.Popen) -> None:
         assert job.stdout is not None
         for line in job.stdout:
+            if children.stopping.is_set():
+                continue  # torchrun's traceback as the demo stops it
             found = metrics_urls(line)
             urls.update(found)
             # "ddp-exporter hang": the forensics' detection line and verdict (rank 0 logs).
@@ -222,14 +235,20 @@ def _run_demo(
     for job in jobs:
         threading.Thread(target=pump, args=(job,), daemon=True).start()
     previous: dict[str, topmod.RankRow] = {}
+    rows: list[topmod.RankRow] = []
     while any(job.poll() is None for job in jobs):
         time.sleep(args.refresh)
         if len(urls) < args.ranks or args.no_top:
             continue
-        rows = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous)
+        # FAST: the thresholds of the rules the demo's Prometheus evaluates.
+        rows = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous, config=FAST)
         previous = {r.target: r for r in rows}
         tty = sys.stdout.isatty()
         print(("\x1b[2J\x1b[H" if tty else "\n") + topmod.render(rows, color=tty), flush=True)
     code = max(abs(job.wait()) for job in jobs)
+    if rows and not args.no_top:
+        # The ranks are gone: those that ended cleanly say so (their last read showed it).
+        last = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous, config=FAST)
+        print("\n" + topmod.render(last), flush=True)
     print(f"ddp-exporter demo: training finished (exit {code})")
     return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code

@@ -6,10 +6,14 @@ since the previous read (from endpoints) or the last rate window (from Prometheu
 badness and shows the worst N, so thousands of ranks fit.
 
 Verdicts follow the same definitions as the generated alerts: a straggler by compute or data
-time per step (:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
-:mod:`exporter.hangs.definition`. Every accusation (DOWN, HUNG, straggler) must hold in two consecutive
-reads, as an alert must hold for its ``for`` duration: one slow scrape or one odd interval
-accuses nobody.
+time per step (:class:`~exporter.mixin.config.MixinConfig` thresholds: pass the config the rules
+were generated with), a hang by :mod:`exporter.hangs.definition`. Every accusation (DOWN, HUNG,
+straggler) must hold in two consecutive reads, as an alert must hold for its ``for`` duration:
+one slow scrape or one odd interval accuses nobody.
+
+The job's edges accuse nobody either: a rank inside a declared section within its deadline
+(``exporter.deadline``) and the ranks waiting for it get a note, not a verdict; a rank that
+ended cleanly (``ddp_finished_timestamp_seconds`` in its last read) is ``finished``, not DOWN.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from .. import catalog as c
-from ..hangs.definition import HangPolicy, SeqState, find_hangs
-from ..mixin.config import DEFAULT
+from ..hangs.definition import SeqState, find_hangs
+from ..mixin.config import DEFAULT, MixinConfig
 from ..ranklist import format_ranks
 
 __all__ = ["ACCUSATIONS", "RankRow", "accuses", "diagnose", "fetch", "fetch_prometheus", "render"]
@@ -51,6 +55,11 @@ class RankRow:
     pg_timeout: dict[str, float] = field(default_factory=dict)
     heartbeat: float = 0.0
     memory: float = 0.0
+    #: Declared sections running on the rank: name -> (Unix start, deadline seconds).
+    sections: dict[str, tuple[float, float]] = field(default_factory=dict)
+    section_deadline: dict[str, float] = field(default_factory=dict)
+    #: Unix time the rank ended cleanly (0: it has not).
+    finished: float = 0.0
     #: Increases over a window, when the source computed them (Prometheus); None: diagnose()
     #: takes the difference to the previous read.
     window: dict[str, float] | None = None
@@ -64,6 +73,13 @@ class RankRow:
     suspect: str = ""
     verdict: str = ""
     note: str = ""
+
+    def in_section(self, now: float) -> str:
+        """Return a declared section the rank runs within its deadline at ``now``, else ""."""
+        for name, (started, deadline) in sorted(self.sections.items()):
+            if now - started <= deadline:
+                return name
+        return ""
 
     @property
     def enqueued(self) -> float:
@@ -134,6 +150,16 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.heartbeat = v
     elif n == c.GPU_MEM_ALLOCATED.name or (n == c.HOST_MEM_RESIDENT.name and not row.memory):
         row.memory = v
+    elif n == c.SECTION_STARTED.name:
+        name = labels.get("section", "")
+        row.sections[name] = (v, row.section_deadline.get(name, float("inf")))
+    elif n == c.SECTION_DEADLINE.name:
+        name = labels.get("section", "")
+        row.section_deadline[name] = v
+        if name in row.sections:
+            row.sections[name] = (row.sections[name][0], v)
+    elif n == c.FINISHED.name:
+        row.finished = v
 
 
 _PROM_NAMES = (
@@ -144,13 +170,15 @@ _PROM_NAMES = (
     c.HEARTBEAT.name,
     c.GPU_MEM_ALLOCATED.name,
     c.HOST_MEM_RESIDENT.name,
+    c.SECTION_DEADLINE.name,
+    c.SECTION_STARTED.name,
 )
 
 
 def fetch_prometheus(
     url: str, run: str, timeout: float = 5.0, window: str = DEFAULT.rate_window
 ) -> list[RankRow]:
-    """Read one run's ranks from Prometheus with three queries (any number of ranks).
+    """Read one run's ranks from Prometheus with four queries (any number of ranks).
 
     Per-step figures come from the increase over ``window`` (the alerts' rate window by
     default), so each table stands on its own whatever the scrape and refresh intervals.
@@ -191,6 +219,9 @@ def fetch_prometheus(
         window_row[key] = float(s["value"][1])
     for s in query(f"up{{{run_sel}}}"):
         row_of(s["metric"]).up = float(s["value"][1]) == 1.0
+    # A clean end is in the rank's final scrapes only: look back over the window.
+    for s in query(f"last_over_time({c.FINISHED.name}{{{run_sel}}}[{window}])"):
+        row_of(s["metric"]).finished = float(s["value"][1])
     return sorted(rows.values(), key=lambda r: r.rank)
 
 
@@ -225,22 +256,29 @@ def diagnose(
     rows: list[RankRow],
     previous: dict[str, RankRow] | None = None,
     *,
-    straggler_ratio: float = DEFAULT.straggler_ratio,
-    straggler_min_excess: float = DEFAULT.straggler_min_excess_seconds,
-    policy: HangPolicy = DEFAULT.hang_policy,
+    config: MixinConfig = DEFAULT,
+    now: float | None = None,
 ) -> list[RankRow]:
     """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
 
     A suspicion becomes a verdict only when the previous read held the same suspicion.
     Strongest first: DOWN, HUNG (behind in a stalled collective), straggler; a weaker
     signal never replaces a stronger one. ``STUCK`` (every rank inside a stalled collective,
-    nobody behind) and "waiting" notes describe the job and accuse no rank.
+    nobody behind) and "waiting" notes describe the job and accuse no rank; nor do a declared
+    section within its deadline (on the rank or on the ranks it holds up) and a clean end
+    (``finished``).
     """
     previous = previous or {}
+    now = time.time() if now is None else now
+    straggler_ratio = config.straggler_ratio
+    straggler_min_excess = config.straggler_min_excess_seconds
+    policy = config.hang_policy
     for r in rows:
         p = previous.get(r.target)
         if r.rank < 0 and p is not None:
             r.rank = p.rank  # a rank that went down keeps its number
+        if not r.finished and p is not None and p.finished:
+            r.finished = p.finished  # its clean end was in its last read before it left
         inc = _increases(r, p)
         steps = inc.get(c.STEPS.name, 0.0)
         if steps > 0:
@@ -250,11 +288,13 @@ def diagnose(
         n = inc.get(_COUNTERS[4], 0.0)
         if n > 0:
             r.coll_latency = inc.get(_COUNTERS[3], 0.0) / n
-    live = [r for r in rows if r.up]
+    live = [r for r in rows if r.up and not r.finished]
 
-    # Hangs, by the one definition shared with the alert rules and the forensics trigger.
+    # Hangs, by the one definition shared with the alert rules and the hang watcher.
     states = [
-        SeqState(r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg))
+        SeqState(
+            r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg), bool(r.in_section(now))
+        )
         for r in live
         for pg, seq in r.pg_seq.items()
     ]
@@ -268,10 +308,21 @@ def diagnose(
                 f"{f.pg}: never entered #{f.seq:.0f}, which ranks {_ranks(f.waiting)} "
                 f"wait in for {f.age:.0f} s"
             )
+        for rank in f.excused:
+            r = by_rank[rank]
+            name = r.in_section(now)
+            started, deadline = r.sections.get(name, (now, 0.0))
+            r.note = f"in section {name} for {now - started:.0f} s of {deadline:.0f} s"
         for rank in f.waiting:
             r = by_rank[rank]
             if f.kind == "behind":
                 r.note = f"waiting for rank(s) {_ranks(f.behind)} in pg {f.pg} for {f.age:.0f} s"
+            elif f.kind == "section":
+                if rank not in f.excused:
+                    r.note = (
+                        f"waiting for rank(s) {_ranks(f.excused)} in a declared section, pg "
+                        f"{f.pg}, {f.age:.0f} s"
+                    )
             else:
                 r.suspect = r.suspect or "stuck"
                 r.note = (
@@ -293,6 +344,11 @@ def diagnose(
     for s in states:
         top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
     for r in rows:
+        if r.finished:
+            r.suspect = ""
+            r.note = time.strftime("ended cleanly at %H:%M:%S", time.localtime(r.finished))
+            r.verdict = f"finished: {r.note}"
+            continue
         if not r.up:
             r.suspect, r.note = "down", "endpoint unreachable"
         else:
@@ -328,7 +384,7 @@ def accuses(row: RankRow) -> bool:
 
 
 def _badness(r: RankRow) -> tuple:
-    order = {"DOWN": 0, "HUNG": 1, "STUCK": 2, "straggler": 3}
+    order = {"DOWN": 0, "HUNG": 1, "STUCK": 2, "straggler": 3, "finished": 6}
     rank = next((o for prefix, o in order.items() if r.verdict.startswith(prefix)), 4)
     return (rank if r.verdict else 5 - bool(r.note), -r.phases.get("compute", 0.0), r.rank)
 
