@@ -61,7 +61,7 @@ def monitor_rank_render(world: int, late: bool, repeats: int = 20) -> tuple[floa
     from prometheus_client import CollectorRegistry, generate_latest
 
     from exporter.sources.heartbeat import Heartbeat
-    from exporter.storekeys import heartbeat as heartbeat_key
+    from exporter.storekeys import for_run
 
     rec = Recorder("optimizer")
     st = rec.collective_stats("allreduce", "0", 1800.0)
@@ -71,8 +71,10 @@ def monitor_rank_render(world: int, late: bool, repeats: int = 20) -> tuple[floa
         rec.optimizer_end()
     store, now = dist.HashStore(), [0.0]
     for peer in range(world):
-        store.add(heartbeat_key("bench", peer), 1)
-    hb = Heartbeat(store, "bench", 0, world, 5.0, True, ErrorCounter(), clock=lambda: now[0])
+        store.add(for_run("bench").heartbeat(peer), 1)
+    hb = Heartbeat(
+        store, for_run("bench"), 0, world, 5.0, True, ErrorCounter(), clock=lambda: now[0]
+    )
     hb.poll()
     now[0] += 50.0 if late else 1.5
     errors = ErrorCounter()

@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     run = "bench-sd-4096"
+    keys = storekeys.for_run(run)
 
     server_store = dist.TCPStore("127.0.0.1", 0, -1, True, wait_for_workers=False)
     clients = [
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         store = clients[rank % len(clients)]
         target = f"10.{rank // 65536}.{rank // 256 % 256}.{rank % 256}:{19400 + rank % 8}"
         t0 = time.perf_counter()
-        discovery.register(store, run, target, _labels(run, rank))
+        discovery.register(store, keys, target, _labels(run, rank))
         reg_times.append((time.perf_counter() - t0) * 1e3)
     t_all = time.perf_counter() - t_all
     calls: dict[str, int] = {}
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"registration: {args.ranks} ranks through {args.clients} TCPStore clients")
     print(f"  store calls: {calls} -> {writes_per_rank:g} per rank")
     print(f"  per registration (one round trip): {_stats(reg_times)}; all: {t_all:.2f} s")
-    raw = server_store.get(storekeys.sd(run))
+    raw = server_store.get(keys.sd())
     print(f"  store value: {len(raw) / 1024:.0f} KiB for {args.ranks} records")
 
     errors = ErrorCounter()
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     found = discovery.Discovery(
         store=monitor_store,
+        keys=keys,
         run=run,
         rank=0,
         local_rank=0,
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     reads = dict(monitor_store.calls)
     full, idle = [], []
     for _ in range(10):
-        fresh = discovery.Directory(monitor_store, run, args.ranks, errors)
+        fresh = discovery.Directory(monitor_store, keys, args.ranks, errors)
         t0 = time.perf_counter()
         fresh.refresh()
         full.append((time.perf_counter() - t0) * 1e3)

@@ -126,13 +126,14 @@ def instrument(
             otlp=settings.otlp_requested(otlp),
             dump_dir=folder,
             job_clock=job_clock,
+            final_scrape_s=settings.final_scrape_s(),
         )
         if watch is not None:
             _watch = None
             obs.errors.merge(watch.errors)
             obs.adopt_endpoint(*watch.hand_over(obs.collector))
         _active = obs
-    atexit.register(obs.close)
+    atexit.register(obs.close_at_exit)
     return obs
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "SECTION_RUNS",
     "JOB_DEADLINE",
     "JOB_TOTAL_STEPS",
+    "FINISHED",
 ]
 
 #: Labels on every series the exporter publishes: the run keeps concurrent jobs apart.
@@ -153,6 +154,7 @@ RANK_INFO = MetricDef(
         "python_version",
         "cuda_version",
         "nccl_version",
+        "attempt",
     ),
 )
 
@@ -319,6 +321,14 @@ JOB_DEADLINE = MetricDef(
     "DDP_EXPORTER_JOB_DEADLINE); absent when unknown.",
     unit="seconds",
 )
+FINISHED = MetricDef(
+    "ddp_finished_timestamp_seconds",
+    "gauge",
+    "Unix time this rank ended cleanly (the exporter closed at the end of training, not on an "
+    "error); present only in the rank's final scrapes, which it waits for briefly before exit. "
+    "A rank that stops reporting without it was killed or crashed.",
+    unit="seconds",
+)
 JOB_TOTAL_STEPS = MetricDef(
     "ddp_job_total_steps",
     "gauge",
@@ -354,6 +364,7 @@ METRICS: tuple[MetricDef, ...] = (
     SECTION_RUNS,
     JOB_DEADLINE,
     JOB_TOTAL_STEPS,
+    FINISHED,
 )
 
 #: Init phases of exporter.watch_init(), in order (bounded label set of ddp_init_phase_*).
@@ -427,7 +438,8 @@ def series_per_rank(
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
-    time while one runs; at most 16 names), 1 job deadline, 1 total steps.
+    time while one runs; at most 16 names), 1 job deadline, 1 total steps. Not counted: the hang
+    location (on a culprit during an episode) and the finished timestamp (in the final scrapes).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group

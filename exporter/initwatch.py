@@ -170,7 +170,7 @@ class InitWatch:
     def _check_in(self, store: dist.Store) -> None:
         hb = Heartbeat(
             store,
-            storekeys.init_run(self.run, settings.restart_count()),
+            storekeys.for_init(self.run, settings.restart_count()),
             self.rank,
             self.world_size,
             self._heartbeat_s,

@@ -1,16 +1,14 @@
 """Hold one instrumented rank together: its sources, its endpoint and its background threads.
 
-The :class:`Observer` builds the sources (recorder, comm hook, DataLoader and optimizer
-instrumentors, in-flight state), hands each exporting part the small things it reads (the
-collector a :class:`~exporter.export.collector.RankSources`, the hang watcher its identity,
-store and sources) and restores everything it patched in :meth:`Observer.close`. Settings are
-resolved before it is built (:func:`exporter.instrument`, :mod:`exporter.settings`).
+The :class:`Observer` builds the sources, hands each exporting part the small things it reads
+(the collector a :class:`~exporter.export.collector.RankSources`, the hang watcher its identity,
+store and sources) and restores everything it patched in :meth:`Observer.close`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,13 +17,14 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 from torch.nn.parallel import DistributedDataParallel
 
-from . import settings
+from . import settings, storekeys
 from .errors import ErrorCounter
 from .export import discovery
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
 from .hangs.watcher import HangWatcher
 from .log import log
+from .sources import ending
 from .sources.commhook import (
     CommHookInstrumentor,
     CommHookWrapper,
@@ -36,7 +35,8 @@ from .sources.flight import InFlight, pg_timeout_seconds
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.memory import MemorySource, cuda_memory_source
-from .sources.recorder import Recorder
+from .sources.recorder import Recorder, ThreadSections
+from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
 from .sources.walltime import JobClock
 
@@ -69,6 +69,7 @@ class Observer:
         otlp: bool | str = False,
         dump_dir: str = settings.DEFAULT_DUMP_DIR,
         job_clock: JobClock | None = None,
+        final_scrape_s: float = settings.DEFAULT_FINAL_SCRAPE_S,
     ) -> None:
         self.model = model
         self.identity = identity
@@ -78,11 +79,10 @@ class Observer:
         self.job_clock = job_clock if job_clock is not None else JobClock()
         self.errors = ErrorCounter()
         self._closed = False
-        if optimizer is not None:
-            mode = "optimizer"
-        else:
-            mode = "dataloader" if dataloader is not None else "comm_hook"
-        self.recorder = Recorder(mode)
+        self.end = ending.End()
+        self._final_scrape_s = final_scrape_s
+        self.recorder = Recorder("optimizer" if optimizer is not None else "dataloader"
+                                 if dataloader is not None else "comm_hook")  # fmt: skip
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.backend = dist.get_backend(model.process_group) if dist.is_initialized() else "none"
 
@@ -100,14 +100,15 @@ class Observer:
         self._comm.instrument()
         # The first forward opens the first step, whatever source closes steps.
         self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
-        self._loader = None
-        if dataloader is not None:
-            self._loader = DataLoaderInstrumentor(dataloader, self.recorder, self.errors)
-            self._loader.instrument()
-        self._optim = None
-        if optimizer is not None:
-            self._optim = OptimizerInstrumentor(optimizer, self.recorder, self.errors)
-            self._optim.instrument()
+        rec, err = self.recorder, self.errors
+        self._loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, rec, err)
+        self._optim = None if optimizer is None else OptimizerInstrumentor(optimizer, rec, err)
+        for part in (self._loader, self._optim):
+            if part is not None:
+                part.instrument()
+        # A checkpoint or evaluation in a declared section on the training thread is no step.
+        self._sections = ThreadSections(self.recorder, threading.main_thread().ident)
+        SECTIONS.listen(self._sections)
 
         # In-flight state: the Flight Recorder where it works, else our own bookkeeping.
         self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder)
@@ -121,33 +122,24 @@ class Observer:
         self.hangs: HangWatcher | None = None
         beat = endpoint.heartbeat_s
         if beat > 0 and store is not None:
+            keys = storekeys.for_run(identity.run, identity.attempt)
             self.heartbeat = self._started("heartbeat", lambda: Heartbeat(
-                store, self.run, self.rank, self.world_size, beat, monitor=self._monitor,
+                store, keys, self.rank, self.world_size, beat, monitor=self._monitor,
                 errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
         # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
         # nobody would decide a hang, so nothing is reported either.
         if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
             self.hangs = self._started("forensics", lambda: HangWatcher(
                 identity, store, inflight=self.inflight, recorder=self.recorder,
-                interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
+                sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
                 errors=self.errors).start())  # fmt: skip
 
-        self.collector = DDPCollector(
-            RankSources(
-                run=self.run,
-                rank=self.rank,
-                errors=self.errors,
-                info=self.info_labels,
-                recorder=self.recorder,
-                inflight=self.inflight,
-                job_clock=self.job_clock,
-                peer_ages=self.heartbeat.published_ages
-                if self.heartbeat is not None and self._monitor
-                else None,
-                memory=memory_source,
-                hangs=self.hangs,
-            )
-        )
+        peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
+        self.collector = DDPCollector(RankSources(
+            run=self.run, rank=self.rank, errors=self.errors, info=self.info_labels,
+            recorder=self.recorder, inflight=self.inflight, job_clock=self.job_clock,
+            peer_ages=peers, memory=memory_source, hangs=self.hangs,
+            finished=lambda: self.end.unix))  # fmt: skip
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
@@ -229,11 +221,7 @@ class Observer:
     @property
     def url(self) -> str | None:
         """Return this rank's metrics URL, or None when the endpoint is not serving."""
-        if self.port is None or self._server is None:
-            return None
-        addr = self._server.addr
-        host = socket.gethostname() if settings.is_all_interfaces(addr) else addr
-        return f"http://{host}:{self.port}/metrics"
+        return self._server.url if self._server is not None else None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -258,16 +246,25 @@ class Observer:
         """Say whether :meth:`close` ran."""
         return self._closed
 
-    def close(self) -> None:
-        """Stop serving, stop threads and restore every patched object; idempotent."""
+    def close(self, clean: bool | None = None) -> None:
+        """Stop serving, stop threads and restore every patched object; idempotent.
+
+        ``clean``: whether training ended normally; by default, yes unless an exception is
+        propagating (see :mod:`exporter.sources.ending`). A clean end is published
+        (``ddp_finished_timestamp_seconds``, the heartbeat and hang reports) and this call waits,
+        at most ``DDP_EXPORTER_FINAL_SCRAPE_S``, until every scraper has read it.
+        """
         if self._closed:
             return
         self._closed = True
         self._comm.uninstrument()
         self._forward_handle.remove()
+        SECTIONS.unlisten(self._sections)
         for part in (self._loader, self._optim):
             if part is not None:
                 part.uninstrument()
+        if ending.ending_cleanly() if clean is None else clean:
+            self._publish_end()
         for thread in (self.heartbeat, self.hangs, self._cuda):
             if thread is not None:
                 thread.close()
@@ -280,3 +277,16 @@ class Observer:
             self.discovery.close()
         if self._server is not None:
             self._server.close()
+
+    def close_at_exit(self) -> None:
+        """Close at interpreter exit: a clean end unless an uncaught exception ended the program."""
+        self.close(clean=ending.exiting_cleanly())
+
+    def _publish_end(self) -> None:
+        since = self._server.scrapers.now() if self._server is not None else 0.0
+        self.end.mark()
+        for part in (self.heartbeat, self.hangs):
+            if part is not None:
+                self._started("heartbeat" if part is self.heartbeat else "forensics", part.finish)
+        if self._server is not None and self._final_scrape_s > 0:
+            self._server.scrapers.wait_after(since, self._final_scrape_s)

@@ -26,6 +26,8 @@ Variable                        Meaning                                         
 ``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
                                 user-only permissions; see exporter.hangs).            exporter-
                                                                                        dumps
+``DDP_EXPORTER_FINAL_SCRAPE_S``  Most seconds a rank that ends cleanly waits for its    10
+                                scrapers to read its final state (``0``: no wait).
 ``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
                                 duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
                                 from the job's start (torchrun's start under
@@ -39,6 +41,8 @@ torchrun's placeholder ``none``), then to ``SLURM_JOB_ID`` (set by Slurm on ever
 job), then to ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between
 concurrent jobs), then to ``local``. An explicit rendezvous id (``torchrun --rdzv-id``) thus
 wins over the Slurm job id; pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way.
+A restarted job keeps its ``run``; the attempt (``ddp_rank_info{attempt}``) is torchrun's
+``TORCHELASTIC_RESTART_COUNT``, else Slurm's ``SLURM_RESTART_COUNT`` (a requeue), else ``0``.
 
 The advertised address defaults to the bind address when it names one interface; when bound
 to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
@@ -75,6 +79,7 @@ __all__ = [
     "ALL_INTERFACES",
     "DEFAULT_ADDR",
     "DEFAULT_DUMP_DIR",
+    "DEFAULT_FINAL_SCRAPE_S",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_PEER_SERIES",
     "DEFAULT_PORT",
@@ -82,6 +87,7 @@ __all__ = [
     "DUMP_DIR",
     "Endpoint",
     "FILE_SD",
+    "FINAL_SCRAPE_S",
     "FLIGHT_RECORDER",
     "GLOO_SOCKET_IFNAME",
     "HEARTBEAT_S",
@@ -104,6 +110,7 @@ __all__ = [
     "RUN",
     "SLURM_JOB_END_TIME",
     "SLURM_JOB_ID",
+    "SLURM_RESTART_COUNT",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
@@ -111,6 +118,8 @@ __all__ = [
     "WORLD_SIZE",
     "advertise_override",
     "agent_store_address",
+    "attempt",
+    "final_scrape_s",
     "bind_addr",
     "default_run",
     "dump_dir",
@@ -145,6 +154,7 @@ DUMP_DIR = "DDP_EXPORTER_DUMP_DIR"
 ADVERTISE_ADDR = "DDP_EXPORTER_ADVERTISE_ADDR"
 FILE_SD = "DDP_EXPORTER_FILE_SD"
 JOB_DEADLINE = "DDP_EXPORTER_JOB_DEADLINE"
+FINAL_SCRAPE_S = "DDP_EXPORTER_FINAL_SCRAPE_S"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
 
@@ -169,6 +179,8 @@ TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 SLURM_JOB_ID = "SLURM_JOB_ID"
+# How often Slurm requeued the job (the attempt of a requeued run).
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
 # Set by Slurm 23.02+ in the job's environment (Unix time the job's time limit ends it).
 SLURM_JOB_END_TIME = "SLURM_JOB_END_TIME"
 # Read by gloo and NCCL; the doctor checks that they name interfaces that exist.
@@ -186,6 +198,8 @@ DEFAULT_PEER_SERIES = 64
 #: Where dumps go unless ``dump_dir=`` / ``DDP_EXPORTER_DUMP_DIR`` say otherwise (relative to
 #: the working directory of each rank).
 DEFAULT_DUMP_DIR = "ddp-exporter-dumps"
+#: Most seconds a rank that ends cleanly waits for its scrapers to read its final state.
+DEFAULT_FINAL_SCRAPE_S = 10.0
 #: Bind addresses that mean "every interface": no single address to show or advertise.
 ALL_INTERFACES: tuple[str, ...] = ("", "0.0.0.0", "::")
 #: The versions compared across ranks (and the keys the test-only override accepts).
@@ -415,6 +429,24 @@ def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     return bool(_environ(environ).get(TORCHELASTIC_RUN_ID))
 
 
+def attempt(environ: Mapping[str, str] | None = None) -> str:
+    """Return which attempt of its run this process is: torchrun's restart, Slurm's requeue."""
+    environ = _environ(environ)
+    for name in (TORCHELASTIC_RESTART_COUNT, SLURM_RESTART_COUNT):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return str(int(value))
+    return "0"
+
+
+def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
+    """Return how long a clean end may wait for its final scrape (``DDP_EXPORTER_FINAL_SCRAPE_S``)."""
+    value = env_float(FINAL_SCRAPE_S, DEFAULT_FINAL_SCRAPE_S, environ)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{FINAL_SCRAPE_S}={value!r}: expected seconds >= 0")
+    return value
+
+
 def restart_count(environ: Mapping[str, str] | None = None) -> str:
     """Return torchrun's restart attempt (``0`` outside torchrun) as it names store keys."""
     return _environ(environ).get(TORCHELASTIC_RESTART_COUNT, "0")
@@ -443,6 +475,8 @@ class Identity:
     world_size: int
     local_rank: int
     run: str
+    #: Which attempt of the run this process is (``0`` unless restarted or requeued).
+    attempt: str = "0"
 
 
 def identity(
@@ -465,6 +499,7 @@ def identity(
         world_size=world,
         local_rank=env_int(LOCAL_RANK, 0, environ),
         run=run if run is not None else default_run(environ),
+        attempt=attempt(environ),
     )
 
 

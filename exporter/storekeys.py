@@ -1,61 +1,61 @@
 """Name every key the exporter writes into a c10d store, in one place.
 
-Every key starts with ``ddp_exporter/`` and, except the doctor's, with the run, so concurrent
-jobs sharing a store (torchrun's agent store, a Slurm job's rank 0) never read each other's
-keys. Heartbeats, discovery and hang forensics of one run share one namespace; the init watch
-beats under its own namespace per torchrun attempt (:func:`init_run`).
+Every key starts with ``ddp_exporter/``, the run and the attempt, so concurrent jobs sharing a
+store (torchrun's agent store, a Slurm job's rank 0) never read each other's keys, and a
+restarted attempt of a run never reads what its predecessor left in a store that outlived it.
+Heartbeats, discovery and hang watching of one attempt share one :class:`Keys`; the init watch
+beats under its own (:func:`for_init`); the doctor has its prefix per launch attempt.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "PREFIX",
-    "ack",
-    "doctor_prefix",
-    "episode",
-    "heartbeat",
-    "init_run",
-    "report",
-    "request",
-    "sd",
-]
+from dataclasses import dataclass
+
+__all__ = ["PREFIX", "Keys", "doctor_prefix", "for_init", "for_run"]
 
 PREFIX = "ddp_exporter"
 
 
-def heartbeat(run: str, rank: int) -> str:
-    """Return the key holding ``rank``'s heartbeat counter."""
-    return f"{PREFIX}/{run}/hb/{rank}"
+@dataclass(frozen=True)
+class Keys:
+    """The store keys of one attempt of a run (or of its init watch)."""
+
+    #: Every key of this attempt starts with it.
+    prefix: str
+
+    def heartbeat(self, rank: int) -> str:
+        """Return the key holding ``rank``'s heartbeat counter."""
+        return f"{self.prefix}/hb/{rank}"
+
+    def sd(self) -> str:
+        """Return the key the ranks append their discovery registrations to."""
+        return f"{self.prefix}/sd"
+
+    def episode(self) -> str:
+        """Return the hang-episode counter (bumped by the monitoring rank only)."""
+        return f"{self.prefix}/fx/episode"
+
+    def request(self) -> str:
+        """Return the key of the latest dump request."""
+        return f"{self.prefix}/fx/request"
+
+    def report(self, rank: int) -> str:
+        """Return ``rank``'s in-flight report, read by the monitoring rank's hang watcher."""
+        return f"{self.prefix}/fx/report/{rank}"
+
+    def ack(self, rank: int) -> str:
+        """Return ``rank``'s answer to the latest dump request (its summary)."""
+        return f"{self.prefix}/fx/ack/{rank}"
 
 
-def init_run(run: str, attempt: str) -> str:
-    """Return the ``run`` namespace the init watch of one torchrun attempt beats under."""
-    return f"{run}/init/{attempt}"
+def for_run(run: str, attempt: str = "0") -> Keys:
+    """Return the keys of one attempt of ``run`` while it trains."""
+    return Keys(f"{PREFIX}/{run}/attempt/{attempt}")
 
 
-def sd(run: str) -> str:
-    """Return the key the ranks of ``run`` append their discovery registrations to."""
-    return f"{PREFIX}/{run}/sd"
-
-
-def episode(run: str) -> str:
-    """Return the hang-episode counter of ``run`` (bumped by the monitoring rank only)."""
-    return f"{PREFIX}/{run}/fx/episode"
-
-
-def request(run: str) -> str:
-    """Return the key of the latest dump request of ``run``."""
-    return f"{PREFIX}/{run}/fx/request"
-
-
-def report(run: str, rank: int) -> str:
-    """Return ``rank``'s in-flight report, read by the monitoring rank's hang watcher."""
-    return f"{PREFIX}/{run}/fx/report/{rank}"
-
-
-def ack(run: str, rank: int) -> str:
-    """Return ``rank``'s answer to the latest dump request (its summary)."""
-    return f"{PREFIX}/{run}/fx/ack/{rank}"
+def for_init(run: str, attempt: str = "0") -> Keys:
+    """Return the keys the init watch of one attempt of ``run`` beats under."""
+    return Keys(f"{PREFIX}/{run}/init/{attempt}")
 
 
 def doctor_prefix(attempt: str) -> str:

@@ -184,19 +184,15 @@ class Job(Process):
         args: list[str],
         env: dict[str, str] | None = None,
         module: str = "exporter.tools.trainer",
+        torchrun: list[str] | None = None,
     ) -> None:
         self.nproc = nproc
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-        ]
+        extra = list(torchrun or [])
+        # The static rendezvous by default; a test may choose another (e.g. c10d for restarts).
+        rendezvous = [] if "--rdzv-backend" in extra else [
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               *rendezvous, *extra]  # fmt: skip
         cmd += ["-m", module] if not module.endswith(".py") else [module]
         cmd += args
         super().__init__(cmd, child_env(env), name="torchrun")

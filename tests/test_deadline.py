@@ -179,3 +179,61 @@ def test_exporter_failures_inside_a_section_never_reach_the_user_and_are_counted
     assert ran == [True]
     assert reg.errors.snapshot()["section"] == 1
     assert [s.name for s in reg.snapshot()] == ["new"]
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def section_begin(self) -> None:
+        self.calls.append(("begin", threading.get_ident()))
+
+    def section_end(self) -> None:
+        self.calls.append(("end", threading.get_ident()))
+
+
+def test_busy_while_a_section_runs_within_its_deadline_and_listeners_hear_of_it() -> None:
+    reg = SectionRegistry()
+    listener = _Listener()
+    reg.listen(listener)
+    section = deadline("checkpoint", seconds=60, registry=reg)
+    assert reg.busy() is None
+    with section:
+        assert reg.busy() == "checkpoint"
+        # Past its deadline the section no longer excuses the rank (the hang logic applies).
+        assert reg.busy(now_mono=time.monotonic() + 61) is None
+    assert reg.busy() is None
+    here = threading.get_ident()
+    assert listener.calls == [("begin", here), ("end", here)]
+    reg.unlisten(listener)
+    with section:
+        pass
+    assert len(listener.calls) == 2
+
+
+def test_a_failing_listener_is_counted_and_the_section_still_runs() -> None:
+    reg = SectionRegistry()
+
+    class Broken:
+        def section_begin(self) -> None:
+            raise RuntimeError("boom")
+
+        def section_end(self) -> None:
+            raise RuntimeError("boom")
+
+    reg.listen(Broken())
+    ran = []
+    with deadline("eval", seconds=60, registry=reg):
+        ran.append(True)
+    assert ran and _state(reg, "eval").runs == 1
+    assert reg.errors.snapshot()["section"] == 2
+
+
+def test_a_section_that_just_ended_still_excuses_for_a_grace_period() -> None:
+    reg = SectionRegistry()
+    with deadline("checkpoint", seconds=60, registry=reg):
+        pass
+    now = time.monotonic()
+    assert reg.busy(now_mono=now) is None
+    assert reg.busy(now_mono=now, grace_s=5) == "checkpoint"
+    assert reg.busy(now_mono=now + 6, grace_s=5) is None

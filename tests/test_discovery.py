@@ -39,14 +39,17 @@ def _labels(rank: int) -> dict[str, str]:
     return {"run": "r", "rank": str(rank), "local_rank": str(rank % 2), "node": f"n{rank // 2}"}
 
 
+KEYS = storekeys.for_run("r")
+
+
 def test_registration_is_one_store_write_and_the_list_grows_until_complete() -> None:
     store = CountingStore()
     errors = ErrorCounter()
     for rank in (0, 2):
         before = dict(store.calls)
-        discovery.register(store, "r", f"10.0.0.{rank}:19400", _labels(rank))
+        discovery.register(store, KEYS, f"10.0.0.{rank}:19400", _labels(rank))
         assert sum(store.calls.values()) - sum(before.values()) == 1
-    directory = discovery.Directory(store, "r", world_size=4, errors=errors, interval_s=3600)
+    directory = discovery.Directory(store, KEYS, world_size=4, errors=errors, interval_s=3600)
     directory.start()
     try:
         # Ranks 1 and 3 have not registered yet: the two that did are served already.
@@ -54,10 +57,10 @@ def test_registration_is_one_store_write_and_the_list_grows_until_complete() -> 
         assert [g["targets"] for g in groups] == [["10.0.0.0:19400"], ["10.0.0.2:19400"]]
         assert groups[1]["labels"] == _labels(2)
         assert not directory.complete
-        discovery.register(store, "r", "10.0.0.1:19400", _labels(1))
-        discovery.register(store, "r", "10.0.0.3:19400", _labels(3))
-        store.store.append(storekeys.sd("r"), b"not json\n")
-        discovery.register(store, "r", "10.0.0.1:19555", _labels(1))  # registered again
+        discovery.register(store, KEYS, "10.0.0.1:19400", _labels(1))
+        discovery.register(store, KEYS, "10.0.0.3:19400", _labels(3))
+        store.store.append(KEYS.sd(), b"not json\n")
+        discovery.register(store, KEYS, "10.0.0.1:19555", _labels(1))  # registered again
         reads = store.calls.get("get", 0)
         directory.refresh()
         assert store.calls["get"] == reads + 1  # one store read for the whole list

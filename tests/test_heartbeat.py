@@ -7,7 +7,16 @@ import torch.distributed as dist
 
 from exporter.errors import ErrorCounter
 from exporter.sources.heartbeat import LATE_AFTER_INTERVALS, Heartbeat
-from exporter.storekeys import heartbeat as heartbeat_key
+from exporter.storekeys import for_run
+
+KEYS = for_run("r")
+
+
+def heartbeat_key(run: str, rank: int) -> str:
+    """Return the counter key of ``rank`` (run "r", attempt 0)."""
+    assert run == "r"
+    return KEYS.heartbeat(rank)
+
 
 INTERVAL = 1.0
 
@@ -30,7 +39,7 @@ def store() -> dist.Store:
 def _monitor(store: dist.Store, clock: Clock, world: int, peer_series: int) -> Heartbeat:
     """Return a monitoring rank's Heartbeat driven by the test: no background thread."""
     hb = Heartbeat(
-        store, "r", 0, world, INTERVAL, monitor=True, errors=ErrorCounter(), clock=clock,
+        store, KEYS, 0, world, INTERVAL, monitor=True, errors=ErrorCounter(), clock=clock,
         peer_series=peer_series,
     )  # fmt: skip
     for peer in range(world):
@@ -79,3 +88,26 @@ def test_a_limit_of_zero_publishes_no_peer(store):
     _advance(store, clock, hb, 10, alive=[])
     assert hb.peer_ages() == [pytest.approx(10.0)] * 3
     assert hb.published_ages() == []
+
+
+def test_a_peer_that_ended_cleanly_is_not_published_as_late(store):
+    clock = Clock()
+    hb = _monitor(store, clock, world=3, peer_series=64)
+    peer = Heartbeat(store, KEYS, 2, 3, INTERVAL, monitor=False, errors=ErrorCounter())
+    peer.finish()  # rank 2 closed the exporter at the end of its training
+    _advance(store, clock, hb, 10 * INTERVAL, alive=[0, 1])
+    assert hb.finished_peers() == {2}
+    assert sorted(dict(hb.published_ages())) == [0, 1]
+
+
+def test_a_rank_instrumented_again_after_a_clean_end_is_not_finished(store):
+    clock = Clock()
+    first = Heartbeat(store, KEYS, 1, 2, INTERVAL, monitor=False, errors=ErrorCounter())
+    first.finish()
+    again = Heartbeat(store, KEYS, 1, 2, INTERVAL, monitor=False, errors=ErrorCounter())
+    again.start()
+    try:
+        hb = _monitor(store, clock, world=2, peer_series=64)
+        assert hb.finished_peers() == frozenset()
+    finally:
+        again.close()

@@ -75,7 +75,7 @@ def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
         assert _phase(s) == "process_group"
         assert value(s, catalog.INIT_STARTED.name, run="u", rank="0") <= time.time()
         # Rank 1 checks in through the same store, as its own watch would.
-        agent_env.add(storekeys.heartbeat(storekeys.init_run("u", "0"), 1), 1)
+        agent_env.add(storekeys.for_init("u", "0").heartbeat(1), 1)
         wait_for(
             lambda: _arrivals(parse(scrape_text(url))) == {0: 1, 1: 1, 2: 0},
             30,

@@ -50,7 +50,7 @@ ALLOWED = {
     "hangs": {"base", "sources", "hangs"},
     "observer": {"base", "sources", "export", "hangs", "observer"},
     "api": {"base", "sources", "observer", "api"},
-    "integrations": {"base", "observer", "api", "integrations"},
+    "integrations": {"base", "sources", "observer", "api", "integrations"},
     "mixin": {"base", "hangs", "mixin"},
     "tools": {"root", *LIBRARY, "mixin", "tools"},
 }

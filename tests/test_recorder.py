@@ -75,3 +75,72 @@ def test_histogram_is_cumulative_with_le_semantics():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="step mode"):
         Recorder("epoch")
+
+
+def _stepping(clock, rec, dt=0.1):
+    """Run one optimizer step of ``dt`` seconds of compute."""
+    rec.open_step()
+    clock.t += dt
+    rec.optimizer_begin()
+    rec.optimizer_end()
+
+
+def test_a_section_that_interrupts_training_is_left_out_of_its_step():
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    _stepping(clock, rec)  # step 1: 0.1 s
+    rec.section_begin()  # rank 0 saves a checkpoint between two steps
+    clock.t += 30.0
+    rec.section_end()
+    clock.t += 0.1
+    rec.optimizer_begin()
+    rec.optimizer_end()  # step 2: 0.1 s of compute, not 30.1
+    snap = rec.snapshot()
+    assert snap.steps == 2
+    assert snap.step_sum == pytest.approx(0.2)
+    assert snap.phase_sum[1] == pytest.approx(0.2)  # compute: the checkpoint is no straggler
+
+
+def test_a_section_with_training_inside_counts_as_usual():
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    rec.open_step()
+    rec.section_begin()  # e.g. with exporter.deadline("epoch", ...): train_epoch()
+    for _ in range(3):
+        clock.t += 1.0
+        rec.optimizer_begin()
+        rec.optimizer_end()
+    rec.section_end()
+    snap = rec.snapshot()
+    assert snap.steps == 3 and snap.step_sum == pytest.approx(3.0)
+
+
+def test_explicit_steps_inside_a_section_are_counted():
+    clock = Clock()
+    rec = Recorder("explicit", clock=clock)
+    rec.section_begin()  # an evaluation section made of exporter.step() blocks
+    clock.t += 5.0  # set-up before the first batch: no step yet, left out
+    for _ in range(2):
+        rec.open_step()
+        clock.t += 0.5
+        rec.boundary("explicit")
+    rec.section_end()
+    snap = rec.snapshot()
+    assert snap.steps == 2 and snap.step_sum == pytest.approx(1.0)
+
+
+def test_nested_sections_end_with_the_outer_one():
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    _stepping(clock, rec)
+    rec.section_begin()
+    clock.t += 1.0
+    rec.section_begin()
+    clock.t += 1.0
+    rec.section_end()
+    clock.t += 1.0
+    rec.section_end()
+    clock.t += 0.1
+    rec.optimizer_begin()
+    rec.optimizer_end()
+    assert rec.snapshot().step_sum == pytest.approx(0.2)

@@ -60,6 +60,8 @@ class RankSources:
     memory: MemorySource | None = None
     hangs: HangStatus | None = None
     sections: SectionRegistry = field(default=REGISTRY)
+    #: Returns the Unix time the rank ended cleanly, None while it trains.
+    finished: Callable[[], float | None] | None = None
 
 
 def family(m: c.MetricDef) -> Metric:
@@ -102,6 +104,7 @@ class DDPCollector(Collector):
             self._forensics,
             self._sections,
             self._job_clock,
+            self._end,
         ):
             try:
                 part(fams, base)
@@ -195,3 +198,8 @@ class DDPCollector(Collector):
             fams[c.JOB_DEADLINE.name].add_metric(base, clock.deadline_unix)
         if clock.total_steps is not None:
             fams[c.JOB_TOTAL_STEPS.name].add_metric(base, clock.total_steps)
+
+    def _end(self, fams: dict, base: list[str]) -> None:
+        finished = self._src.finished() if self._src.finished is not None else None
+        if finished is not None:
+            fams[c.FINISHED.name].add_metric(base, finished)

@@ -35,6 +35,7 @@ from typing import Any
 from .. import settings, storekeys
 from ..background import DONE, BackgroundLoop
 from ..errors import ErrorCounter
+from ..storekeys import Keys
 
 __all__ = [
     "MAX_REFRESH_S",
@@ -119,14 +120,14 @@ def target_group(target: str, labels: Mapping[str, str]) -> dict[str, Any]:
     return {"targets": [target], "labels": dict(labels)}
 
 
-def register(store: Any, run: str, target: str, labels: Mapping[str, str]) -> None:
-    """Register this rank's target group for ``run``: one store write.
+def register(store: Any, keys: Keys, target: str, labels: Mapping[str, str]) -> None:
+    """Register this rank's target group under ``keys`` (its run's attempt): one store write.
 
     The record is the target group itself, one JSON line, so the monitoring rank serves it
     as written; ``labels`` must hold the rank (``labels["rank"]``).
     """
     line = json.dumps(target_group(target, labels), separators=(",", ":")) + "\n"
-    store.append(storekeys.sd(run), line.encode())
+    store.append(keys.sd(), line.encode())
 
 
 class Directory:
@@ -135,13 +136,13 @@ class Directory:
     def __init__(
         self,
         store: Any,
-        run: str,
+        keys: Keys,
         world_size: int,
         errors: ErrorCounter,
         interval_s: float = REFRESH_S,
     ) -> None:
         self._store = store
-        self._key = storekeys.sd(run)
+        self._key = keys.sd()
         self.world_size = world_size
         self._errors = errors
         self._groups: dict[int, str] = {}  # rank -> its target group, serialised
@@ -288,6 +289,7 @@ class Discovery:
         self,
         *,
         store: Any | None,
+        keys: Keys,
         run: str,
         rank: int,
         local_rank: int,
@@ -319,12 +321,12 @@ class Discovery:
         if store is None:
             return
         try:
-            register(store, run, self.target, self.labels)
+            register(store, keys, self.target, self.labels)
         except Exception as exc:  # noqa: BLE001
             errors.record("discovery", exc)
         if monitor:
             try:
-                self.directory = Directory(store, run, world_size, errors)
+                self.directory = Directory(store, keys, world_size, errors)
                 self.directory.start()
             except Exception as exc:  # noqa: BLE001
                 errors.record("discovery", exc)
@@ -371,6 +373,7 @@ def start(
     try:
         found = Discovery(
             store=store,
+            keys=storekeys.for_run(identity.run, identity.attempt),
             run=identity.run,
             rank=identity.rank,
             local_rank=identity.local_rank,

@@ -1,19 +1,92 @@
-"""Serve a registry over HTTP on a background thread, without ever failing training."""
+"""Serve a registry over HTTP on a background thread, without ever failing training.
+
+The server also remembers who scrapes it and how often (:class:`Scrapers`), so that a rank
+ending cleanly can wait, briefly, until every scraper has read its final state.
+"""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from ..log import log
+from ..settings import is_all_interfaces
 
-__all__ = ["MetricsServer", "WSGIApp"]
+__all__ = ["MetricsServer", "Scrapers", "WSGIApp"]
 
 
 #: A WSGI application: what :meth:`MetricsServer.route` mounts on a path.
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class Scrapers:
+    """Remember when each scraper last read ``/metrics`` and how often it does.
+
+    A scraper is told apart by its address, user agent and Prometheus's scrape-timeout header:
+    two Prometheus servers of one version on one host with one scrape config look like one.
+
+    At most ``most`` scrapers are kept (the least recent one makes room), so a scan of the
+    port cannot grow it.
+    """
+
+    def __init__(self, most: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+        self._most = most
+        self._clock = clock
+        self._cond = threading.Condition()
+        #: scraper -> (start of its last scrape, seconds between its last two scrapes or None)
+        self._seen: dict[str, tuple[float, float | None]] = {}
+
+    def now(self) -> float:
+        """Return the time on this tracker's clock (for :meth:`wait_after`)."""
+        return self._clock()
+
+    def scraped(self, who: str) -> float:
+        """Note that ``who`` starts a scrape now; return the time."""
+        now = self._clock()
+        with self._cond:
+            last = self._seen.pop(who, None)
+            self._seen[who] = (now, now - last[0] if last else None)
+            while len(self._seen) > self._most:
+                self._seen.pop(next(iter(self._seen)))
+            self._cond.notify_all()
+        return now
+
+    def _recent(self, since: float) -> dict[str, float]:
+        return {
+            who: last + 1.5 * interval
+            for who, (last, interval) in self._seen.items()
+            if interval is not None and since - last < 3 * interval
+        }
+
+    def recent(self, since: float) -> list[str]:
+        """Return the scrapers :meth:`wait_after` would wait for, by name."""
+        with self._cond:
+            return sorted(self._recent(since))
+
+    def wait_after(self, since: float, cap: float) -> tuple[bool, float]:
+        """Wait until every recent scraper scraped at or after ``since``, at most ``cap`` s.
+
+        A scraper is recent when it scraped twice and its last scrape is less than three of its
+        intervals old; it is expected by its last scrape plus 1.5 intervals. Returns whether
+        every recent scraper came, and the seconds waited (0 when nobody scrapes).
+        """
+        start = self._clock()
+        with self._cond:
+            recent = self._recent(since)
+            if not recent:
+                return True, 0.0
+            end = min(start + cap, max(recent.values()))
+            while True:
+                missing = [who for who in recent if self._seen.get(who, (0.0,))[0] < since]
+                now = self._clock()
+                if not missing or now >= end:
+                    return not missing, now - start
+                self._cond.wait(end - now)
 
 
 class MetricsServer:
@@ -31,17 +104,34 @@ class MetricsServer:
         self._httpd: Any = None
         self._thread: Any = None
         self._routes: dict[str, WSGIApp] = {}
+        #: Who scrapes ``/metrics`` (every path but the mounted ones) and how often.
+        self.scrapers = Scrapers()
+
+    @property
+    def url(self) -> str | None:
+        """Return the metrics URL (the host name when bound to every interface), None unbound."""
+        if self.port is None:
+            return None
+        host = socket.gethostname() if is_all_interfaces(self.addr) else self.addr
+        return f"http://{host}:{self.port}/metrics"
 
     def route(self, path: str, app: WSGIApp) -> None:
         """Serve ``path`` with the WSGI ``app`` instead of the metrics handler."""
         self._routes[path] = app
 
     def _dispatch(self, metrics_app: WSGIApp) -> WSGIApp:
-        routes = self._routes
+        routes, scrapers = self._routes, self.scrapers
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            handler = routes.get(environ.get("PATH_INFO", ""), metrics_app)
-            return handler(environ, start_response)
+            handler = routes.get(environ.get("PATH_INFO", ""), None)
+            if handler is not None:
+                return handler(environ, start_response)
+            # Noted before the registry is collected: this scrape reads the state from now on.
+            scrapers.scraped(
+                f"{environ.get('REMOTE_ADDR')} {environ.get('HTTP_USER_AGENT')} "
+                f"{environ.get('HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS', '')}"
+            )
+            return metrics_app(environ, start_response)
 
         return app
 

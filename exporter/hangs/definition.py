@@ -9,12 +9,22 @@ than :meth:`HangPolicy.stall_seconds`: the larger of a floor and a multiple of t
 collective latency. While that holds, every rank whose last enqueued sequence number is below
 the group's maximum is *behind*: it never entered the collective the others wait in (the hung
 rank). Ranks are read milliseconds apart, so on a live job sequence numbers differ by one or two
-all the time; without an in-flight age past the threshold, a lag means nothing.
+all the time; without an in-flight age past the threshold, a lag means nothing. A rank that is
+itself stuck inside a collective past the threshold is waiting, not behind: either its reading
+is older than the others' (it has since left the collective they all passed), or every rank is
+stuck in collectives and the one that launched fewer is no culprit.
 
 When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
 every rank has sat in the same collective for longer than :meth:`HangPolicy.symmetric_seconds`
 the hang is *symmetric* (network or NCCL trouble: nobody is behind, everybody waits), which is
 when the watcher dumps for it.
+
+A job has edges. A rank inside a declared section (``exporter.deadline``) within its deadline
+is not hung: it is saving a checkpoint or evaluating, and the ranks waiting for it in a
+collective are not hung either. Such a rank is *excused* rather than behind; a stall whose
+ranks behind are all excused (or, with nobody behind, whose ranks are all inside sections) is
+of kind ``section`` and accuses nobody. Once the section passes its deadline it no longer
+excuses (DDPSectionOverdue names it, and the rank is behind again).
 """
 
 from __future__ import annotations
@@ -77,6 +87,8 @@ class SeqState:
     last_enqueued: float
     inflight_age: float
     timeout: float | None = None
+    #: The rank is inside a declared section within its deadline.
+    in_section: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,8 +96,9 @@ class HangFinding:
     """One stalled process group: who is behind, who waits, since how long."""
 
     pg: str
-    #: "behind" (some ranks never entered), "waiting" (stalled, nobody behind) or "symmetric"
-    #: (nobody behind and every rank inside the collective past the symmetric threshold).
+    #: "behind" (some ranks never entered), "waiting" (stalled, nobody behind), "symmetric"
+    #: (nobody behind and every rank inside the collective past the symmetric threshold) or
+    #: "section" (the ranks that hold it up are inside declared sections: nobody is accused).
     kind: str
     #: The highest sequence number any rank of the group entered.
     seq: float
@@ -97,6 +110,8 @@ class HangFinding:
     age: float
     #: The in-flight age that made it a hang, seconds.
     threshold: float
+    #: Ranks that hold the collective up from inside a declared section (not accused).
+    excused: tuple[int, ...] = ()
 
 
 def find_hangs(
@@ -120,10 +135,16 @@ def find_hangs(
         if age <= stall:
             continue
         top = max(s.last_enqueued for s in ranks)
-        behind = tuple(sorted(s.rank for s in ranks if s.last_enqueued < top))
+        late = [s for s in ranks if s.last_enqueued < top and s.inflight_age <= stall]
+        behind = tuple(sorted(s.rank for s in late if not s.in_section))
+        excused = tuple(sorted(s.rank for s in late if s.in_section))
         waiting = tuple(sorted(s.rank for s in ranks if s.inflight_age > stall))
         if behind:
-            out.append(HangFinding(pg, "behind", top, behind, waiting, age, stall))
+            out.append(HangFinding(pg, "behind", top, behind, waiting, age, stall, excused))
+            continue
+        if excused or all(s.in_section for s in ranks):
+            excused = excused or tuple(sorted(s.rank for s in ranks))
+            out.append(HangFinding(pg, "section", top, (), waiting, age, stall, excused))
             continue
         timeout = min((s.timeout for s in ranks if s.timeout), default=None)
         symmetric = policy.symmetric_seconds(normal_latency, timeout)

@@ -40,6 +40,7 @@ from ..settings import Identity
 from ..sources import flight
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
+from ..sources.sections import SectionRegistry
 from . import verdict as verdicts
 from .capture import capture, summarize
 from .definition import DEFAULT_POLICY, HangFinding, HangPolicy, SeqState, find_hangs
@@ -63,6 +64,7 @@ class HangWatcher:
         *,
         inflight: InFlight,
         recorder: Recorder,
+        sections: SectionRegistry,
         interval_s: float,
         monitor: bool,
         dump_dir: str,
@@ -72,6 +74,8 @@ class HangWatcher:
         self._store = store
         self._inflight = inflight
         self._recorder = recorder
+        self._sections = sections
+        self._finished = False
         self._run = identity.run
         self.rank = identity.rank
         self.world_size = identity.world_size
@@ -80,10 +84,11 @@ class HangWatcher:
         self.dump_dir = dump_dir
         self.policy = policy
         self._errors = errors
-        self._episode_key = storekeys.episode(self._run)
-        self._request_key = storekeys.request(self._run)
-        self._report_keys = [storekeys.report(self._run, r) for r in range(self.world_size)]
-        self._ack_keys = [storekeys.ack(self._run, r) for r in range(self.world_size)]
+        keys = storekeys.for_run(identity.run, identity.attempt)
+        self._episode_key = keys.episode()
+        self._request_key = keys.request()
+        self._report_keys = [keys.report(r) for r in range(self.world_size)]
+        self._ack_keys = [keys.ack(r) for r in range(self.world_size)]
         self._main_ident = threading.main_thread().ident
         self._loop = BackgroundLoop(
             "ddp-exporter-forensics",
@@ -116,6 +121,11 @@ class HangWatcher:
         self._answered = int(self._store.add(self._episode_key, 0))
         self._loop.start()
         return self
+
+    def finish(self) -> None:
+        """Report that this rank ended cleanly: the monitoring rank stops counting it."""
+        self._finished = True
+        self._store.set(self._report_keys[self.rank], self._report())
 
     def close(self) -> None:
         """Stop the thread (a daemon: it may be stuck on a dead store)."""
@@ -153,6 +163,10 @@ class HangWatcher:
                 "n": self._tick,
                 "pgs": [[s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s] for s in states],
                 "lat": self._latency(),
+                # Inside a declared section within its deadline (or just out of one, while the
+                # ranks it held up finish their collective): excused, not hung.
+                "sec": self._sections.busy(grace_s=2 * self.interval) is not None,
+                "fin": self._finished,
             }
         )
 
@@ -273,12 +287,15 @@ class HangWatcher:
         states, lats, last = [], [], {}
         for rank, (value, seen_at) in enumerate(self._seen):
             rep = json.loads(value)
+            if rep.get("fin"):
+                continue  # ended cleanly: gone, neither behind nor waiting
             if rep.get("lat"):
                 lats.append(float(rep["lat"]))
+            section = bool(rep.get("sec"))
             # The report is up to an interval old: age it by the time since it changed.
             for pg, enq, age, tmo in rep.get("pgs", []):
                 age = float(age) + (now - seen_at) if age else 0.0
-                states.append(SeqState(rank, str(pg), float(enq), age, tmo))
+                states.append(SeqState(rank, str(pg), float(enq), age, tmo, section))
                 last[(rank, str(pg))] = enq
         lats.sort()
         normal = lats[len(lats) // 2] if lats else None

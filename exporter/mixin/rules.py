@@ -8,6 +8,12 @@ Two design truths shape the alerts. A straggler shows the SHORTEST collective la
 its peers wait for it inside the allreduce, so stragglers are blamed by compute and data time per
 step, never by collective latency. A hung rank is the one whose collective sequence number stops
 advancing, so timeouts name the ranks whose ``last_enqueued_seq`` is behind the run's maximum.
+
+A third: a job has edges. A rank inside a declared section within its deadline is not hung, nor
+are the ranks it holds up; a rank that ended cleanly (``ddp_finished_timestamp_seconds``) is not
+down, and a run whose ranks all vanish together is one fact (DDPJobKilled), not one page per rank.
+Conditions of the whole run (stalled, killed, slower, a symmetric hang, stuck in init) are one
+alert per run; conditions of one rank name the rank.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from .render import dump_yaml
 
 __all__ = [
     "ALERT_NAMES",
+    "RUN_ALERTS",
     "Alert",
     "Recorded",
     "alerts",
@@ -36,6 +43,7 @@ __all__ = [
 #: Every alert the mixin defines, in the order of the runbook.
 ALERT_NAMES: tuple[str, ...] = (
     "DDPRankDown",
+    "DDPJobKilled",
     "DDPTrainingStalled",
     "DDPCollectiveTimeoutImminent",
     "DDPCollectiveStalled",
@@ -46,6 +54,15 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPInitStuck",
     "DDPVersionSkew",
     "DDPSectionOverdue",
+    "DDPJobWillMissDeadline",
+)
+
+#: Alerts that are one per run (a condition of the whole run: no ``rank`` label). The collective
+#: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
+RUN_ALERTS: tuple[str, ...] = (
+    "DDPJobKilled",
+    "DDPTrainingStalled",
+    "DDPThroughputDrop",
     "DDPJobWillMissDeadline",
 )
 
@@ -69,6 +86,7 @@ class Recorded:
     """Name the recorded series of one configuration (windows are part of the names)."""
 
     steps_rate: str
+    steps_rate_run: str
     step_mean: str
     step_p90: str
     phase_mean: str
@@ -88,6 +106,7 @@ class Recorded:
     peer_heartbeat_age: str
     gpu_reserved_ratio: str
     errors_rate: str
+    in_section: str
     version_sets: str
     version: str
     version_ranks: str
@@ -104,6 +123,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
     seq = catalog.LAST_ENQUEUED_SEQ.name
     return Recorded(
         steps_rate=f"run_rank:{_base(catalog.STEPS)}:rate{w}",
+        steps_rate_run=f"run:{_base(catalog.STEPS)}:max_rate{w}",
         step_mean=f"run_rank:{catalog.STEP_DURATION.name}:mean_rate{w}",
         step_p90=f"run_rank:{catalog.STEP_DURATION.name}:p90_rate{w}",
         phase_mean=f"run_rank:{phase}:mean_rate{w}",
@@ -123,6 +143,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
         errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
+        in_section=f"run_rank:{catalog.SECTION_STARTED.name}:within_deadline",
         version_sets=f"run:{catalog.RANK_INFO.name}:version_sets",
         version=f"run_rank_field:{catalog.RANK_INFO.name}:version",
         version_ranks=f"run_field_version:{catalog.RANK_INFO.name}:count",
@@ -168,6 +189,8 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
     last_seq = f"last_over_time({sel(catalog.LAST_ENQUEUED_SEQ)}[{cfg.baseline_window}])"
     step = [
         {"record": r.steps_rate, "expr": f"sum by (run, rank) (rate({sel(catalog.STEPS)}[{w}]))"},
+        # DDP ranks step in lockstep: the run's rate is any rank's; max keeps a rank that left.
+        {"record": r.steps_rate_run, "expr": f"max by (run) ({r.steps_rate})"},
         {"record": r.step_mean, "expr": _mean_rate(cfg, catalog.STEP_DURATION, "run, rank", w)},
         {"record": r.step_p90, "expr": _p90(cfg, catalog.STEP_DURATION, "run, rank", w)},
         {
@@ -245,6 +268,18 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
             "expr": (
                 f"max by (run, rank) ({sel(catalog.GPU_MEM_RESERVED)})\n/ on (run, rank)\n"
                 f"(max by (run, rank) ({sel(catalog.GPU_MEM_TOTAL)}) > 0)"
+            ),
+        },
+        {
+            # 1 for each rank running a declared section within its deadline (its checkpoint
+            # or evaluation excuses it, and the ranks it holds up, from the hang alerts).
+            "record": r.in_section,
+            "expr": (
+                "max by (run, rank) (\n"
+                f"  max by (run, rank, section) (time() - {sel(catalog.SECTION_STARTED)})\n"
+                "  <= on (run, rank, section)\n"
+                f"  max by (run, rank, section) ({sel(catalog.SECTION_DEADLINE)})\n"
+                ") * 0 + 1"
             ),
         },
         {
@@ -335,15 +370,57 @@ def _role(expr: str, role: str) -> str:
     return f'label_replace(\n{expr},\n"role", "{role}", "run", ".*")'
 
 
-def _name_collective_ranks(r: Recorded, run_pg_condition: str, rank_condition: str) -> str:
-    """Return an expr naming ranks of a stuck (run, pg): those behind, else those waiting.
+def _every_rank_in_section(cfg: MixinConfig, r: Recorded) -> str:
+    """Return a (run) vector of the runs whose every reporting rank is in a declared section."""
+    info = selector(cfg, catalog.RANK_INFO.name)
+    return (
+        f"count by (run) ({r.in_section})\n>= on (run)\n"
+        f"count by (run) (max by (run, rank) ({info}))"
+    )
 
-    ``run_pg_condition`` is a (run, pg) vector whose value is carried over; ``rank_condition`` a
-    (run, rank, pg) vector used only when no rank of the (run, pg) is behind (e.g. it died).
+
+def _finished_ranks(cfg: MixinConfig) -> str:
+    """Return a (run, rank) vector of the ranks that ended cleanly within the baseline window."""
+    return (
+        f"max by (run, rank) (last_over_time({selector(cfg, catalog.FINISHED.name)}"
+        f"[{cfg.baseline_window}]))"
+    )
+
+
+def _name_collective_ranks(
+    cfg: MixinConfig, r: Recorded, run_pg_condition: str, rank_condition: str
+) -> str:
+    """Return an expr naming the ranks behind in a stuck (run, pg), else the stuck (run, pg).
+
+    ``run_pg_condition`` is a (run, pg) vector whose value is carried over to each rank behind
+    (role=behind: a condition of that rank). A rank inside a declared section within its
+    deadline, or one that ended cleanly, is not behind: it is saving, evaluating or gone, and
+    the ranks it holds up are not stuck either. With nobody behind, ``rank_condition`` (a
+    (run, rank, pg) vector) says whether ranks are stuck inside the collective: one alert per
+    (run, pg) (role=waiting: a condition of the run), unless every rank is in a section.
     """
-    behind = f"({r.seq_behind} > 0) * 0\n+ on (run, pg) group_left ()\n({run_pg_condition})"
-    waiting = f"({rank_condition})\nunless on (run, pg)\n({r.seq_behind} > 0)"
+    # Behind: a lower sequence number, and not itself stuck inside a collective (one that is
+    # waits, as the hang definition says: its reading is older, or nobody is to blame).
+    late = f"({r.seq_behind} > 0)\n  unless on (run, rank, pg)\n  ({rank_condition})"
+    excused = f"{r.in_section}\nor on (run, rank)\n{_finished_ranks(cfg)}"
+    behind = (
+        f"(\n  {late}\n  unless on (run, rank)\n  ({excused})\n) * 0\n"
+        f"+ on (run, pg) group_left ()\n({run_pg_condition})"
+    )
+    waiting = (
+        f"max by (run, pg) ({rank_condition})\nunless on (run, pg)\n({late})\n"
+        f"unless on (run)\n({_every_rank_in_section(cfg, r)})"
+    )
     return f"{_role(behind, 'behind')}\nor\n{_role(waiting, 'waiting')}"
+
+
+_WHO_COLLECTIVE = (
+    '{{ if eq $labels.role "behind" }}Rank {{ $labels.rank }} is behind: its last enqueued '
+    "sequence number is below the run's maximum, so it never entered the collective (the hung "
+    "rank; a rank in a declared section within its deadline is never named).{{ else }}No rank "
+    "is visibly behind: the ranks are stuck inside the collective (waiting), the condition of "
+    "the whole process group.{{ end }}"
+)
 
 
 def hang_location(cfg: MixinConfig = DEFAULT) -> str:
@@ -367,8 +444,8 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     """Return every alert of ``cfg``, grouped by alert name in :data:`ALERT_NAMES` order."""
     r = recorded(cfg)
     up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
-    hb = selector(cfg, catalog.HEARTBEAT.name)
     inflight = selector(cfg, catalog.INFLIGHT_AGE.name)
+    runs_total = selector(cfg, catalog.SECTION_RUNS.name)
     blame = "|".join(BLAME_PHASES)
     stall_bound = (
         f"clamp_min(\n  {cfg.stall_latency_factor:g} * (max by (run, pg) "
@@ -378,30 +455,34 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     )
     where = "rank {{ $labels.rank }} of run {{ $labels.run }}"
     stale = f"{cfg.heartbeat_stale_seconds:g}"
+    info = selector(cfg, catalog.RANK_INFO.name)
     out = [
         Alert(
             "DDPRankDown",
             "critical",
             (
-                f"max by (run, rank) ({up} == 0)\nor\n"
-                f"max by (run, rank) ({r.peer_heartbeat_age} > {stale})\nor\n"
-                "max by (run, rank) (\n"
-                f"  (max by (run, rank) (last_over_time({hb}[{cfg.baseline_window}]))"
-                f"\n   unless on (run, rank) max by (run, rank) ({hb}))\n"
-                f"  and on (run) max by (run) ({hb})\n)"
+                f"(\n  max by (run, rank) ({up} == 0)\n  or\n"
+                f"  max by (run, rank) ({r.peer_heartbeat_age} > {stale})\n  or\n"
+                f"  max by (run, rank) (last_over_time({info}[{cfg.baseline_window}]))\n"
+                f"  unless on (run, rank) max by (run, rank) ({info})\n)\n"
+                f"unless on (run, rank)\n{_finished_ranks(cfg)}\n"
+                f"and on (run)\nmax by (run) ({info})"
             ),
             cfg.rank_down_for,
-            "A training rank is down: its endpoint is unreachable, its heartbeat is stale, "
-            "or it vanished.",
+            "A training rank is down while the rest of its run goes on.",
             (
                 f"{where.capitalize()} is down: its scrape target is down, the monitoring rank "
                 "has not "
                 f"seen its heartbeat for over {cfg.heartbeat_stale_seconds:g}s, or its series "
-                "disappeared while the rest of the run still reports."
+                "disappeared, while the rest of the run still reports and the rank did not end "
+                "cleanly."
             ),
             "The rank's process died, its host is gone, or it stopped heartbeating (hard hang). "
             "DDP cannot make progress without it; the other ranks will block in their next "
-            "collective until the collective timeout kills the job.",
+            "collective until the collective timeout kills the job. A rank that ended cleanly "
+            "(`ddp_finished_timestamp_seconds` in its final scrapes) is never down, and when "
+            "every rank of the run is gone at once the run is killed (DDPJobKilled), not one "
+            "page per rank.",
             "Liveness dashboard: `up` per rank, heartbeat age, and peer heartbeat ages published "
             "by rank 0 (they keep counting for a rank whose endpoint is gone).",
             "Check the rank's process and host (OOM killer, node failure, `dmesg`, the launcher "
@@ -409,23 +490,61 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "the job from the last checkpoint once the node is healthy.",
         ),
         Alert(
+            "DDPJobKilled",
+            "critical",
+            (
+                f"count by (run) (\n"
+                f"  max by (run, rank) (last_over_time({info}[{cfg.baseline_window}]))\n"
+                f"  unless on (run, rank) max by (run, rank) ({info})\n)\n"
+                f"unless on (run)\nmax by (run) ({info})\n"
+                f"unless on (run)\nmax by (run) ({_finished_ranks(cfg)})"
+            ),
+            cfg.rank_down_for,
+            "Every rank of a run stopped reporting without a clean end: the job was killed.",
+            (
+                "Run {{ $labels.run }} is gone: its {{ $value }} rank(s) stopped reporting "
+                "within the last "
+                f"{cfg.baseline_window} and none ended cleanly (a finished job publishes "
+                "ddp_finished_timestamp_seconds before it exits)."
+            ),
+            "The whole job disappeared at once without finishing: the scheduler killed it (time "
+            "limit, preemption, a cancelled job), a node's failure took the launcher with it, "
+            "the job crashed on every rank, or Prometheus lost the network to all of its "
+            "nodes. One alert for the run, not one per rank; it resolves by itself "
+            f"{cfg.baseline_window} after the last scrape, or when the run reports again (a "
+            "restarted attempt).",
+            "Liveness dashboard: every rank of the run went down together; the scheduler's "
+            "record of the job (`sacct -j`, `kubectl describe`) says why.",
+            "Read the scheduler's reason and the launcher's log. If the job hit its time limit, "
+            "see DDPJobWillMissDeadline; resubmit from the last checkpoint.",
+        ),
+        Alert(
             "DDPTrainingStalled",
             "critical",
-            f"{r.steps_rate} == 0",
-            cfg.training_stalled_for,
-            "Training made no step progress although the rank is still reporting.",
             (
-                f"{where.capitalize()} completed no training step in the last {cfg.rate_window} "
-                f"for {cfg.training_stalled_for}, while its exporter is still scraped."
+                f"count by (run) ({r.steps_rate} == 0)\nunless on (run)\n"
+                f"max by (run) ({r.in_section})"
             ),
-            "No rank advances: a hung collective, a dead peer, a stuck data loader, a long "
-            "checkpoint or evaluation. Every rank of the run shows it; the cause is usually named "
-            "by DDPCollectiveTimeoutImminent or DDPRankDown for the same run.",
+            cfg.training_stalled_for,
+            "Training made no step progress although the run's ranks are still reporting.",
+            (
+                "{{ $value }} rank(s) of run {{ $labels.run }} completed no training step in the "
+                f"last {cfg.rate_window} for {cfg.training_stalled_for}, while their exporters "
+                "are still scraped and no rank runs a declared section within its deadline."
+            ),
+            "No rank advances: a hung collective, a dead peer, a stuck data loader, a "
+            "checkpoint or evaluation that was not declared (`exporter.deadline`). One alert for "
+            "the run; the cause is usually named by DDPCollectiveTimeoutImminent, "
+            "DDPCollectiveStalled or DDPRankDown for the same run. While any rank of the run is "
+            "inside a declared section within its deadline the run is excused; past the "
+            "deadline DDPSectionOverdue names the section.",
             "Overview dashboard: steps/s per rank is flat at zero. Collectives dashboard: "
             "in-flight age and sequence-number lag show whether a collective is stuck and which "
             "rank is behind.",
             "Look for a concurrent DDPCollectiveTimeoutImminent / DDPRankDown naming a rank and "
-            "follow that runbook. Otherwise take stack dumps of all ranks (`py-spy dump`).",
+            "follow that runbook. Otherwise take stack dumps of all ranks (`py-spy dump`). Wrap "
+            "checkpoints and evaluation in `exporter.deadline(...)` so that they are not taken "
+            "for a stall.",
         ),
     ]
     for severity, ratio in (
@@ -437,7 +556,10 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 "DDPCollectiveTimeoutImminent",
                 severity,
                 _name_collective_ranks(
-                    r, f"{r.inflight_ratio_run} > {ratio:g}", f"{r.inflight_ratio_rank} > {ratio:g}"
+                    cfg,
+                    r,
+                    f"{r.inflight_ratio_run} > {ratio:g}",
+                    f"{r.inflight_ratio_rank} > {ratio:g}",
                 ),
                 cfg.timeout_for,
                 f"A collective has used over {ratio:.0%} of its timeout; the job will be killed "
@@ -445,10 +567,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 (
                     "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} "
                     "has been in flight for {{ $value | humanizePercentage }} of its timeout. "
-                    'Rank {{ $labels.rank }} is {{ $labels.role }}: "behind" means its '
-                    "last enqueued sequence number is below the run's maximum, so it never entered "
-                    'the collective (the hung rank); "waiting" means no rank is visibly behind and '
-                    "this rank is stuck inside the collective."
+                    + _WHO_COLLECTIVE
                 )
                 + hang_location(cfg),
                 "A collective (DDP's gradient allreduce) is not completing. The rank labelled "
@@ -469,6 +588,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "DDPCollectiveStalled",
             "warning",
             _name_collective_ranks(
+                cfg,
                 r,
                 f"{r.inflight_max_run}\n> on (run, pg)\n({stall_bound})",
                 f"max by (run, rank, pg) ({inflight})\n> on (run, pg) group_left ()\n"
@@ -480,9 +600,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} has been "
                 "in flight for {{ $value | humanizeDuration }}, over "
                 f"{cfg.stall_latency_factor:g}x the run's normal latency (and at least "
-                f"{cfg.stall_min_seconds:g}s). "
-                "Rank {{ $labels.rank }} is {{ $labels.role }} "
-                "(behind = never entered the collective; waiting = stuck inside it)."
+                f"{cfg.stall_min_seconds:g}s). " + _WHO_COLLECTIVE
             )
             + hang_location(cfg),
             "Collective latency normally stays near its recent mean; an in-flight age many times "
@@ -543,18 +661,23 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "DDPThroughputDrop",
             "warning",
             (
-                f"({r.steps_rate} > 0)\n< {cfg.throughput_drop_ratio:g} * "
-                f"avg_over_time({r.steps_rate}[{cfg.baseline_window}])"
+                f"({r.steps_rate_run} > 0)\n< {cfg.throughput_drop_ratio:g} * "
+                f"avg_over_time({r.steps_rate_run}[{cfg.baseline_window}])\n"
+                f"unless on (run)\nmax by (run) ({r.in_section})\n"
+                # A section that just ended still weighs on the rate window.
+                f"unless on (run)\nmax by (run) (changes({runs_total}[{cfg.rate_window}]) > 0)"
             ),
             cfg.throughput_for,
             "Training throughput fell well below its own recent past.",
             (
-                f'Steps/s on {where} is {{{{ $value | printf "%.3g" }}}}, below '
+                'Steps/s of run {{ $labels.run }} is {{ $value | printf "%.3g" }}, below '
                 f"{cfg.throughput_drop_ratio:.0%} of its average over the last "
                 f"{cfg.baseline_window}."
             ),
             "The job still progresses but much slower than it did recently: a new straggler, "
-            "input pipeline trouble, network degradation, or a change in the workload.",
+            "input pipeline trouble, network degradation, or a change in the workload. DDP's "
+            "ranks step together, so this is one alert for the run; a declared section "
+            "(checkpoint, evaluation) that is running or just ended is not a drop.",
             "Overview dashboard: steps/s and step time per rank; Stragglers: which phase grew.",
             "Look for a concurrent DDPRankStraggler or DDPInputBound on the same run and follow "
             "it; otherwise compare the phase split before and after the drop.",
@@ -685,8 +808,8 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
 
     The monitoring rank publishes ``ddp_init_peer_arrived`` 0 for peers that have not checked in
     through torchrun's store (role=missing names them: the others only wait for them). Without
-    such peers (or without the store: srun), every rank still in a phase other than done after
-    ``init_stuck_seconds`` is named (role=waiting).
+    such peers (or without the store: srun), a run with ranks still in a phase other than done
+    after ``init_stuck_seconds`` is one alert (role=waiting, a condition of the run).
     """
     started = f"max by (run, rank) ({selector(cfg, catalog.INIT_STARTED.name)})"
     waited = f"(time() - {started} > {cfg.init_stuck_seconds:g})"
@@ -699,7 +822,10 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
         f"    {not_arrived} * 0\n    + on (run, rank) group_left ()\n    {waited},\n"
         '    "rank", "$1", "peer_rank", "(.*)"\n  )\n)'
     )
-    waiting = f"{waited}\nand on (run, rank)\n{in_init}\nunless on (run)\n{missing}"
+    waiting = (
+        f"max by (run) (\n  {waited}\n  and on (run, rank)\n  {in_init}\n)\n"
+        f"unless on (run)\n{missing}"
+    )
     return Alert(
         "DDPInitStuck",
         "critical",
@@ -708,18 +834,20 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
         "The job is stuck in initialisation: a rank never arrived or the process group never "
         "formed.",
         (
-            "Rank {{ $labels.rank }} of run {{ $labels.run }} is {{ $labels.role }} after "
-            "{{ $value | humanizeDuration }} of init: "
-            '"missing" means it never checked in through the launcher\'s store (the monitoring '
-            'rank has waited that long for it); "waiting" means it started the init watch that '
-            "long ago and its process group does not exist yet."
+            '{{ if eq $labels.role "missing" }}Rank {{ $labels.rank }} of run {{ $labels.run }} '
+            "never checked in through the launcher's store: the monitoring rank has waited "
+            "{{ $value | humanizeDuration }} for it.{{ else }}The ranks of run "
+            "{{ $labels.run }} are waiting: the first started the init watch "
+            "{{ $value | humanizeDuration }} ago and their process group does not exist "
+            "yet.{{ end }}"
         ),
         (
             "The ranks called exporter.watch_init() but init_process_group has not completed "
             f"after {cfg.init_stuck_seconds:g}s. init_process_group waits for every rank, so one "
             "rank that never arrives holds all of them: role=missing names it. With no rank "
-            "missing (or without torchrun's agent store to check in with), every rank still in "
-            "init is named with role=waiting. Seed causes:\n\n"
+            "missing (or without torchrun's agent store to check in with), the run is one "
+            "alert with role=waiting (see each rank's init phase for who waits). Seed "
+            "causes:\n\n"
             "- **Port blocked**: a firewall blocks MASTER_PORT; the rank stays in phase `store` "
             "(it cannot reach the launcher's store) and the log says so once.\n"
             "- **Rank not started**: scheduler, container pull, a crash on import; the rank has "

@@ -19,16 +19,19 @@ import threading
 import time
 from typing import Any
 
-from .. import storekeys
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..settings import DEFAULT_PEER_SERIES
+from ..storekeys import Keys
 
-__all__ = ["LATE_AFTER_INTERVALS", "Heartbeat"]
+__all__ = ["END_MARK", "LATE_AFTER_INTERVALS", "Heartbeat"]
 
 #: A live peer's age stays under about two intervals (its beats and the polls drift apart);
 #: a peer unchanged for longer than this many intervals is late and always a candidate.
 LATE_AFTER_INTERVALS = 3
+#: Added to a rank's counter when it ends cleanly: a peer whose counter is at least this much
+#: has finished, it is not late (``add`` is the only write, so the mark rides on the counter).
+END_MARK = 1 << 40
 
 
 class Heartbeat:
@@ -37,7 +40,7 @@ class Heartbeat:
     def __init__(
         self,
         store: Any,
-        run: str,
+        keys: Keys,
         rank: int,
         world_size: int,
         interval_s: float,
@@ -47,14 +50,15 @@ class Heartbeat:
         peer_series: int = DEFAULT_PEER_SERIES,
     ) -> None:
         self._store = store
-        self._key = storekeys.heartbeat(run, rank)
-        self._keys = [storekeys.heartbeat(run, r) for r in range(world_size)]
+        self._key = keys.heartbeat(rank)
+        self._keys = [keys.heartbeat(r) for r in range(world_size)]
         self._interval = interval_s
         self._clock = clock
         self.monitor = monitor
         self.peer_series = peer_series
         self._lock = threading.Lock()
         self._seen: list[tuple[bytes, float]] | None = None
+        self._done: frozenset[int] = frozenset()
         self._paused = threading.Event()  # set: stop beating (tests simulate a frozen rank)
         self._loop = BackgroundLoop(
             "ddp-exporter-heartbeat", self._tick, interval_s, errors=errors, where="heartbeat"
@@ -62,7 +66,9 @@ class Heartbeat:
 
     def start(self) -> Heartbeat:
         """Beat once synchronously (peers see this rank at once), then in the background."""
-        self._beat()
+        if self._store.add(self._key, 1) >= END_MARK:
+            # An earlier instrument() of this process ended cleanly: this one runs again.
+            self._store.add(self._key, -END_MARK)
         if self.monitor:
             for key in self._keys:
                 self._store.add(key, 0)  # create missing keys without clobbering live ones
@@ -77,6 +83,10 @@ class Heartbeat:
         """Read every peer's counter once (the monitoring rank's thread does so each interval)."""
         values = self._store.multi_get(self._keys)
         now = self._clock()
+        # A clean end adds END_MARK: with 13 digits or more a counter is surely marked.
+        done = frozenset(
+            peer for peer, v in enumerate(values) if len(v) >= 13 and _count(v) >= END_MARK
+        )
         with self._lock:
             if self._seen is None:
                 self._seen = [(v, now) for v in values]
@@ -84,6 +94,7 @@ class Heartbeat:
                 self._seen = [
                     (v, t if v == old else now) for v, (old, t) in zip(values, self._seen)
                 ]
+            self._done = done
 
     def _tick(self) -> None:
         # A dead store raises here: the loop counts it and training goes on.
@@ -99,6 +110,10 @@ class Heartbeat:
         else:
             self._paused.clear()
 
+    def finish(self) -> None:
+        """Mark this rank's counter as ended cleanly (the monitoring rank stops counting it)."""
+        self._store.add(self._key, END_MARK)
+
     def peer_ages(self) -> list[float]:
         """Return seconds since each peer's counter last changed (monitoring rank only)."""
         now = self._clock()
@@ -107,13 +122,21 @@ class Heartbeat:
                 return []
             return [now - t for _, t in self._seen]
 
+    def finished_peers(self) -> frozenset[int]:
+        """Return the peers that ended cleanly, as of the last poll (monitoring rank only)."""
+        return self._done
+
     def published_ages(self) -> list[tuple[int, float]]:
-        """Return the ``(peer, age)`` pairs to publish, by peer; see the module docstring."""
-        ages = self.peer_ages()
-        if len(ages) <= self.peer_series:
-            return list(enumerate(ages))
+        """Return the ``(peer, age)`` pairs to publish, by peer; see the module docstring.
+
+        A peer that ended cleanly is left out: it is gone, not late.
+        """
+        done = self.finished_peers()
+        ages = [(peer, age) for peer, age in enumerate(self.peer_ages()) if peer not in done]
+        if len(ages) + len(done) <= self.peer_series:
+            return ages
         late_after = LATE_AFTER_INTERVALS * self._interval
-        late = [(peer, age) for peer, age in enumerate(ages) if age > late_after]
+        late = [(peer, age) for peer, age in ages if age > late_after]
         if len(late) > self.peer_series:
             late = heapq.nlargest(self.peer_series, late, key=lambda pa: pa[1])
         return sorted(late)
@@ -136,3 +159,10 @@ class Heartbeat:
     def close(self) -> None:
         """Stop the thread (it may be stuck on a dead store; it is a daemon then)."""
         self._loop.close()
+
+
+def _count(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0

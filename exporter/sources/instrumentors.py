@@ -94,10 +94,10 @@ class DataLoaderInstrumentor:
         self._errors = errors
         self._orig_class: type | None = None
 
-    def instrument(self) -> None:
-        """Swap in a timing subclass of the loader's own class; a second call does nothing."""
+    def instrument(self) -> DataLoaderInstrumentor:
+        """Swap in a timing subclass of the loader's own class (once); return self."""
         if self._orig_class is not None:
-            return
+            return self
         orig = type(self.loader)
         rec, errors = self._rec, self._errors
 
@@ -108,6 +108,7 @@ class DataLoaderInstrumentor:
         timed.__qualname__ = orig.__qualname__
         _set_class(self.loader, timed)
         self._orig_class = orig
+        return self
 
     def timed(self, iterator: Iterator) -> TimedIterator:
         """Return ``iterator`` timing each batch (an iterator made before :meth:`instrument`)."""
@@ -144,14 +145,14 @@ class OptimizerInstrumentor:
         except Exception as exc:  # noqa: BLE001
             self._errors.record("optimizer", exc)
 
-    def instrument(self) -> None:
-        """Register the hooks; a second call does nothing."""
-        if self._handles:
-            return
-        self._handles = [
-            self.optimizer.register_step_pre_hook(self._pre),
-            self.optimizer.register_step_post_hook(self._post),
-        ]
+    def instrument(self) -> OptimizerInstrumentor:
+        """Register the hooks (once); return self."""
+        if not self._handles:
+            self._handles = [
+                self.optimizer.register_step_pre_hook(self._pre),
+                self.optimizer.register_step_post_hook(self._post),
+            ]
+        return self
 
     def uninstrument(self) -> None:
         """Remove the hooks; a second call does nothing."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .. import catalog
 
-__all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES"]
+__all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES", "ThreadSections"]
 
 #: Where step boundaries can come from, strongest first. exporter.step() overrides them all.
 STEP_SOURCES: tuple[str, ...] = ("explicit", "optimizer", "dataloader", "comm_hook")
@@ -92,6 +92,12 @@ class Recorder:
     are: data (time inside ``next()``), optimizer (time inside ``optimizer.step()``), comm_wait
     (from the launch of the step's last gradient bucket to the completion of its latest
     collective: communication the backward pass had to wait for), and compute (the rest).
+
+    A declared section (``exporter.deadline``) entered on the training thread that interrupts
+    training (no step activity inside it: a checkpoint, rank 0's evaluation) is left out of the
+    step it interrupts: its time is not training, and counted as compute it would make the
+    rank look like a straggler. A section with training inside (an epoch, an evaluation loop
+    of ``exporter.step()`` blocks) is counted as usual from its first step activity on.
     """
 
     def __init__(self, mode: str, clock=time.perf_counter) -> None:
@@ -108,11 +114,16 @@ class Recorder:
         self._perf0 = clock()
         self._unix0 = time.time()
         self.last_progress = self._perf0
+        # Sections on the training thread: nesting depth, and since when the current one has
+        # been left out of the step (None: no section, or one with training inside).
+        self._depth = 0
+        self._paused: float | None = None
         self._reset_step(None)
 
     # -- step state ------------------------------------------------------------------------
     def _reset_step(self, start: float | None) -> None:
         self._start = start
+        self._excluded = 0.0
         self._data = 0.0
         self._opt = 0.0
         self._last_launch = 0.0
@@ -122,8 +133,9 @@ class Recorder:
     def _finish_step(self, now: float) -> None:
         """Close the current step at ``now`` and open the next; caller holds the lock."""
         start = self._start
+        self._paused = None  # a step ends inside the section: it has training in it
         if start is not None:
-            duration = now - start
+            duration = now - start - self._excluded
             if duration < 0.0:
                 duration = 0.0
             data, opt = self._data, self._opt
@@ -152,11 +164,29 @@ class Recorder:
             self.mode = mode
 
     # -- events ------------------------------------------------------------------------------
+    def section_begin(self) -> None:
+        """Enter a declared section on the training thread (left out until training resumes)."""
+        now = self.clock()
+        with self.lock:
+            self._depth += 1
+            if self._depth == 1:
+                self._paused = now
+
+    def section_end(self) -> None:
+        """Leave a declared section on the training thread."""
+        now = self.clock()
+        with self.lock:
+            self._depth = max(self._depth - 1, 0)
+            if self._depth == 0 and self._paused is not None:
+                self._excluded += now - self._paused
+                self._paused = None
+
     def data_begin(self) -> float:
         """Mark the start of a DataLoader ``next()``; return the timestamp for data_end."""
         now = self.clock()
-        if self.mode == "dataloader" or self._start is None:
+        if self.mode == "dataloader" or self._start is None or self._paused is not None:
             with self.lock:
+                self._paused = None  # training inside a section: counted as usual
                 if self.mode == "dataloader":
                     self._finish_step(now)
                 elif self._start is None:
@@ -173,6 +203,9 @@ class Recorder:
     def optimizer_begin(self) -> None:
         """Mark the start of ``optimizer.step()``."""
         self._opt_t0 = self.clock()
+        if self._paused is not None:
+            with self.lock:
+                self._paused = None  # training inside a section: counted as usual
 
     def optimizer_end(self) -> None:
         """Add the optimizer time and, in optimizer mode, close the step."""
@@ -190,6 +223,7 @@ class Recorder:
         """Open a step if none is open (the first forward, or entering ``exporter.step()``)."""
         now = self.clock()
         with self.lock:
+            self._paused = None  # a step inside a section: counted as usual
             if self._start is None:
                 self._start = now
 
@@ -214,6 +248,7 @@ class Recorder:
         """Record the launch of one gradient bucket's collective; return its start time."""
         now = self.clock()
         with self.lock:
+            self._paused = None  # backward inside a section: counted as usual
             if self._start is None:
                 self._start = now
             self._last_launch = now
@@ -303,3 +338,24 @@ class Recorder:
                 age = now - st.pending[0] if st.pending else 0.0
                 out.append((st.pg, st.enqueued, st.completed, age))
             return out
+
+
+class ThreadSections:
+    """Tell a recorder of the declared sections run on one thread (the training thread) only.
+
+    A section on another thread (a background checkpoint writer) does not interrupt training.
+    """
+
+    def __init__(self, recorder: Recorder, thread_ident: int | None) -> None:
+        self._recorder = recorder
+        self._ident = thread_ident
+
+    def section_begin(self) -> None:
+        """Pause the recorder's step if called on the watched thread."""
+        if threading.get_ident() == self._ident:
+            self._recorder.section_begin()
+
+    def section_end(self) -> None:
+        """Resume it if called on the watched thread."""
+        if threading.get_ident() == self._ident:
+            self._recorder.section_end()

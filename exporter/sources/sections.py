@@ -17,6 +17,11 @@ Nested or concurrent runs of one name (a decorated function called from two thre
 recursively) are each timed on their own. While any run, the published start time and deadline
 are those of the run that is due first (start + deadline smallest), so the alert fires as soon
 as any of them is overdue; ``ddp_section_runs_total`` and the last duration count every run.
+
+A rank inside a section within its deadline is not hung, nor are the ranks waiting for it in a
+collective (:mod:`exporter.hangs.definition`, the generated rules and ``top`` all honour it):
+:meth:`SectionRegistry.busy` tells. Listeners (the instrumented rank's recorder) hear of every
+run that starts or ends, with the thread it runs on.
 """
 
 from __future__ import annotations
@@ -29,11 +34,20 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol
 
 from ..errors import ErrorCounter
 from ..log import log
 
-__all__ = ["MAX_SECTIONS", "REGISTRY", "Deadline", "SectionRegistry", "SectionState", "deadline"]
+__all__ = [
+    "MAX_SECTIONS",
+    "REGISTRY",
+    "Deadline",
+    "SectionListener",
+    "SectionRegistry",
+    "SectionState",
+    "deadline",
+]
 
 #: Most distinct section names one process accepts (the ``section`` label stays bounded).
 MAX_SECTIONS = 16
@@ -58,6 +72,17 @@ class _Run:
     start_unix: float
     start_mono: float
     deadline_s: float
+
+
+class SectionListener(Protocol):
+    """What a listener of the section registry implements (both are called on the section's
+    thread, outside the registry's lock, and must not raise)."""
+
+    def section_begin(self) -> None:
+        """A run of a section starts on the calling thread."""
+
+    def section_end(self) -> None:
+        """A run of a section ends on the calling thread."""
 
 
 class _Section:
@@ -97,6 +122,42 @@ class SectionRegistry:
         self._lock = threading.Lock()
         self._sections: dict[str, _Section] = {}
         self._tokens = itertools.count()
+        self._listeners: tuple[SectionListener, ...] = ()
+        self._last_end: tuple[str, float] | None = None  # (name, monotonic time) of the last end
+
+    def listen(self, listener: SectionListener) -> None:
+        """Tell ``listener`` of every run that starts or ends from now on."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+    def unlisten(self, listener: SectionListener) -> None:
+        """Stop telling ``listener``; a listener not listening is ignored."""
+        with self._lock:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+
+    def _tell(self, begin: bool) -> None:
+        for listener in self._listeners:
+            try:
+                listener.section_begin() if begin else listener.section_end()
+            except Exception as exc:  # noqa: BLE001 - never break the user's section
+                self.errors.record("section", exc)
+
+    def busy(self, now_mono: float | None = None, grace_s: float = 0.0) -> str | None:
+        """Return the name of a section running within its deadline on any thread, else None.
+
+        ``grace_s``: a section that ended less than this long ago still counts (the ranks it
+        held up need a moment to finish the collective they waited in).
+        """
+        now = time.monotonic() if now_mono is None else now_mono
+        with self._lock:
+            for name, section in self._sections.items():
+                for run in section.active.values():
+                    if now - run.start_mono <= run.deadline_s:
+                        return name
+            last = self._last_end
+        if last is not None and now - last[1] <= grace_s:
+            return last[0]
+        return None
 
     def declare(self, name: str, seconds: float) -> None:
         """Register ``name`` with its deadline (the latest declaration wins); raise when full."""
@@ -128,6 +189,7 @@ class SectionRegistry:
                 section.deadline_s = seconds
                 token = next(self._tokens)
                 section.active[token] = _Run(now_unix, now_mono, seconds)
+            self._tell(begin=True)
             return token
         except Exception as exc:  # noqa: BLE001 - never break the user's section
             self.errors.record("section", exc)
@@ -142,11 +204,15 @@ class SectionRegistry:
             with self._lock:
                 section = self._sections.get(name)
                 run = section.active.pop(token, None) if section is not None else None
-                if section is None or run is None:
-                    return  # cleared while running: forgotten, not an error
-                duration = now - run.start_mono
-                section.runs += 1
-                section.last_duration_s = duration
+                if run is not None:
+                    duration = now - run.start_mono
+                    section.runs += 1
+                    section.last_duration_s = duration
+                    if duration <= run.deadline_s:  # an overdue end excuses nothing after it
+                        self._last_end = (name, now)
+            self._tell(begin=False)  # also for a run forgotten by clear(): its begin was told
+            if run is None:
+                return  # cleared while running: forgotten, not an error
             if duration > run.deadline_s:
                 log.warning(
                     "ddp-exporter: section %r took %.1f s, over its %g s deadline",

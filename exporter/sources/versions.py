@@ -49,4 +49,5 @@ def rank_info(identity: Identity, backend: str, device: str, inflight: str) -> d
         "exporter_version": __version__,
         "inflight_source": inflight,
         **versions(),
+        "attempt": identity.attempt,
     }
