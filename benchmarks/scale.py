@@ -12,7 +12,10 @@ backfill the recording rules level by level with ``promtool tsdb create-blocks-f
   rules' times (Prometheus evaluates a group's rules one after another); the worse time wins;
 * every dashboard panel target as Grafana sends it: a range query over the data with a 15 s
   step (instant targets: an instant query at the end), ``$run``/``$node``/``$rank`` = All
-  (``.*``), ``$__rate_interval`` = 60s, ``$__interval`` = 15s.
+  (``.*``), ``$__rate_interval`` = 60s, ``$__interval`` = 15s;
+* how many alerts the hung job raises: the series each alert expression returns at the end (its
+  condition; ``for`` aside). One page per fact: the stalled run is one DDPTrainingStalled, the
+  hung rank one DDPCollectiveStalled / DDPCollectiveTimeoutImminent, whatever the rank count.
 
 Times are client wall times of the HTTP request (median of ``--repeats``), JSON decoding of the
 answer included; Prometheus's own evalTotalTime is shown beside them.
@@ -468,7 +471,7 @@ def bench(ranks: int, args: argparse.Namespace, rules_path: str, dash_paths: lis
         groups = yaml.safe_load(f)["groups"]
     prom = Prometheus(work, data)
     prom.start()
-    result = {"ranks": ranks, "groups": [], "panels": []}
+    result = {"ranks": ranks, "groups": [], "panels": [], "alerts": {}}
     try:
         t_bf = backfill(prom, rule_levels(groups), m, args.interval)
         print(f"recording rules backfilled in {t_bf:.0f} s")
@@ -485,6 +488,8 @@ def bench(ranks: int, args: argparse.Namespace, rules_path: str, dash_paths: lis
                 lines.append(
                     f"  {name:<62} {max(w1, w2):7.3f} {max(e1 or 0, e2 or 0):7.3f} {n1:>6}/{n2:<6}"
                 )
+                if "alert" in r:
+                    result["alerts"][name] = result["alerts"].get(name, 0) + n2
             ok = "ok" if total_w < GOAL_GROUP_S else "SLOW"
             print(f"{g['name']:<64} {total_w:7.3f} {total_e:7.3f} {'':>13} {ok}")
             if args.verbose or ok == "SLOW":
@@ -502,6 +507,8 @@ def bench(ranks: int, args: argparse.Namespace, rules_path: str, dash_paths: lis
             ok = "ok" if w < GOAL_PANEL_S else "SLOW"
             print(f"{(dash + ' / ' + title)[:64]:<64} {w:7.3f} {e or 0:7.3f} {n:>6} {ok}")
             result["panels"].append((f"{dash} / {title}", w))
+        raised = ", ".join(f"{name} {n}" for name, n in sorted(result["alerts"].items()) if n)
+        print(f"alerts the hung job raises at {ranks} ranks (series per alert): {raised}")
     finally:
         prom.stop()
         if not args.keep:

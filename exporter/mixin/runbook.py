@@ -11,8 +11,10 @@ __all__ = ["render_runbook"]
 _INTRO = """\
 # ddp-exporter runbook
 
-One section per alert of the ddp-exporter monitoring mixin. Every alert carries the labels
-`run` and `rank` (the rank to look at), a `severity`, and a `runbook_url` pointing here.
+One section per alert of the ddp-exporter monitoring mixin. Every alert carries the label `run`,
+a `severity` and a `runbook_url` pointing here; an alert about one rank also carries `rank` (the
+rank to look at), while a condition of the whole run (stalled, slower, killed, stuck with nobody
+behind, will miss its deadline) is one alert per run without it.
 Dashboards: **DDP / Overview**, **DDP / Stragglers**, **DDP / Collectives**, **DDP / Memory**,
 **DDP / Liveness** (provisioned by `docker compose up`).
 
@@ -23,6 +25,12 @@ Two rules of thumb hold throughout:
 - A hung rank is the one whose collective **sequence number stops advancing**
   (`ddp_collective_last_enqueued_seq` behind the run's maximum); its peers show a growing
   in-flight age.
+- A job has edges. A rank inside a declared section (`with exporter.deadline("checkpoint",
+  seconds=600):`) within its deadline is not hung, nor are the ranks waiting for it, and the run
+  is not stalled; past the deadline **DDPSectionOverdue** names it and the hang alerts apply
+  again. A rank that ended cleanly (`ddp_finished_timestamp_seconds`) is not down; a run whose
+  ranks all vanish without a clean end is one **DDPJobKilled**. A restarted attempt continues
+  the same `run` (`ddp_rank_info{attempt}`).
 
 Thresholds and durations below are those of the committed configuration; regenerate with your
 own `MixinConfig` (`python -m exporter.mixin generate`) to change them.
