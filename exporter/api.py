@@ -74,6 +74,8 @@ def instrument(
     dump_dir: str | os.PathLike | None = None,
     total_steps: int | None = None,
     epochs: int | None = None,
+    on_hang: str | None = None,
+    abort_after: float | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -86,7 +88,10 @@ def instrument(
     peers (see :mod:`exporter.sources.heartbeat`). ``total_steps`` (or ``epochs`` times the
     DataLoader's length) and the job deadline from the environment
     (:mod:`exporter.sources.walltime`) let the rules project whether the job finishes before its
-    wall-clock limit. Calling it again warns and returns the same handle.
+    wall-clock limit. ``on_hang="abort"`` ends every rank of the run (exit code 75) once a hang
+    has lasted ``abort_after`` seconds (default 30), for the launcher to restart the job from its
+    last checkpoint (:mod:`exporter.hangs.action`); the default ``"off"`` alerts and dumps only.
+    Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active, _watch
@@ -110,6 +115,13 @@ def instrument(
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         folder = settings.dump_dir(dump_dir)
+        hang = settings.on_hang("instrument", on_hang, abort_after)
+        if hang.action != "off" and not (endpoint.heartbeat_s > 0 and endpoint.monitor_rank >= 0):
+            raise ValueError(
+                f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
+                f"heartbeat (heartbeat_s > 0, got {endpoint.heartbeat_s:g}) and a monitoring "
+                f"rank (monitor_rank >= 0, got {endpoint.monitor_rank})"
+            )
         watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
         job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
@@ -127,6 +139,7 @@ def instrument(
             dump_dir=folder,
             job_clock=job_clock,
             final_scrape_s=settings.final_scrape_s(),
+            on_hang=hang,
         )
         if watch is not None:
             _watch = None

@@ -39,6 +39,7 @@ __all__ = [
     "EXPORTER_ERRORS",
     "HANG_LOCATION",
     "HANG_DUMPS",
+    "HANG_ABORT",
     "series_per_rank",
     "INIT_PHASES",
     "INIT_STARTED",
@@ -287,6 +288,15 @@ HANG_DUMPS = MetricDef(
     "counter",
     "Hang dumps this rank wrote (one per hang episode; see ddp-exporter hangs DIR).",
 )
+HANG_ABORT = MetricDef(
+    "ddp_hang_abort_timestamp_seconds",
+    "gauge",
+    'Unix time the hang action (instrument(on_hang="abort")) decided to end the run, published '
+    "by every rank that then exits; culprit_rank names the rank behind (empty for a symmetric "
+    "hang). Present only in the rank's last scrapes, which it waits for briefly before exit.",
+    ("culprit_rank",),
+    unit="seconds",
+)
 SECTION_DEADLINE = MetricDef(
     "ddp_section_deadline_seconds",
     "gauge",
@@ -358,6 +368,7 @@ METRICS: tuple[MetricDef, ...] = (
     EXPORTER_ERRORS,
     HANG_LOCATION,
     HANG_DUMPS,
+    HANG_ABORT,
     SECTION_DEADLINE,
     SECTION_STARTED,
     SECTION_LAST_DURATION,

@@ -19,9 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import settings, storekeys
 from .errors import ErrorCounter
-from .export import discovery
+from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
+from .hangs.action import ActionPolicy
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources import ending
@@ -70,6 +71,7 @@ class Observer:
         dump_dir: str = settings.DEFAULT_DUMP_DIR,
         job_clock: JobClock | None = None,
         final_scrape_s: float = settings.DEFAULT_FINAL_SCRAPE_S,
+        on_hang: settings.OnHang | None = None,
     ) -> None:
         self.model = model
         self.identity = identity
@@ -128,11 +130,16 @@ class Observer:
                 errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
         # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
         # nobody would decide a hang, so nothing is reported either.
+        action = None if on_hang is None or on_hang.action == "off" else ActionPolicy(
+            after_s=on_hang.after_s, exit_code=on_hang.exit_code, publish_s=final_scrape_s)  # fmt: skip
         if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
             self.hangs = self._started("forensics", lambda: HangWatcher(
                 identity, store, inflight=self.inflight, recorder=self.recorder,
                 sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
-                errors=self.errors).start())  # fmt: skip
+                errors=self.errors, action=action, publish_abort=self._publish_abort).start())  # fmt: skip
+        if action is not None and self.hangs is None:
+            log.error("ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
+                      "(no c10d store, or its start failed): a hang will not end the run")  # fmt: skip
 
         peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
         self.collector = DDPCollector(RankSources(
@@ -147,7 +154,7 @@ class Observer:
         self._store = store
         self.discovery: discovery.Discovery | None = None
         self._start_discovery()
-        self.otlp = self._start_otlp(otlp)
+        self.otlp = push.start(otlp, identity, self.registry, self.errors)
 
     # -- setup -------------------------------------------------------------------------------
     def _started(self, where: str, start: Any) -> Any:
@@ -164,23 +171,6 @@ class Observer:
                 self.identity, self._server, monitor=self._monitor, errors=self.errors,
                 store=self._store,
             )  # fmt: skip
-
-    def _start_otlp(self, otlp: bool | str) -> Any:
-        """Start the OTLP push path when asked to (keyword or OTEL_* environment)."""
-        if otlp is False:
-            return None
-        try:
-            from .export.otlp import start_push
-        except ImportError as exc:
-            log.error(
-                "ddp-exporter: OTLP push requested but unavailable (%s); install "
-                "ddp-exporter[otlp]. Prometheus metrics are still served.",
-                exc,
-            )
-            return None
-        endpoint = otlp if isinstance(otlp, str) else None
-        return self._started("collect", lambda: start_push(self.identity, self.registry,
-                                                           self.errors, endpoint))  # fmt: skip
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         # Once a step is open one stays open (each boundary opens the next): drop the hook.
@@ -288,5 +278,15 @@ class Observer:
         for part in (self.heartbeat, self.hangs):
             if part is not None:
                 self._started("heartbeat" if part is self.heartbeat else "forensics", part.finish)
+        self._wait_scrapers(since)
+
+    def _publish_abort(self) -> None:
+        # The hang watcher already set what the collector publishes: make sure it is read.
+        self._wait_scrapers(self._server.scrapers.now() if self._server is not None else 0.0)
+        if self.otlp is not None:
+            self.otlp.close()  # a last push, bounded
+
+    def _wait_scrapers(self, since: float) -> None:
+        """Wait until every recent scraper read this rank after ``since``, at most the cap."""
         if self._server is not None and self._final_scrape_s > 0:
             self._server.scrapers.wait_after(since, self._final_scrape_s)

@@ -28,6 +28,15 @@ Variable                        Meaning                                         
                                                                                        dumps
 ``DDP_EXPORTER_FINAL_SCRAPE_S``  Most seconds a rank that ends cleanly waits for its    10
                                 scrapers to read its final state (``0``: no wait).
+``DDP_EXPORTER_ON_HANG``        What a hang does besides alerts and dumps: ``off``,    off
+                                or ``abort`` (every rank of the run exits once the
+                                hang has lasted ``DDP_EXPORTER_ABORT_AFTER_S``; see
+                                :mod:`exporter.hangs.action`).
+``DDP_EXPORTER_ABORT_AFTER_S``  Seconds a hang lasts before ``abort`` acts (also at     30
+                                least twice the threshold that declared it, at most
+                                half the process group's timeout).
+``DDP_EXPORTER_ABORT_EXIT_CODE``  Exit code of every rank that ``abort`` ends           75
+                                (EX_TEMPFAIL: try again); 1..255.
 ``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
                                 duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
                                 from the job's start (torchrun's start under
@@ -74,9 +83,13 @@ from typing import Any
 from .log import log
 
 __all__ = [
+    "ABORT_AFTER_S",
+    "ABORT_EXIT_CODE",
     "ADDR",
     "ADVERTISE_ADDR",
     "ALL_INTERFACES",
+    "DEFAULT_ABORT_AFTER_S",
+    "DEFAULT_ABORT_EXIT_CODE",
     "DEFAULT_ADDR",
     "DEFAULT_DUMP_DIR",
     "DEFAULT_FINAL_SCRAPE_S",
@@ -99,11 +112,14 @@ __all__ = [
     "MASTER_PORT",
     "MONITOR_RANK",
     "NCCL_SOCKET_IFNAME",
+    "ON_HANG",
+    "ON_HANG_CHOICES",
     "OTEL_ENDPOINT",
     "OTEL_METRICS_ENDPOINT",
     "OTEL_METRIC_EXPORT_INTERVAL",
     "OTEL_METRIC_EXPORT_TIMEOUT",
     "OTEL_SDK_DISABLED",
+    "OnHang",
     "PEER_SERIES",
     "PORT",
     "RANK",
@@ -134,6 +150,7 @@ __all__ = [
     "is_all_interfaces",
     "job_deadline_raw",
     "monitoring_rank",
+    "on_hang",
     "otlp_requested",
     "otlp_disabled",
     "parse_deadline",
@@ -155,6 +172,9 @@ ADVERTISE_ADDR = "DDP_EXPORTER_ADVERTISE_ADDR"
 FILE_SD = "DDP_EXPORTER_FILE_SD"
 JOB_DEADLINE = "DDP_EXPORTER_JOB_DEADLINE"
 FINAL_SCRAPE_S = "DDP_EXPORTER_FINAL_SCRAPE_S"
+ON_HANG = "DDP_EXPORTER_ON_HANG"
+ABORT_AFTER_S = "DDP_EXPORTER_ABORT_AFTER_S"
+ABORT_EXIT_CODE = "DDP_EXPORTER_ABORT_EXIT_CODE"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
 
@@ -200,6 +220,13 @@ DEFAULT_PEER_SERIES = 64
 DEFAULT_DUMP_DIR = "ddp-exporter-dumps"
 #: Most seconds a rank that ends cleanly waits for its scrapers to read its final state.
 DEFAULT_FINAL_SCRAPE_S = 10.0
+#: What a hang may do besides alerting and dumping (``instrument(on_hang=...)``).
+ON_HANG_CHOICES: tuple[str, ...] = ("off", "abort")
+#: Seconds a hang lasts before the ``abort`` action ends the run: three times the stall floor
+#: (10 s), twice the time its dumps take (about 15 s), far below any process-group timeout.
+DEFAULT_ABORT_AFTER_S = 30.0
+#: EX_TEMPFAIL (sysexits.h): a temporary failure, the caller is invited to retry.
+DEFAULT_ABORT_EXIT_CODE = 75
 #: Bind addresses that mean "every interface": no single address to show or advertise.
 ALL_INTERFACES: tuple[str, ...] = ("", "0.0.0.0", "::")
 #: The versions compared across ranks (and the keys the test-only override accepts).
@@ -445,6 +472,48 @@ def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{FINAL_SCRAPE_S}={value!r}: expected seconds >= 0")
     return value
+
+
+@dataclass(frozen=True)
+class OnHang:
+    """What a hang does besides alerts and dumps (:mod:`exporter.hangs.action`)."""
+
+    #: ``off`` or ``abort``.
+    action: str = "off"
+    #: Seconds a hang lasts before ``abort`` acts.
+    after_s: float = DEFAULT_ABORT_AFTER_S
+    #: Exit code of every rank the action ends.
+    exit_code: int = DEFAULT_ABORT_EXIT_CODE
+
+
+def on_hang(
+    caller: str,
+    action: str | None = None,
+    after_s: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> OnHang:
+    """Resolve the hang action: keywords, then ``DDP_EXPORTER_ON_HANG`` and friends, then off.
+
+    Raises ValueError naming ``caller``'s keyword or the variable.
+    """
+    env = _environ(environ)
+    source = f"exporter.{caller}(on_hang=...)"
+    if action is None:
+        source, action = ON_HANG, env.get(ON_HANG, "").strip().lower() or "off"
+    if action not in ON_HANG_CHOICES:
+        choices = " or ".join(repr(c) for c in ON_HANG_CHOICES)
+        raise ValueError(f"{source}: expected {choices}, got {action!r}")
+    source = f"exporter.{caller}(abort_after=...)"
+    if after_s is None:
+        source, after_s = ABORT_AFTER_S, env_float(ABORT_AFTER_S, DEFAULT_ABORT_AFTER_S, environ)
+    if isinstance(after_s, bool) or not isinstance(after_s, (int, float)):
+        raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
+    if not (math.isfinite(after_s) and after_s > 0):
+        raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
+    code = env_int(ABORT_EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, environ)
+    if not 1 <= code <= 255:
+        raise ValueError(f"{ABORT_EXIT_CODE}={code!r}: expected an exit code in 1..255")
+    return OnHang(action, float(after_s), code)
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> str:

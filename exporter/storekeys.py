@@ -47,6 +47,18 @@ class Keys:
         """Return ``rank``'s answer to the latest dump request (its summary)."""
         return f"{self.prefix}/fx/ack/{rank}"
 
+    def action(self) -> str:
+        """Return the key of the hang action decided (by the monitoring rank only)."""
+        return f"{self.prefix}/fx/action"
+
+    def leaving(self, rank: int) -> str:
+        """Return the key ``rank`` sets once it published the action and is ready to exit."""
+        return f"{self.prefix}/fx/leaving/{rank}"
+
+    def leave(self) -> str:
+        """Return the key the monitoring rank sets when every rank may exit."""
+        return f"{self.prefix}/fx/leave"
+
 
 def for_run(run: str, attempt: str = "0") -> Keys:
     """Return the keys of one attempt of ``run`` while it trains."""

@@ -40,6 +40,8 @@ class HangStatus(Protocol):
     dumps: int
     #: ``(file, line, function)`` while this rank is the culprit of an open episode, else None.
     location: tuple[str, str, str] | None
+    #: ``(unix time, culprit rank label)`` once the hang action decided to end the run.
+    aborted: tuple[float, str] | None
 
 
 @dataclass
@@ -181,6 +183,9 @@ class DDPCollector(Collector):
         if where is not None:
             labels = dict(zip(c.HANG_LOCATION.labels, where))
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
+        aborted = fx.aborted
+        if aborted is not None:
+            fams[c.HANG_ABORT.name].add_metric(base + [aborted[1]], aborted[0])
 
     def _sections(self, fams: dict, base: list[str]) -> None:
         for s in self._src.sections.snapshot():

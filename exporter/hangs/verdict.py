@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 from ..ranklist import format_ranks
@@ -40,6 +41,8 @@ class Verdict:
     #: (rank, op, seq, pg, file, line, function) of each culprit that answered, for tools.
     located: list[dict] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
+    #: What the hang action did (``instrument(on_hang="abort")``), None when it did nothing.
+    action: str | None = None
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -54,6 +57,17 @@ def _at(frame: dict | None) -> str:
 
 def _seq(seq: float) -> str:
     return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
+
+
+def _action(action: dict | None) -> str | None:
+    if not action:
+        return None
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(float(action.get("decided_unix", 0))))
+    return (
+        f"aborted: at {when} every rank of the run exited with code {action.get('exit_code')} "
+        f"(on_hang=abort), the hang having lasted {action.get('age_s')} s (abort after "
+        f"{action.get('due_s')} s), for the launcher to restart the job from its last checkpoint"
+    )
 
 
 def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
@@ -89,6 +103,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             )
         ),
         missing=missing,
+        action=_action(episode.get("action")),
     )
     for r in behind:
         s = answered.get(r)
@@ -169,7 +184,10 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
 
 def render(v: Verdict, frames: int = 12) -> str:
     """Return the verdict as text: culprits, mismatches, waiting ranks, stack groups."""
-    lines = [v.header, "CULPRITS:"]
+    lines = [v.header]
+    if v.action:
+        lines.append(f"ACTION: {v.action}")
+    lines.append("CULPRITS:")
     lines += [f"  {c}" for c in v.culprits] or ["  none named"]
     if v.mismatches:
         lines.append("COLLECTIVE MISMATCH (ranks in different ops at the same sequence number):")

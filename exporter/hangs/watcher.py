@@ -18,8 +18,12 @@ runs on one background thread per rank, never on the training thread:
   the verdict (:mod:`exporter.hangs.verdict`) and writes it next to its dump. A rank that
   never answers (SIGSTOPped, dead, or a thread holding the GIL) is named as such.
 
+With ``on_hang="abort"`` the monitoring rank also decides, after an episode's dumps, whether
+the hang has lasted long enough to end the run, and every rank that answered the episode checks
+for that decision until it progresses again (:mod:`exporter.hangs.action`).
+
 The watcher is handed what it reads (the rank's identity, store, in-flight state and
-recorder), never the observer.
+recorder) and, for the action, a callable that publishes it; never the observer.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import storekeys
@@ -41,7 +46,9 @@ from ..sources import flight
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
+from . import action as actions
 from . import verdict as verdicts
+from .action import ActionPolicy
 from .capture import capture, summarize
 from .definition import DEFAULT_POLICY, HangFinding, HangPolicy, SeqState, find_hangs
 from .dumps import episode_dir, makedirs_private, render_dump, write_private
@@ -70,6 +77,8 @@ class HangWatcher:
         dump_dir: str,
         errors: ErrorCounter,
         policy: HangPolicy = DEFAULT_POLICY,
+        action: ActionPolicy | None = None,
+        publish_abort: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._inflight = inflight
@@ -85,6 +94,7 @@ class HangWatcher:
         self.policy = policy
         self._errors = errors
         keys = storekeys.for_run(identity.run, identity.attempt)
+        self._keys = keys
         self._episode_key = keys.episode()
         self._request_key = keys.request()
         self._report_keys = [keys.report(r) for r in range(self.world_size)]
@@ -107,11 +117,25 @@ class HangWatcher:
         #: ``(file, line, function)`` while this rank is the culprit of an open episode.
         self.location: tuple[str, str, str] | None = None
         self._location_mark: Any = None
+        #: ``(unix time, culprit rank label)`` once this rank is leaving on a hang action.
+        self.aborted: tuple[float, str] | None = None
+        self._action = action
+        self._action_key = keys.action()
+        self._leaving = None
+        if action is not None:
+            self._leaving = actions.Leaving(
+                store, keys, self.rank, monitor=monitor, policy=action, interval_s=interval_s,
+                publish=publish_abort, errors=errors,
+            )  # fmt: skip
+        #: ``(episode, progress mark)`` while this rank may be told to leave (action on).
+        self._in_episode: tuple[int, Any] | None = None
         # Monitoring rank only.
         self._all_keys_exist = False
         self._seen: list[tuple[bytes, float]] | None = None
         self._episode: dict | None = None
         self._blocked_pg: str | None = None
+        #: The completed episode the action may still act on (action on).
+        self._acting: dict | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> HangWatcher:
@@ -135,11 +159,16 @@ class HangWatcher:
         # A dead store raises here: the loop counts it and training goes on.
         self._tick += 1
         full = self._tick % 4 == 0
-        if full:
+        stuck = self._self_stuck()
+        # A rank stuck in a collective reports every quarter interval (small jobs): the hang
+        # action acts on reported ages, so fresher reports make it act sooner, never earlier.
+        if full or stuck and self.world_size <= FAST_WATCH_MAX_RANKS:
             self._store.set(self._report_keys[self.rank], self._report())
-        if full or self._self_stuck():
+        if full or stuck:
             self._check_request()
         self._update_location()
+        if self._in_episode is not None:
+            self._check_action()
         # Reports are read every quarter interval (a hang is seen up to 3/4 of an interval
         # sooner); in large jobs once per interval, to bound store traffic.
         if self.monitor and (full or self.world_size <= FAST_WATCH_MAX_RANKS):
@@ -167,6 +196,7 @@ class HangWatcher:
                 # ranks it held up finish their collective): excused, not hung.
                 "sec": self._sections.busy(grace_s=2 * self.interval) is not None,
                 "fin": self._finished,
+                "st": self._recorder.steps,
             }
         )
 
@@ -244,6 +274,8 @@ class HangWatcher:
             w = summary["where"]
             self.location = (w["file"], str(w["line"]), w["function"])
             self._location_mark = self._progress_mark()
+        if self._action is not None and not self.monitor:
+            self._in_episode = (episode, self._progress_mark())
         return summary
 
     def _capture(self) -> dict:
@@ -266,6 +298,23 @@ class HangWatcher:
         states = self._last_states
         return (self._recorder.steps, tuple(sorted((s.pg, s.last_enqueued) for s in states)))
 
+    def _check_action(self) -> None:
+        """Leave with the others once the monitoring rank decided to act on this episode."""
+        episode, mark = self._in_episode
+        if self._progress_mark() != mark:
+            self._in_episode = None  # this rank progressed: the episode is over for it
+            return
+        if not self._store.check([self._action_key]):
+            return
+        action = json.loads(self._store.get(self._action_key))
+        if int(action.get("episode", -1)) == episode:
+            self._leave(action)
+
+    def _leave(self, action: dict, answered: list[int] | None = None) -> None:
+        culprits = action.get("culprits") or []
+        self.aborted = (float(action["decided_unix"]), str(culprits[0]) if culprits else "")
+        self._leaving.leave(action, answered)
+
     def _update_location(self) -> None:
         """Drop the published location once this rank progresses again (episode over)."""
         if self.location is not None and self._progress_mark() != self._location_mark:
@@ -285,6 +334,10 @@ class HangWatcher:
         else:
             self._seen = [(v, t if v == old else now) for v, (old, t) in zip(raw, self._seen)]
         states, lats, last = [], [], {}
+        # For the hang action: what each rank itself reported (never extrapolated).
+        reported: dict[str, float] = {}
+        steps: dict[str, dict[int, int]] = {}
+        timeouts: dict[str, float] = {}
         for rank, (value, seen_at) in enumerate(self._seen):
             rep = json.loads(value)
             if rep.get("fin"):
@@ -294,9 +347,14 @@ class HangWatcher:
             section = bool(rep.get("sec"))
             # The report is up to an interval old: age it by the time since it changed.
             for pg, enq, age, tmo in rep.get("pgs", []):
+                pg = str(pg)
+                reported[pg] = max(reported.get(pg, 0.0), float(age or 0.0))
+                steps.setdefault(pg, {})[rank] = int(rep.get("st", 0))
+                if tmo:
+                    timeouts[pg] = min(timeouts.get(pg, float(tmo)), float(tmo))
                 age = float(age) + (now - seen_at) if age else 0.0
-                states.append(SeqState(rank, str(pg), float(enq), age, tmo, section))
-                last[(rank, str(pg))] = enq
+                states.append(SeqState(rank, pg, float(enq), age, tmo, section))
+                last[(rank, pg)] = enq
         lats.sort()
         normal = lats[len(lats) // 2] if lats else None
         findings = find_hangs(states, normal, self.policy)
@@ -305,12 +363,36 @@ class HangWatcher:
             self._collect(ep, last)
         if self._blocked_pg is not None and not any(f.pg == self._blocked_pg for f in findings):
             self._blocked_pg = None  # progress resumed: the next hang is a new episode
+        if self._acting is not None:
+            pg = self._acting["episode"]["pg"]
+            finding = next((f for f in findings if f.pg == pg), None)
+            self._maybe_act(finding, reported.get(pg, 0.0), steps.get(pg, {}), timeouts.get(pg))
         if self._episode is None and self._blocked_pg is None:
             act = [f for f in findings if f.kind in ("behind", "symmetric")]
             if act:
                 act.sort(key=lambda f: f.kind != "behind")
                 self._open(act[0])
                 self._check_request()  # the monitoring rank dumps at once
+
+    def _maybe_act(
+        self, finding: HangFinding | None, age: float, steps: dict[int, int], timeout: float | None
+    ) -> None:
+        """Act on the completed episode once the action is due; forget it once it progressed."""
+        acting = self._acting
+        episode = acting["episode"]
+        if finding is None or finding.seq != episode["seq"]:
+            self._acting = None  # the collective completed: no action for this episode
+            return
+        if not actions.due(self._action, episode, finding, reported_age=age, steps=steps,
+                           timeout=timeout):  # fmt: skip
+            return
+        self._acting = None
+        action = actions.plan(
+            self._action, episode, acting["located"], acting["folder"], age, timeout
+        )
+        self._store.set(self._action_key, json.dumps(action))
+        actions.record(acting["folder"], episode, acting["summaries"], action, self._errors)
+        self._leave(action, episode["answered"])
 
     def _open(self, finding: HangFinding) -> None:
         request = {
@@ -369,8 +451,12 @@ class HangWatcher:
             complete_unix=time.time(),
         )
         summaries: dict[int, dict | None] = {r: acks.get(r) for r in range(self.world_size)}
-        text = verdicts.render(verdicts.verdict(episode, summaries))
+        found = verdicts.verdict(episode, summaries)
+        text = verdicts.render(found)
         folder = episode_dir(self.dump_dir, self._run, number)
+        if self._action is not None and episode["kind"] in actions.ACTIONABLE:
+            self._acting = {"episode": episode, "summaries": summaries, "folder": folder,
+                            "located": found.located}  # fmt: skip
         try:
             makedirs_private(folder)
             episode["summaries"] = {str(r): s for r, s in summaries.items()}

@@ -66,6 +66,9 @@ class MixinConfig:
     latency_window: str = "5m"
     #: How far back "recent past" reaches (throughput baseline, normal latency, vanished ranks).
     baseline_window: str = "30m"
+    #: How long DDPHangAborted fires after the hang action ended a run, and how long DDPJobKilled
+    #: gives such a run to come back (the launcher's restart) before it says the run is gone.
+    hang_abort_window: str = "10m"
 
     # --- thresholds ----------------------------------------------------------------------------
     #: A rank is a straggler when its compute (or data) time per step exceeds this multiple of
@@ -156,6 +159,7 @@ class MixinConfig:
             "rate_window",
             "latency_window",
             "baseline_window",
+            "hang_abort_window",
             "scrape_interval",
             "evaluation_interval",
         ):
@@ -208,6 +212,7 @@ FAST = MixinConfig(
     rate_window="20s",
     latency_window="1m",
     baseline_window="5m",
+    hang_abort_window="1m",
     heartbeat_stale_seconds=15.0,
     straggler_for="30s",
     input_bound_for="30s",

@@ -47,6 +47,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPTrainingStalled",
     "DDPCollectiveTimeoutImminent",
     "DDPCollectiveStalled",
+    "DDPHangAborted",
     "DDPRankStraggler",
     "DDPInputBound",
     "DDPThroughputDrop",
@@ -61,6 +62,7 @@ ALERT_NAMES: tuple[str, ...] = (
 #: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
 RUN_ALERTS: tuple[str, ...] = (
     "DDPJobKilled",
+    "DDPHangAborted",
     "DDPTrainingStalled",
     "DDPThroughputDrop",
     "DDPJobWillMissDeadline",
@@ -387,6 +389,12 @@ def _finished_ranks(cfg: MixinConfig) -> str:
     )
 
 
+def _aborted_runs(cfg: MixinConfig) -> str:
+    """Return a (run, culprit_rank) vector of the runs the hang action ended recently."""
+    metric = selector(cfg, catalog.HANG_ABORT.name)
+    return f"max by (run, culprit_rank) (last_over_time({metric}[{cfg.hang_abort_window}]))"
+
+
 def _name_collective_ranks(
     cfg: MixinConfig, r: Recorded, run_pg_condition: str, rank_condition: str
 ) -> str:
@@ -423,17 +431,20 @@ _WHO_COLLECTIVE = (
 )
 
 
-def hang_location(cfg: MixinConfig = DEFAULT) -> str:
+def hang_location(cfg: MixinConfig = DEFAULT, rank_label: str = "rank", window: str = "") -> str:
     """Return a description suffix saying where the alert's rank is stuck, when it is known.
 
     The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.hangs.watcher);
-    a template ``query`` looks it up for the alert's run and rank and adds nothing otherwise.
+    a template ``query`` looks it up for the alert's run and the rank in label ``rank_label``
+    (over ``window`` when the rank is gone) and adds nothing otherwise.
     """
     # The selector goes through printf: a literal % in it must be doubled.
     matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q", "rank=%q") if m]
     metric = f"{catalog.HANG_LOCATION.name}{{{', '.join(matchers)}}}"
+    if window:
+        metric = f"last_over_time({metric}[{window}])"
     return (
-        f"{{{{ with printf `{metric}` $labels.run $labels.rank | query }}}}"
+        f"{{{{ with printf `{metric}` $labels.run $labels.{rank_label} | query }}}}"
         "{{ with first . }} Its hang dump says it is at {{ .Labels.file }}:{{ .Labels.line }} "
         "in {{ .Labels.function }} (ddp-exporter hangs DUMP_DIR prints every rank's stack)."
         "{{ end }}{{ end }}"
@@ -497,7 +508,8 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 f"  max by (run, rank) (last_over_time({info}[{cfg.baseline_window}]))\n"
                 f"  unless on (run, rank) max by (run, rank) ({info})\n)\n"
                 f"unless on (run)\nmax by (run) ({info})\n"
-                f"unless on (run)\nmax by (run) ({_finished_ranks(cfg)})"
+                f"unless on (run)\nmax by (run) ({_finished_ranks(cfg)})\n"
+                f"unless on (run)\n{_aborted_runs(cfg)}"
             ),
             cfg.rank_down_for,
             "Every rank of a run stopped reporting without a clean end: the job was killed.",
@@ -510,7 +522,9 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "The whole job disappeared at once without finishing: the scheduler killed it (time "
             "limit, preemption, a cancelled job), a node's failure took the launcher with it, "
             "the job crashed on every rank, or Prometheus lost the network to all of its "
-            "nodes. One alert for the run, not one per rank; it resolves by itself "
+            "nodes. A run that the hang action ended (DDPHangAborted) is given "
+            f"{cfg.hang_abort_window} to come back (the launcher's restart) before it counts as "
+            "killed. One alert for the run, not one per rank; it resolves by itself "
             f"{cfg.baseline_window} after the last scrape, or when the run reports again (a "
             "restarted attempt).",
             "Liveness dashboard: every rank of the run went down together; the scheduler's "
@@ -611,6 +625,40 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "(`ddp-exporter hangs DUMP_DIR`; the description names the culprit's file:line) and "
             "inspect the rank labelled behind (data loader, host, GPU). With role=waiting on all ranks, check the "
             "network fabric (NCCL_DEBUG=INFO logs, link errors).",
+        ),
+        Alert(
+            "DDPHangAborted",
+            "warning",
+            _aborted_runs(cfg),
+            "0s",
+            "The hang action ended every rank of a hung run for its launcher to restart it.",
+            (
+                "Run {{ $labels.run }} was aborted on a hang: "
+                "{{ if $labels.culprit_rank }}rank {{ $labels.culprit_rank }} never entered the "
+                "collective the others waited in.{{ else }}every rank was stuck inside the same "
+                "collective (no rank behind).{{ end }}"
+                + hang_location(cfg, "culprit_rank", cfg.hang_abort_window)
+                + " Every rank exited (ddp-exporter's exit code, 75 by default) for the launcher "
+                "to restart the job from its last checkpoint."
+            ),
+            'With `instrument(on_hang="abort")` (`DDP_EXPORTER_ON_HANG=abort`), once a hang\'s '
+            "dumps are on disk and the hang has lasted `DDP_EXPORTER_ABORT_AFTER_S` (30 s; at "
+            "least twice the threshold that declared it, at most half the process group's "
+            "timeout), every rank of the run publishes `ddp_hang_abort_timestamp_seconds` and "
+            "exits, instead of idling until the collective timeout (10 to 30 minutes). The "
+            "launcher (torchrun `--max-restarts`, Slurm requeue, Kubernetes) restarts the job "
+            "from its last checkpoint; the alert fires for "
+            f"{cfg.hang_abort_window} after the abort. A job that does not come back within "
+            "that time raises DDPJobKilled.",
+            "Collectives dashboard: the in-flight age that grew until the abort; Overview: the "
+            "restarted attempt's steps (`ddp_rank_info{attempt}` one higher). The episode folder "
+            "(`ddp-exporter hangs DUMP_DIR`) holds every rank's stack and the verdict, which "
+            "records the action.",
+            "Read the verdict: the culprit's file:line says where it was stuck (data loader, "
+            "file system, a rank-dependent branch, a collective the others never call). If the "
+            "same rank or node is the culprit again after the restart, drain that node. If the "
+            "job hangs again at the same place, it is a bug in the training code: the restart "
+            "cannot fix it.",
         ),
         Alert(
             "DDPRankStraggler",

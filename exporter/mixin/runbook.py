@@ -18,7 +18,7 @@ behind, will miss its deadline) is one alert per run without it.
 Dashboards: **DDP / Overview**, **DDP / Stragglers**, **DDP / Collectives**, **DDP / Memory**,
 **DDP / Liveness** (provisioned by `docker compose up`).
 
-Two rules of thumb hold throughout:
+These rules of thumb hold throughout:
 
 - A straggler shows the **shortest** collective latency: the healthy ranks wait for it inside
   the allreduce. Blame by compute and data time per step, never by collective latency.
@@ -31,6 +31,10 @@ Two rules of thumb hold throughout:
   again. A rank that ended cleanly (`ddp_finished_timestamp_seconds`) is not down; a run whose
   ranks all vanish without a clean end is one **DDPJobKilled**. A restarted attempt continues
   the same `run` (`ddp_rank_info{attempt}`).
+- A hang can end the run (`instrument(on_hang="abort")`): every rank exits with code 75 for the
+  launcher to restart the job from its last checkpoint, and **DDPHangAborted** names the
+  culprit and where it was stuck; the run then has 10 minutes (`hang_abort_window`) to come
+  back before it counts as killed.
 
 Thresholds and durations below are those of the committed configuration; regenerate with your
 own `MixinConfig` (`python -m exporter.mixin generate`) to change them.
