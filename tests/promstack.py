@@ -29,10 +29,15 @@ from exporter.tools.localstack import free_port
 __all__ = [
     "Alertmanager",
     "Prometheus",
+    "fast_config",
+    "file_sd_scrape",
+    "firing",
     "free_port",
     "require",
     "run_alertmanager",
     "run_prometheus",
+    "sd_scrape",
+    "static_scrape",
     "write_file_sd",
 ]
 
@@ -110,6 +115,46 @@ def run_prometheus(
         yield Prometheus(service.url, service.process, Path(workdir))
     finally:
         service.close()
+
+
+def fast_config(workdir: Path, scrape: dict, timeout: str = "900ms") -> dict:
+    """Return a 1 s scrape config with the FAST rules (written to ``workdir``).
+
+    Prometheus servers on one host differ by ``timeout``: the exporter tells scrapers apart by
+    address, user agent and scrape timeout.
+    """
+    from exporter.mixin.config import FAST
+    from exporter.mixin.rules import render_rules
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "rules.yml").write_text(render_rules(FAST))
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": timeout},
+        "rule_files": [str(workdir / "rules.yml")],
+        "scrape_configs": [{"job_name": FAST.job, "honor_labels": True, **scrape}],
+    }
+
+
+def sd_scrape(url: str) -> dict:
+    """Return the scrape part that discovers the ranks through the monitoring rank's ``/sd``."""
+    return {"http_sd_configs": [{"url": url.replace("/metrics", "/sd"), "refresh_interval": "1s"}]}
+
+
+def file_sd_scrape(directory: Path) -> dict:
+    """Return the scrape part that discovers the ranks through their file_sd files."""
+    return {"file_sd_configs": [{"files": [str(directory / "*.json")], "refresh_interval": "1s"}]}
+
+
+def static_scrape(urls: dict[int, str]) -> dict:
+    """Return the scrape part that lists the ranks' endpoints as static targets."""
+    return {
+        "static_configs": [{"targets": [u.split("//")[1].split("/")[0] for u in urls.values()]}]
+    }
+
+
+def firing(prom: Prometheus, run: str, state: str = "firing") -> list[dict]:
+    """Return the labels of every alert of ``run`` in ``state``."""
+    return [s["metric"] for s in prom.query(f'ALERTS{{run="{run}", alertstate="{state}"}}')]
 
 
 @dataclass

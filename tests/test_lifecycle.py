@@ -15,47 +15,24 @@ import time
 from pathlib import Path
 
 from harness import Job, TopReader, wait_for
-from promstack import Prometheus, require, run_prometheus
+from promstack import (
+    Prometheus,
+    fast_config,
+    file_sd_scrape,
+    firing,
+    require,
+    run_prometheus,
+    sd_scrape,
+    static_scrape,
+)
 
 import exporter.tools.top as top
-from exporter.mixin.config import FAST
-from exporter.mixin.rules import render_rules
 from exporter.tools.localstack import free_port
 
 WORKER = os.path.join("tests", "workers", "lifecycle_worker.py")
 RANKS = 3
 #: How long after the job's end nothing may fire (the issue's two minutes).
 AFTER_END_S = float(os.environ.get("DDP_LIFECYCLE_AFTER_END_S", "120"))
-
-
-def _config(workdir: Path, scrape: dict, timeout: str = "900ms") -> dict:
-    """Return a 1 s scrape config; Prometheus servers on one host differ by ``timeout`` (the
-    exporter tells scrapers apart by address, user agent and scrape timeout)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "rules.yml").write_text(render_rules(FAST))
-    return {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": timeout},
-        "rule_files": [str(workdir / "rules.yml")],
-        "scrape_configs": [{"job_name": FAST.job, "honor_labels": True, **scrape}],
-    }
-
-
-def _sd(url: str) -> dict:
-    return {"http_sd_configs": [{"url": url.replace("/metrics", "/sd"), "refresh_interval": "1s"}]}
-
-
-def _file_sd(directory: Path) -> dict:
-    return {"file_sd_configs": [{"files": [str(directory / "*.json")], "refresh_interval": "1s"}]}
-
-
-def _static(urls: dict[int, str]) -> dict:
-    return {
-        "static_configs": [{"targets": [u.split("//")[1].split("/")[0] for u in urls.values()]}]
-    }
-
-
-def _alerts(prom: Prometheus, run: str, state: str = "firing") -> list[dict]:
-    return [s["metric"] for s in prom.query(f'ALERTS{{run="{run}", alertstate="{state}"}}')]
 
 
 class Watch:
@@ -72,7 +49,7 @@ class Watch:
         while not self._stop.wait(1.0):
             for name, prom in self.proms.items():
                 try:
-                    self.fired += [(name, a) for a in _alerts(prom, self.run)]
+                    self.fired += [(name, a) for a in firing(prom, self.run)]
                 except (OSError, RuntimeError):
                     pass  # a busy moment: the next read counts
             try:
@@ -116,9 +93,9 @@ def test_a_whole_job_life_pages_nobody(tmp_path):
     with _job(tmp_path, run, args) as job:
         urls = job.wait_urls()
         with (
-            run_prometheus(tmp_path / "sd", _config(tmp_path / "sd", _sd(urls[0]))) as sd,
-            run_prometheus(tmp_path / "fsd", _config(tmp_path / "fsd", _file_sd(tmp_path / "file_sd"), "800ms")) as fsd,
-            run_prometheus(tmp_path / "st", _config(tmp_path / "st", _static(urls), "700ms")) as st,
+            run_prometheus(tmp_path / "sd", fast_config(tmp_path / "sd", sd_scrape(urls[0]))) as sd,
+            run_prometheus(tmp_path / "fsd", fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"), "800ms")) as fsd,
+            run_prometheus(tmp_path / "st", fast_config(tmp_path / "st", static_scrape(urls), "700ms")) as st,
         ):  # fmt: skip
             proms = {"/sd": sd, "file_sd": fsd, "static": st}
             for prom in proms.values():
@@ -157,16 +134,18 @@ def test_an_overrunning_checkpoint_is_overdue_then_names_rank_0(tmp_path):
     # 0 behind (the others wait in the allreduce past the stall threshold).
     with _job(tmp_path, run, ["--steps", "60", "--checkpoint", "60:15"]) as job:
         urls = job.wait_urls()
-        with run_prometheus(tmp_path / "sd", _config(tmp_path / "sd", _sd(urls[0]))) as prom:
+        with run_prometheus(
+            tmp_path / "sd", fast_config(tmp_path / "sd", sd_scrape(urls[0]))
+        ) as prom:
             wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
             (tmp_path / "go").touch()
             wait_for(lambda: "rank 0: checkpoint" in job.text(), 60, "the checkpoint to start")
             overdue = wait_for(
-                lambda: [a for a in _alerts(prom, run) if a["alertname"] == "DDPSectionOverdue"],
+                lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPSectionOverdue"],
                 60, "DDPSectionOverdue")  # fmt: skip
             assert [(a["rank"], a["section"]) for a in overdue] == [("0", "checkpoint")]
             stalled = wait_for(
-                lambda: [a for a in _alerts(prom, run) if a["alertname"] == "DDPCollectiveStalled"],
+                lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPCollectiveStalled"],
                 60, "DDPCollectiveStalled")  # fmt: skip
             assert [(a["rank"], a["role"]) for a in stalled] == [("0", "behind")], stalled
 
@@ -177,19 +156,21 @@ def test_a_killed_job_is_one_alert_for_the_run(tmp_path):
     job = _job(tmp_path, run, ["--steps", "50", "--forever"])
     try:
         urls = job.wait_urls()
-        with run_prometheus(tmp_path / "sd", _config(tmp_path / "sd", _sd(urls[0]))) as prom:
+        with run_prometheus(
+            tmp_path / "sd", fast_config(tmp_path / "sd", sd_scrape(urls[0]))
+        ) as prom:
             wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
             (tmp_path / "go").touch()
             wait_for(lambda: prom.query(f'ddp_steps_total{{run="{run}"}} > 20'), 60, "training")
             job.stop()  # torchrun and its ranks die: no rank ends cleanly
             killed = wait_for(
-                lambda: [a for a in _alerts(prom, run) if a["alertname"] == "DDPJobKilled"],
+                lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPJobKilled"],
                 90, "DDPJobKilled")  # fmt: skip
             assert [a.get("rank") for a in killed] == [None], killed
             # For twice the time a per-rank alert needs to fire (rank_down_for), none does.
             until = time.monotonic() + 25
             while time.monotonic() < until:
-                names = [a["alertname"] for a in _alerts(prom, run)]
+                names = [a["alertname"] for a in firing(prom, run)]
                 assert names == ["DDPJobKilled"], names
                 time.sleep(1.0)
     finally:
@@ -207,7 +188,7 @@ def test_a_restarted_attempt_continues_the_run(tmp_path):
                 "--max-restarts", "1"]  # fmt: skip
     with _job(tmp_path, run, args, extra=restarts) as job:
         urls = job.wait_urls()
-        with run_prometheus(tmp_path / "fsd", _config(tmp_path / "fsd", _file_sd(tmp_path / "file_sd"))) as prom:  # fmt: skip
+        with run_prometheus(tmp_path / "fsd", fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"))) as prom:  # fmt: skip
             wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
             (tmp_path / "go").touch()
             wait_for(lambda: job.text().count("attempt 1") == RANKS, 120, "the restarted attempt")
@@ -218,6 +199,6 @@ def test_a_restarted_attempt_continues_the_run(tmp_path):
             assert sorted(s["metric"]["rank"] for s in attempts) == ["0", "1", "2"]
             assert job.wait(180) == 0, job.output()
             # Once attempt 1 reported, nothing of attempt 0 is left firing.
-            names = [a["alertname"] for a in _alerts(prom, run)]
+            names = [a["alertname"] for a in firing(prom, run)]
             assert not names, names
     assert urls  # the same endpoints served both attempts

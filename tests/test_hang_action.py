@@ -1,0 +1,331 @@
+"""Act on a hang: every rank exits, the launcher restarts the job from its checkpoint.
+
+Real torchrun (``--max-restarts 1``) and one-process-per-rank jobs of
+tests/workers/restart_worker.py on gloo with a 30-minute process-group timeout, a real
+Prometheus with the FAST rules. The healthy edges are tested as hard as the fault: a slow start,
+a straggler whose hang dump is written but who then progresses, and a long declared checkpoint
+never trigger the action; with the action off a hang behaves as before (dumps, nobody exits).
+How fast the restart is belongs to benchmarks/restart.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from harness import Job, Ranks, parse, scrape_text, wait_for
+from promstack import fast_config, require, run_prometheus, static_scrape
+
+import exporter
+from exporter import settings, storekeys
+from exporter.errors import ErrorCounter
+from exporter.hangs import action
+from exporter.hangs.definition import HangFinding
+from exporter.tools.localstack import free_port
+
+WORKER = os.path.join("tests", "workers", "restart_worker.py")
+RANKS = 3
+ABORT_LINE = "ddp-exporter: aborting run"
+
+
+def _env(tmp_path: Path, run: str, **extra: str) -> dict[str, str]:
+    return {
+        "OMP_NUM_THREADS": "1",
+        # torch 2.13: a restarted attempt must not reuse the agent's store (pytorch/pytorch#167288).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "DDP_EXPORTER_RUN": run,
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+        **extra,
+    }
+
+
+def _restarts() -> list[str]:
+    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--max-restarts", "1"]  # fmt: skip
+
+
+def _episodes(tmp_path: Path) -> list[str]:
+    return sorted(glob.glob(str(tmp_path / "dumps" / "*-hang-*")))
+
+
+def _line_of(marker: str) -> int:
+    with open(WORKER) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line)
+
+
+# -- the decision, on its own -------------------------------------------------------------------
+REQUEST = {"episode": 1, "pg": "0", "kind": "behind", "seq": 36.0, "threshold": 10.0,
+           "behind": [1], "run": "r"}  # fmt: skip
+STEPS = {0: 30, 1: 30, 2: 30}
+
+
+def _finding(kind: str = "behind", seq: float = 36.0, age: float = 31.0) -> HangFinding:
+    behind = (1,) if kind == "behind" else ()
+    return HangFinding("0", kind, seq, behind, (0, 2), age, 10.0)
+
+
+def test_due_after_abort_after_and_twice_the_threshold_within_half_the_timeout():
+    policy = action.ActionPolicy(after_s=30.0)
+    assert policy.due_s(10.0, 1800.0) == 30.0  # the default: abort_after
+    assert policy.due_s(25.0, 1800.0) == 50.0  # slow collectives: twice the hang threshold
+    assert policy.due_s(60.0, 1800.0) == 120.0  # a symmetric hang's own, later threshold
+    assert policy.due_s(10.0, 40.0) == 20.0  # never after half the process group's timeout
+    assert policy.due_s(10.0, None) == 30.0
+
+
+@pytest.mark.parametrize(
+    ("finding", "age", "steps", "acts"),
+    [
+        (_finding(), 31.0, STEPS, True),
+        (_finding(), 29.0, STEPS, False),  # not yet
+        (_finding(seq=37.0), 31.0, STEPS, False),  # the collective completed: progress
+        (None, 31.0, STEPS, False),  # nothing stalled any more
+        (_finding("section"), 31.0, STEPS, False),  # the culprit entered a declared section
+        (_finding("waiting"), 31.0, STEPS, False),  # nobody behind, not symmetric yet
+        (_finding(), 31.0, {0: 30, 1: 0, 2: 30}, False),  # a rank never completed a step
+        (_finding(), 31.0, {}, False),
+    ],
+    ids=["due", "early", "progressed", "resolved", "section", "waiting", "slow-start", "empty"],
+)
+def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
+    policy = action.ActionPolicy()
+    got = action.due(policy, REQUEST, finding, reported_age=age, steps=steps, timeout=1800.0)
+    assert got is acts
+
+
+def test_a_symmetric_hang_acts_on_its_own_threshold():
+    policy = action.ActionPolicy()
+    request = dict(REQUEST, kind="symmetric", threshold=60.0, behind=[])
+    finding = _finding("symmetric", age=100.0)
+    assert not action.due(policy, request, finding, reported_age=100.0, steps=STEPS, timeout=None)
+    assert action.due(policy, request, finding, reported_age=121.0, steps=STEPS, timeout=None)
+    line = action.describe(action.plan(policy, request, [], "/d/r-hang-1", 121.0, None))
+    assert "every rank is stuck inside collective #36 (pg 0)" in line, line
+
+
+def test_the_line_names_culprit_place_folder_and_code():
+    located = [{"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}]
+    plan = action.plan(action.ActionPolicy(exit_code=76), REQUEST, located, "/d/r-hang-1", 31.4,
+                       1800.0)  # fmt: skip
+    assert json.loads(json.dumps(plan)) == plan  # it travels through the store as JSON
+    line = action.describe(plan)
+    assert line == (
+        "ddp-exporter: aborting run r on hang episode 1: rank 1 never entered collective #36 "
+        "(pg 0), stuck at train.py:42 in load_batch, for 31 s (abort after 30 s); dumps and "
+        "verdict in /d/r-hang-1; every rank exits with code 76 so that the launcher restarts "
+        "the job from its last checkpoint"
+    )
+
+
+def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
+    assert settings.on_hang("instrument", environ={}) == settings.OnHang("off", 30.0, 75)
+    env = {settings.ON_HANG: " Abort ", settings.ABORT_AFTER_S: "45",
+           settings.ABORT_EXIT_CODE: "138"}  # fmt: skip
+    assert settings.on_hang("instrument", environ=env) == settings.OnHang("abort", 45.0, 138)
+    assert settings.on_hang("instrument", "off", 5, environ=env).action == "off"  # keyword wins
+    for kw, match in [
+        ({"action": "kill"}, r"on_hang=\.\.\.\): expected 'off' or 'abort', got 'kill'"),
+        ({"after_s": 0}, r"abort_after=\.\.\.\): expected seconds > 0, got 0"),
+        ({"after_s": float("inf")}, "expected seconds > 0"),
+        ({"after_s": "30"}, "expected seconds > 0, got '30'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            settings.on_hang("instrument", environ={}, **kw)
+    for name, raw in [(settings.ON_HANG, "restart"), (settings.ABORT_AFTER_S, "-1"),
+                      (settings.ABORT_AFTER_S, "soon"), (settings.ABORT_EXIT_CODE, "0"),
+                      (settings.ABORT_EXIT_CODE, "256")]:  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            settings.on_hang("instrument", environ={name: raw})
+
+
+def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):
+    model, _, opt = ddp
+    with pytest.raises(ValueError, match="needs the hang watcher: a heartbeat"):
+        exporter.instrument(model, optimizer=opt, port=0, heartbeat_s=0, on_hang="abort")
+    with pytest.raises(ValueError, match=r"monitoring rank \(monitor_rank >= 0, got -1\)"):
+        exporter.instrument(model, optimizer=opt, port=0, monitor_rank=-1, on_hang="abort")
+    with pytest.raises(ValueError, match="expected 'off' or 'abort'"):
+        exporter.instrument(model, optimizer=opt, port=0, on_hang=True)
+    assert exporter.active() is None
+
+
+def test_ranks_leave_together_the_monitoring_rank_last():
+    """Three ranks as threads over one real store: each publishes, then all exit at once."""
+    from torch.distributed import TCPStore
+
+    timeout = datetime.timedelta(seconds=10)
+    server = TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
+    keys = storekeys.for_run("leave-test")
+    events: list[tuple[str, int, float]] = []
+    policy = action.ActionPolicy(publish_s=1.0)
+    plan = action.plan(policy, REQUEST, [], "/d/r-hang-1", 31.0, None)
+
+    def rank(r: int) -> None:
+        store = TCPStore("127.0.0.1", server.port, None, False, timeout=timeout)
+        leaving = action.Leaving(
+            store, keys, r, monitor=r == 0, policy=policy, interval_s=0.2, errors=ErrorCounter(),
+            publish=lambda: events.append(("published", r, time.monotonic())),
+            exit=lambda code: events.append(("exit", r, time.monotonic(), code)),
+            quiet=lambda: None,
+        )  # fmt: skip
+        if r == 1:
+            time.sleep(0.5)  # a rank that sees the action a watch later
+        leaving.leave(plan, answered=[0, 1, 2])
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    published = {e[1]: e[2] for e in events if e[0] == "published"}
+    exits = {e[1]: (e[2], e[3]) for e in events if e[0] == "exit"}
+    assert sorted(exits) == [0, 1, 2] and {c for _, c in exits.values()} == {75}
+    # Nobody left before the last rank had published; the monitoring rank set the signal.
+    assert min(t for t, _ in exits.values()) >= max(published.values())
+    assert server.check([keys.leave()])
+
+
+def test_abort_communicators_is_a_no_op_without_nccl(ddp):
+    model, _, _ = ddp
+    started = time.monotonic()
+    action.abort_communicators(timeout_s=5.0)
+    assert time.monotonic() - started < 1.0
+    # The gloo group is untouched: a collective still runs.
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 1.0
+
+
+# -- whole jobs ------------------------------------------------------------------------------------
+def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
+    """The defaults: heartbeat 5 s, abort after 30 s; rank 1 stuck in user code at step 100."""
+    require("prometheus")
+    run = "restart"
+    go = tmp_path / "go"
+    args = [str(tmp_path), "--stuck", "1:100", "--steps", "250", "--port", str(free_port()),
+            "--go", str(go)]  # fmt: skip
+    env = _env(tmp_path, run, DDP_EXPORTER_ON_HANG="abort")
+    with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
+        urls = job.wait_urls()
+        prom_dir = tmp_path / "prom"
+        with run_prometheus(prom_dir, fast_config(prom_dir, static_scrape(urls))) as prom:
+            wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
+            go.touch()
+            aborted = wait_for(
+                lambda: [a for a in prom.api("alerts")["alerts"]
+                         if a["labels"]["alertname"] == "DDPHangAborted"],
+                150, "DDPHangAborted")  # fmt: skip
+            assert job.wait(180) == 0, job.output()
+            ever = prom.query(f'count by (alertname) (count_over_time(ALERTS{{run="{run}", '
+                              'alertstate="firing"}[10m]))')  # fmt: skip
+            pending = prom.query(f'ALERTS{{run="{run}", alertname="DDPJobKilled"}}')
+    text = job.text()
+    stuck = _line_of("# stuck here")
+    where = f"restart_worker.py:{stuck} in wait_for_data"
+
+    # Every rank of attempt 0 printed one line naming the culprit, where and the dump folder.
+    lines = [line for line in text.splitlines() if ABORT_LINE in line]
+    assert len(lines) == RANKS, text
+    (folder,) = _episodes(tmp_path)
+    for line in lines:
+        assert "rank 1 never entered collective" in line and where in line, line
+        assert folder in line and "exits with code 75" in line, line
+    assert "exitcode: 75" in text, text  # torchrun saw the documented code, then restarted
+    assert "Traceback" not in text, text  # no rank's training thread unwound the abort
+
+    # The restarted attempt resumed from a checkpoint taken before the hang and finished.
+    resumed = {int(s) for s in re.findall(r"attempt 1 resumed at step (\d+)", text)}
+    assert len(resumed) == 1 and 0 < resumed.pop() <= 100, text
+    assert text.count("finished at step 250") == RANKS, text
+
+    # The episode's dumps and verdict are on disk, and the verdict records the action.
+    assert sorted(os.listdir(folder)) == ["episode.json", *(f"rank-{r}.{x}" for r in range(RANKS)
+                                          for x in ("json", "txt")), "verdict.txt"]  # fmt: skip
+    with open(os.path.join(folder, "episode.json")) as f:
+        action = json.load(f)["action"]
+    assert (action["culprits"], action["exit_code"], action["kind"]) == ([1], 75, "behind")
+    assert action["age_s"] >= action["due_s"] == 30.0, action
+    with open(os.path.join(folder, "verdict.txt")) as f:
+        verdict = f.read()
+    assert "ACTION: aborted" in verdict and "rank 1 never entered all_reduce" in verdict
+
+    # Prometheus recorded the decision: one alert for the run, naming rank 1 and file:line.
+    (alert,) = aborted
+    assert alert["labels"]["culprit_rank"] == "1", alert
+    assert f"{stuck} in wait_for_data" in alert["annotations"]["description"], alert
+    fired = {s["metric"]["alertname"] for s in ever}
+    assert "DDPHangAborted" in fired and fired <= {"DDPHangAborted", "DDPCollectiveStalled"}, fired
+    assert not pending
+
+
+def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_path):
+    """srun-style: rank 0 (the monitoring rank, hosting the store) is the culprit."""
+    env = _env(tmp_path, "perrank", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1",
+               DDP_EXPORTER_ABORT_AFTER_S="12", DDP_EXPORTER_ABORT_EXIT_CODE="76")  # fmt: skip
+    with Ranks(RANKS, [WORKER, str(tmp_path), "--stuck", "0:40"], env=env) as job:
+        codes = job.wait(150)
+        assert codes == {r: 76 for r in range(RANKS)}, job.output()
+        for r in range(RANKS):
+            out = job.out(r)
+            assert out.count(ABORT_LINE) == 1, out
+            assert "rank 0 never entered collective" in out and "code 76" in out, out
+    (folder,) = _episodes(tmp_path)
+    with open(os.path.join(folder, "episode.json")) as f:
+        action = json.load(f)["action"]
+    # abort_after 12 s, but at least twice the 10 s threshold that declared the hang.
+    assert (action["culprits"], action["exit_code"], action["due_s"]) == ([0], 76, 20.0)
+
+
+def test_slow_start_straggler_and_long_checkpoint_never_abort(tmp_path):
+    """Each edge lasts past the 20 s the action waits here; the job must simply finish."""
+    env = _env(tmp_path, "edges", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1",
+               DDP_EXPORTER_ABORT_AFTER_S="12")  # fmt: skip
+    args = [str(tmp_path), "--steps", "200",
+            "--slow-start", "2:25",  # nobody has completed a step: a slow start
+            "--straggle", "1:60:15",  # late enough for a hang dump, then it progresses
+            "--checkpoint-at", "120:25"]  # rank 0, declared: the others wait, excused  # fmt: skip
+    with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
+        assert job.wait(240) == 0, job.output()
+    text = job.text()
+    assert ABORT_LINE not in text and "attempt 1" not in text, text
+    assert "rank 0: long checkpoint at step 120" in text
+    assert text.count("finished at step 200") == RANKS, text
+    # The slow start and the straggler each opened an episode (the action was armed and judged
+    # them); the declared checkpoint opened none. No verdict records an action.
+    episodes = _episodes(tmp_path)
+    behind = []
+    for folder in episodes:
+        with open(os.path.join(folder, "episode.json")) as f:
+            episode = json.load(f)
+        assert "action" not in episode, episode
+        behind.append(episode["behind"])
+    assert behind == [[2], [1]], behind
+
+
+def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):
+    env = _env(tmp_path, "off", DDP_EXPORTER_HEARTBEAT_S="1", DDP_EXPORTER_ABORT_AFTER_S="12")
+    with Ranks(RANKS, [WORKER, str(tmp_path), "--stuck", "1:40"], env=env) as job:
+        folder = wait_for(lambda: glob.glob(str(tmp_path / "dumps" / "*-hang-*" / "verdict.txt")),
+                          90, "the hang verdict")  # fmt: skip
+        urls = job.urls
+        # Past the time the action would have taken (20 s from onset, the verdict came at ~12 s):
+        # every rank still runs and publishes no abort.
+        until = time.monotonic() + 20
+        while time.monotonic() < until:
+            assert all(p.poll() is None for p in job.procs.values()), job.output()
+            time.sleep(1.0)
+        for r in range(RANKS):
+            assert "ddp_hang_abort_timestamp_seconds" not in parse(scrape_text(urls[r]))
+        assert ABORT_LINE not in job.output()
+        with open(folder[0]) as f:
+            assert "ACTION" not in f.read()

@@ -1,0 +1,121 @@
+"""Train with checkpoints and resume from the last one, as the PyTorch DDP tutorials do.
+
+Used by tests/test_hang_action.py and benchmarks/restart.py, under torchrun (``--max-restarts``)
+or one process per rank. Rank 0 saves a checkpoint every ``--every`` steps (atomically, inside
+``exporter.deadline("checkpoint")``); every attempt starts from the last one. The process
+group's timeout is 30 minutes. Faults, each in torchrun's first attempt only:
+
+``--stuck RANK:STEP``         RANK blocks in user code (``wait_for_data``) before STEP, forever
+``--straggle RANK:STEP:S``    RANK is S seconds late for STEP once, then trains on
+``--checkpoint-at STEP:S``    rank 0 saves a checkpoint taking S seconds before STEP (declared)
+``--slow-start RANK:S``       RANK starts its first step S seconds late
+
+Prints ``rank R: attempt A resumed at step N``, ``onset UNIX`` (the stuck rank, as it blocks),
+``rank 0: attempt A first step at UNIX`` (the first step completed in a restarted attempt) and
+``rank R: finished at step N``; the hang action prints its own line before every rank exits.
+
+argv: WORKDIR [--steps N] [--every N] [--port P] [--go FILE] [faults]
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from results import leave
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import exporter
+
+STEP_S = 0.02
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x) for x in text.split(":")]
+
+
+def wait_for_data(seconds: float) -> None:
+    """Stand in for a data source that stops answering (an NFS mount, a dead reader)."""
+    time.sleep(seconds)  # stuck here
+
+
+def save(path: str, model: DDP, opt: torch.optim.Optimizer, step: int, seconds: float) -> None:
+    with exporter.deadline("checkpoint", seconds=600):
+        tmp = path + ".tmp"
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+        time.sleep(seconds)  # a slow shared file system
+        os.replace(tmp, path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("workdir")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--every", type=int, default=20)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--go", default="", help="wait for this file before training (attempt 0)")
+    p.add_argument("--stuck", type=numbers, default=None)
+    p.add_argument("--straggle", type=numbers, default=None)
+    p.add_argument("--checkpoint-at", type=numbers, default=None)
+    p.add_argument("--slow-start", type=numbers, default=None)
+    args = p.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    first = attempt == 0
+    torch.manual_seed(0)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = os.path.join(args.workdir, "checkpoint.pt")
+    step = 0
+    if os.path.exists(path):
+        state = torch.load(path, map_location="cpu")
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+    say(f"rank {rank}: attempt {attempt} resumed at step {step}")
+    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr="127.0.0.1")
+    say(f"rank {rank}: metrics at {obs.url}")
+    while args.go and first and not os.path.exists(args.go):  # every rank, before any step
+        time.sleep(0.1)
+    if args.slow_start and first and rank == int(args.slow_start[0]):
+        time.sleep(args.slow_start[1])
+    reported = False
+    while step < args.steps:
+        if args.stuck and first and rank == int(args.stuck[0]) and step == int(args.stuck[1]):
+            say(f"onset {time.time()}")
+            wait_for_data(3600)
+        if args.straggle and first and rank == int(args.straggle[0]):
+            if step == int(args.straggle[1]):
+                time.sleep(args.straggle[2])
+        if args.checkpoint_at and first and rank == 0 and step == int(args.checkpoint_at[0]):
+            say(f"rank 0: long checkpoint at step {step}")
+            save(path, model, opt, step, args.checkpoint_at[1])
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        step += 1
+        if rank == 0 and attempt > 0 and not reported:
+            reported = True
+            say(f"rank 0: attempt {attempt} first step at {time.time()}")
+        if rank == 0 and step % args.every == 0:
+            save(path, model, opt, step, 0.0)
+        time.sleep(STEP_S)
+    say(f"rank {rank}: finished at step {step}")
+    leave()
+
+
+if __name__ == "__main__":
+    main()
