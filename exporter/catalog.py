@@ -292,8 +292,8 @@ HANG_ABORT = MetricDef(
     "ddp_hang_abort_timestamp_seconds",
     "gauge",
     'Unix time the hang action (instrument(on_hang="abort")) decided to end the run, published '
-    "by every rank that then exits; culprit_rank names the rank behind (empty for a symmetric "
-    "hang). Present only in the rank's last scrapes, which it waits for briefly before exit.",
+    "by every rank that then exits; culprit_rank names the (lowest) rank behind (empty for a "
+    "symmetric hang). Present only in the rank's last scrapes, which it waits for briefly before exit.",
     ("culprit_rank",),
     unit="seconds",
 )

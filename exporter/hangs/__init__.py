@@ -8,8 +8,11 @@
 - :mod:`~exporter.hangs.watcher`: the background thread that reports, decides, asks every
   rank for a dump and writes the episode's verdict;
 - :mod:`~exporter.hangs.verdict`: who is stuck where, culprits first (also
-  ``ddp-exporter hangs DIR``).
+  ``ddp-exporter hangs DIR``);
+- :mod:`~exporter.hangs.action`: with ``on_hang="abort"``, when a hang ends the run and how
+  every rank leaves together.
 
-Only the watcher needs torch (through the in-flight sources it is handed); the definition, the
-capture and the verdict import none, so the offline tools stay light.
+Only the watcher needs torch (through the in-flight sources it is handed; the action imports
+it only to abort NCCL communicators); the definition, the capture and the verdict import none,
+so the offline tools stay light.
 """

@@ -257,7 +257,11 @@ def exit_now(code: int) -> NoReturn:
 
 
 class Leaving:
-    """Take one rank out of a run whose hang action was decided, together with the others."""
+    """Take one rank out of a run whose hang action was decided, together with the others.
+
+    ``exit`` and ``quiet`` are the process-wide steps (``os._exit``, silencing the training
+    thread); tests pass harmless ones.
+    """
 
     def __init__(
         self,
@@ -298,7 +302,9 @@ class Leaving:
             if self._monitor:
                 self._let_go(answered or [])
             else:
-                self._store.wait([self._keys.leave()], timedelta(seconds=self.deadline_s + 2.0))
+                # The monitoring rank may publish for up to a deadline before it waits one.
+                wait = timedelta(seconds=2 * self.deadline_s + 2.0)
+                self._store.wait([self._keys.leave()], wait)
         except Exception as exc:  # noqa: BLE001 - a dead store must not keep the rank alive
             self._errors.record("forensics", exc)
         finally:
