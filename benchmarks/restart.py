@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,18 +33,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from exporter.tools.localstack import free_port  # noqa: E402
 from exporter.tools.reaper import stop_tree  # noqa: E402
 
 WORKER = os.path.join(REPO, "tests", "workers", "restart_worker.py")
 GOAL_S = 60.0
 PG_TIMEOUT_S = 1800.0
 STUCK_AT_STEP = 100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_round(ranks: int, abort_after: float | None, timeout: float) -> dict[str, float]:
@@ -65,7 +59,7 @@ def one_round(ranks: int, abort_after: float | None, timeout: float) -> dict[str
         env["DDP_EXPORTER_ABORT_AFTER_S"] = str(abort_after)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
         "--max-restarts", "1", WORKER, root, "--stuck", f"1:{STUCK_AT_STEP}",
         "--steps", str(STUCK_AT_STEP + 100),
     ]  # fmt: skip
