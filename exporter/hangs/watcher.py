@@ -345,14 +345,18 @@ class HangWatcher:
             if rep.get("lat"):
                 lats.append(float(rep["lat"]))
             section = bool(rep.get("sec"))
-            # The report is up to an interval old: age it by the time since it changed.
+            # A live rank's report is up to an interval old: age it by the time since it
+            # changed, but by one interval at most. A rank silent for longer (frozen, dead, a
+            # thread holding the GIL) is not known to sit in that collective still; aging it
+            # on would call a frozen rank that never entered the next collective "waiting".
+            lag = min(now - seen_at, self.interval)
             for pg, enq, age, tmo in rep.get("pgs", []):
                 pg = str(pg)
                 reported[pg] = max(reported.get(pg, 0.0), float(age or 0.0))
                 steps.setdefault(pg, {})[rank] = int(rep.get("st", 0))
                 if tmo:
                     timeouts[pg] = min(timeouts.get(pg, float(tmo)), float(tmo))
-                age = float(age) + (now - seen_at) if age else 0.0
+                age = float(age) + lag if age else 0.0
                 states.append(SeqState(rank, pg, float(enq), age, tmo, section))
                 last[(rank, pg)] = enq
         lats.sort()
