@@ -22,8 +22,9 @@ Cases:
   vs a plain one (informational: the loader's own cost dominates).
 * The forward pre-hook is not timed: it runs before the first forward only, then removes itself.
 
-Also printed (not an event cost): the stand-in allreduce hook's extra ``mul_`` pass over a
-25 MB bucket, which DDP's built-in C++ allreduce fuses into its gradient copy.
+Also printed (not event costs): the stand-in allreduce hook's extra ``mul_`` pass over a
+25 MB bucket, which DDP's built-in C++ allreduce fuses into its gradient copy; and the per-step
+read of DDP's reducer timers (``ReducerTiming.read``, the default mode's one cost per step).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from exporter.sources.instrumentors import (  # noqa: E402
     TimedIterator,
 )
 from exporter.sources.recorder import Recorder  # noqa: E402
+from exporter.sources.reducer import ReducerTiming  # noqa: E402
 
 GOAL_US = 2.0
 
@@ -234,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     # -- structural: the stand-in hook's extra pass over a 25 MB bucket ------------------------
     big = torch.ones(25 * 2**20 // 4)
     mul_ns = _time(lambda k: [big.mul_(1.0) for _ in range(k)], 20, reps)
+
+    # -- per step: reading DDP's reducer timers (the default, hook-free mode) -----------------
+    layers = [torch.nn.Linear(64, 64) for _ in range(24)]  # 48 parameter tensors
+    ddp = DDP(torch.nn.Sequential(*layers))
+    timing = ReducerTiming(ddp, errors)
+    timing.instrument()
+    for _ in range(3):
+        ddp(torch.randn(8, 64)).sum().backward()
+    read_ns = _time(lambda k: [timing.read() for _ in range(k)], max(n // 100, 100), reps)
+    timing.uninstrument()
     dist.destroy_process_group()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {n} calls x {reps} repeats")
@@ -246,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"stand-in allreduce hook mul_ pass over a 25 MB bucket: {min(mul_ns) / 1e3:.0f} us "
         "(DDP's built-in allreduce fuses this division into its gradient copy)"
+    )
+    print(
+        f"reading DDP's reducer timers, once per step (default mode; 48 parameter tensors): "
+        f"{min(read_ns) / 1e3:.1f} us (min) / {statistics.median(read_ns) / 1e3:.1f} us (median)"
     )
     print(
         "forward pre-hook: runs before the first forward only, then removes itself (no per-step cost)"

@@ -1,18 +1,21 @@
 """Measure the training-step overhead of the exporter: plain vs instrumented DDP on gloo.
 
-Each rank holds four identical DDP models with their own DataLoader and optimizer: ``plain``
-(DDP's built-in C++ allreduce), ``instr`` (the same after ``exporter.instrument``), ``hook``
-(no exporter, only the exporter's stand-in ``allreduce_mean_hook`` registered as comm hook: the
-share of the overhead that comes from replacing DDP's C++ allreduce by a Python hook) and
-``control`` (a second plain model: the noise floor of the method). Every round runs a block of
-``--block`` steps on each model, in a rotated order, in the same processes; the per-round
-ratios X/plain cancel machine drift. Rank 0's block times are
-reported (DDP keeps the ranks in lockstep).
+Each rank holds five identical DDP models with their own DataLoader and optimizer: ``plain``
+(DDP's built-in C++ allreduce), ``instr`` (the same after ``exporter.instrument`` in its default
+mode: on CPU, DDP's reducer times its own allreduce), ``instr_hook`` (the exporter with
+``comm_timing="hook"``: its timing comm hook stands in for the allreduce), ``hook`` (no
+exporter, only the exporter's stand-in ``allreduce_mean_hook`` registered as comm hook: the
+share of ``instr_hook``'s overhead that any Python hook costs) and ``control`` (a second plain
+model: the noise floor of the method). Every round runs a block of ``--block`` steps on each
+model, in a rotated order, in the same processes; the per-round ratios X/plain cancel machine
+drift. Rank 0's block times are reported (DDP keeps the ranks in lockstep).
 
     python benchmarks/overhead.py                     # 1 and 2 ranks
-    python benchmarks/overhead.py --world 2 --rounds 40
+    python benchmarks/overhead.py --world 2 4 --rounds 60
+    python benchmarks/overhead.py --world 2 --width 3238   # 10x the parameters
 
-The last line is ``overhead_ratio=<median>``: the larger of the per-world-size medians.
+The last line is ``overhead_ratio=<median>``: the larger of the per-world-size medians of
+``instr`` (the default mode).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ sys.path.insert(0, REPO)
 
 from exporter.tools.reaper import raise_on_signals  # noqa: E402
 
-ARMS = ("plain", "instr", "hook", "control")
+ARMS = ("plain", "instr", "instr_hook", "hook", "control")
 
 
 def _model(width: int) -> torch.nn.Module:
@@ -50,6 +53,8 @@ def _model(width: int) -> torch.nn.Module:
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
     import exporter
+    from exporter import settings
+    from exporter.observer import Observer
     from exporter.sources.commhook import allreduce_mean_hook
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -75,6 +80,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
         port=0,
         addr="127.0.0.1",
     )
+    # instrument() keeps one handle per process: the hook-mode arm gets an Observer of its own,
+    # with the same endpoint settings but no heartbeat (its store keys would be the first's).
+    model, loader, opt = arms["instr_hook"]
+    hooked = Observer(
+        model,
+        identity=settings.identity(run="overhead-hook", group=(rank, world)),
+        endpoint=settings.endpoint("instrument", port=0, addr="127.0.0.1", heartbeat_s=0),
+        dataloader=loader,
+        optimizer=opt,
+        comm_timing="hook",
+    )
+    modes = (obs.comm_timing, hooked.comm_timing)
 
     def block(name: str, steps: int) -> float:
         model, loader, opt = arms[name]
@@ -103,10 +120,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
             times[name].append(block(name, args.block))
     steps_seen = obs.recorder.steps
     obs.close()
+    hooked.close()
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        out.put((times, steps_seen))
+        out.put((times, steps_seen, modes))
 
 
 def _free_port() -> int:
@@ -142,7 +160,7 @@ def run_world(world: int, args: argparse.Namespace) -> float:
             if proc.is_alive():
                 proc.kill()
             proc.join()
-    times, steps_seen = out.get()
+    times, steps_seen, modes = out.get()
     if args.verbose:
         for a in ARMS:
             print(a, [round(t, 3) for t in times[a]])
@@ -151,7 +169,8 @@ def run_world(world: int, args: argparse.Namespace) -> float:
     ratios = {a: [t / p for t, p in zip(times[a], plain)] for a in ARMS[1:]}
     print(
         f"world={world}: {args.rounds} rounds x {args.block} steps per arm, "
-        f"plain step {step_ms:.1f} ms (median), recorder counted {steps_seen} instr steps"
+        f"plain step {step_ms:.1f} ms (median), recorder counted {steps_seen} instr steps; "
+        f"comm_timing instr={modes[0]} instr_hook={modes[1]}"
     )
     for arm, rs in ratios.items():
         med, q1, q3, lo, hi = _summary(rs)

@@ -76,6 +76,7 @@ def instrument(
     epochs: int | None = None,
     on_hang: str | None = None,
     abort_after: float | None = None,
+    comm_timing: str | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
 
@@ -91,6 +92,9 @@ def instrument(
     wall-clock limit. ``on_hang="abort"`` ends every rank of the run (exit code 75) once a hang
     has lasted ``abort_after`` seconds (default 30), for the launcher to restart the job from its
     last checkpoint (:mod:`exporter.hangs.action`); the default ``"off"`` alerts and dumps only.
+    ``comm_timing``: ``"auto"`` (default) times DDP's communication with DDP's own reducer timers
+    where that gives the same blame, leaving its built-in allreduce in place; ``"hook"`` wraps it
+    in a timing comm hook (per-bucket detail); see :mod:`exporter.sources.reducer`.
     Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
@@ -116,6 +120,7 @@ def instrument(
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         folder = settings.dump_dir(dump_dir)
         hang = settings.on_hang("instrument", on_hang, abort_after)
+        timing = settings.comm_timing("instrument", comm_timing)
         if hang.action != "off" and not (endpoint.heartbeat_s > 0 and endpoint.monitor_rank >= 0):
             raise ValueError(
                 f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
@@ -140,6 +145,7 @@ def instrument(
             job_clock=job_clock,
             final_scrape_s=settings.final_scrape_s(),
             on_hang=hang,
+            comm_timing=timing,
         )
         if watch is not None:
             _watch = None

@@ -66,6 +66,7 @@ PHASES: tuple[str, ...] = ("data", "compute", "comm_wait", "optimizer")
 #: Places where an exporter error can happen (bounded label set of ddp_exporter_errors_total).
 ERROR_WHERE: tuple[str, ...] = (
     "comm_hook",
+    "comm_timing",
     "dataloader",
     "optimizer",
     "step",
@@ -152,6 +153,7 @@ RANK_INFO = MetricDef(
         "torch_version",
         "exporter_version",
         "inflight_source",
+        "comm_timing",
         "python_version",
         "cuda_version",
         "nccl_version",

@@ -37,6 +37,7 @@ from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.memory import MemorySource, cuda_memory_source
 from .sources.recorder import Recorder, ThreadSections
+from .sources.reducer import ReducerTiming, choose_timing
 from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
 from .sources.walltime import JobClock
@@ -72,6 +73,7 @@ class Observer:
         job_clock: JobClock | None = None,
         final_scrape_s: float = settings.DEFAULT_FINAL_SCRAPE_S,
         on_hang: settings.OnHang | None = None,
+        comm_timing: str = "auto",
     ) -> None:
         self.model = model
         self.identity = identity
@@ -87,19 +89,24 @@ class Observer:
                                  if dataloader is not None else "comm_hook")  # fmt: skip
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.backend = dist.get_backend(model.process_group) if dist.is_initialized() else "none"
-
-        # Comm hook: wrap the user's hook, or stand in for the built-in allreduce.
+        # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
+        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder)
         pg = model.process_group
-        stats = self.recorder.collective_stats(
-            "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)
-        )
-        cuda = self.device.type == "cuda"
-        self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda else None
-        self.hook = CommHookWrapper(
-            self.recorder, self.errors, stats, allreduce_mean_hook, pg, self._cuda
-        )
-        self._comm = CommHookInstrumentor(model, self.hook)
-        self._comm.instrument()
+        stats = self.recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
+                                               pg_timeout_seconds(pg))  # fmt: skip
+        cuda = self.device.type == "cuda"  # CUDA events time the hook off the training thread
+        self.comm_timing = choose_timing(comm_timing, model, self.inflight.name, self.recorder.mode)
+        hooked = self.comm_timing == "hook"
+        self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda and hooked else None
+        #: The timing comm hook; None when DDP's reducer times its own allreduce.
+        self.hook = CommHookWrapper(self.recorder, self.errors, stats, allreduce_mean_hook, pg,
+                                    self._cuda) if hooked else None  # fmt: skip
+        self._comm = CommHookInstrumentor(model, self.hook) if hooked else ReducerTiming(
+            model, self.errors)  # fmt: skip
+        if not self._comm.instrument():
+            self.comm_timing = "none"  # a hook registered before the wrapper: not timed
+        elif not hooked:
+            self.recorder.time_comm_with(self._comm.read, stats)
         # The first forward opens the first step, whatever source closes steps.
         self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
         rec, err = self.recorder, self.errors
@@ -112,8 +119,6 @@ class Observer:
         self._sections = ThreadSections(self.recorder, threading.main_thread().ident)
         SECTIONS.listen(self._sections)
 
-        # In-flight state: the Flight Recorder where it works, else our own bookkeeping.
-        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder)
         if memory_source is None and cuda:
             memory_source = cuda_memory_source(self.device)
         self.memory_source = memory_source
@@ -193,7 +198,9 @@ class Observer:
 
     def info_labels(self) -> dict[str, str]:
         """Return the static facts published as ``ddp_rank_info``."""
-        return rank_info(self.identity, self.backend, self.device.type, self.inflight.name)
+        return rank_info(
+            self.identity, self.backend, self.device.type, self.inflight.name, self.comm_timing
+        )
 
     def timed_batches(self, iterator: Iterator) -> Iterator:
         """Return ``iterator`` timing its batches (one made before the DataLoader was hooked)."""

@@ -19,6 +19,12 @@ Variable                        Meaning                                         
                                 only late peers, oldest first. ``0`` none.
 ``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
                                 bookkeeping only).
+``DDP_EXPORTER_COMM_TIMING``    How DDP's communication is timed: ``auto``,            auto
+                                ``reducer`` (DDP's own timers; its built-in allreduce
+                                stays; CPU only), or ``hook`` (a timing comm hook:
+                                per-bucket detail). ``auto`` picks ``reducer`` where
+                                it gives the same blame (see
+                                :mod:`exporter.sources.reducer`).
 ``DDP_EXPORTER_ADVERTISE_ADDR``  Host or IP registered for discovery (``/sd``,          see below
                                 file_sd): where Prometheus scrapes this rank.
 ``DDP_EXPORTER_FILE_SD``        Directory where each rank writes its file_sd target    unset
@@ -92,6 +98,8 @@ __all__ = [
     "DEFAULT_ABORT_EXIT_CODE",
     "DEFAULT_ADDR",
     "DEFAULT_DUMP_DIR",
+    "COMM_TIMING",
+    "COMM_TIMING_CHOICES",
     "DEFAULT_FINAL_SCRAPE_S",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_PEER_SERIES",
@@ -137,6 +145,7 @@ __all__ = [
     "attempt",
     "final_scrape_s",
     "bind_addr",
+    "comm_timing",
     "default_run",
     "dump_dir",
     "endpoint",
@@ -167,6 +176,7 @@ HEARTBEAT_S = "DDP_EXPORTER_HEARTBEAT_S"
 MONITOR_RANK = "DDP_EXPORTER_MONITOR_RANK"
 PEER_SERIES = "DDP_EXPORTER_PEER_SERIES"
 FLIGHT_RECORDER = "DDP_EXPORTER_FLIGHT_RECORDER"
+COMM_TIMING = "DDP_EXPORTER_COMM_TIMING"
 DUMP_DIR = "DDP_EXPORTER_DUMP_DIR"
 ADVERTISE_ADDR = "DDP_EXPORTER_ADVERTISE_ADDR"
 FILE_SD = "DDP_EXPORTER_FILE_SD"
@@ -220,6 +230,8 @@ DEFAULT_PEER_SERIES = 64
 DEFAULT_DUMP_DIR = "ddp-exporter-dumps"
 #: Most seconds a rank that ends cleanly waits for its scrapers to read its final state.
 DEFAULT_FINAL_SCRAPE_S = 10.0
+#: How DDP's communication is timed (``instrument(comm_timing=...)``).
+COMM_TIMING_CHOICES: tuple[str, ...] = ("auto", "reducer", "hook")
 #: What a hang may do besides alerting and dumping (``instrument(on_hang=...)``).
 ON_HANG_CHOICES: tuple[str, ...] = ("off", "abort")
 #: Seconds a hang lasts before the ``abort`` action ends the run: three times the stall floor
@@ -402,6 +414,23 @@ def flight_recorder(on: bool | None, environ: Mapping[str, str] | None = None) -
     if on is not None:
         return bool(on)
     return _environ(environ).get(FLIGHT_RECORDER, "1") not in ("0", "false", "")
+
+
+def comm_timing(
+    caller: str, value: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return the communication timing mode: keyword, ``DDP_EXPORTER_COMM_TIMING``, ``auto``.
+
+    Raises ValueError naming ``caller``'s keyword or the variable.
+    """
+    source = f"exporter.{caller}(comm_timing=...)"
+    if value is None:
+        source, value = COMM_TIMING, _environ(environ).get(COMM_TIMING, "").strip().lower()
+        value = value or "auto"
+    if value not in COMM_TIMING_CHOICES:
+        choices = ", ".join(repr(c) for c in COMM_TIMING_CHOICES)
+        raise ValueError(f"{source}: expected one of {choices}, got {value!r}")
+    return value
 
 
 def dump_dir(path: Any, environ: Mapping[str, str] | None = None) -> str:

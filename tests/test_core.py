@@ -55,7 +55,9 @@ def test_close_restores_what_was_patched_and_is_idempotent(ddp):
     model, loader, opt = ddp
     loader_class = type(loader)
     pre, post = dict(opt._optimizer_step_pre_hooks), dict(opt._optimizer_step_post_hooks)
-    obs = exporter.instrument(model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1")
+    obs = exporter.instrument(
+        model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", comm_timing="hook"
+    )
     assert type(loader) is not loader_class and isinstance(loader, loader_class)
     assert "register_comm_hook" in model.__dict__
     obs.close()
@@ -68,18 +70,44 @@ def test_close_restores_what_was_patched_and_is_idempotent(ddp):
     train_epoch(model, loader, opt)  # the disabled wrapper still reduces gradients
 
 
-def test_serves_steps_phases_and_collectives_over_http(ddp):
+def test_reducer_timing_leaves_ddp_alone_and_gives_back_its_sample_rate(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)
+    assert obs.comm_timing == "reducer" and obs.hook is None
+    assert "register_comm_hook" not in model.__dict__ and not model._comm_hooks
+    for _ in range(2):  # past DDP's first 10 iterations, which it always times
+        train_epoch(model, loader, opt)
+    timed = model._get_ddp_logging_data()["iteration"]
+    # Every iteration timed (sample rate 1); DDP's logger reads one iteration late.
+    assert timed == 2 * len(loader) - 1
+    obs.close()
+    obs.close()
+    train_epoch(model, loader, opt)
+    # Back at DDP's own rate (every 100th iteration): none of these 8 iterations was timed.
+    assert model._get_ddp_logging_data()["iteration"] == timed
+
+
+@pytest.mark.parametrize("timing", ["hook", None])
+def test_serves_steps_phases_and_collectives_over_http(ddp, timing):
     model, loader, opt = ddp
     obs = exporter.instrument(
-        model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", run="unit"
+        model,
+        dataloader=loader,
+        optimizer=opt,
+        port=0,
+        addr="127.0.0.1",
+        run="unit",
+        comm_timing=timing,
     )
     train_epoch(model, loader, opt)
     url = f"http://127.0.0.1:{obs.port}/metrics"
-    # The last bucket's completion callback may still be running on gloo's thread.
+    # Hook: one observation per bucket; the last bucket's completion callback may still be
+    # running on gloo's thread. Reducer: one per iteration, read one iteration late.
+    timed = len(loader) if timing == "hook" else len(loader) - 1
     s = wait_for(
         lambda: (
             (x := parse(scrape_text(url)))
-            and value(x, "ddp_collective_duration_seconds_count") >= len(loader)
+            and value(x, "ddp_collective_duration_seconds_count") >= timed
             and x
         ),
         10,
@@ -87,10 +115,14 @@ def test_serves_steps_phases_and_collectives_over_http(ddp):
     )
     assert value(s, "ddp_steps_total", run="unit", rank="0") == len(loader)
     assert value(s, "ddp_step_phase_seconds_count", phase="data") == len(loader)
-    assert value(s, "ddp_collective_duration_seconds_count", op="allreduce", pg="0") >= len(loader)
-    assert value(s, "ddp_collective_bytes_total") > 0
+    assert value(s, "ddp_collective_duration_seconds_count", op="allreduce", pg="0") >= timed
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert value(s, "ddp_collective_bytes_total") == params * timed
     total = sum(value(s, "ddp_step_phase_seconds_sum", phase=p) for p in exporter.catalog.PHASES)
     assert total == pytest.approx(value(s, "ddp_step_duration_seconds_sum"), rel=1e-6)
+    assert value(s, "ddp_step_phase_seconds_sum", phase="comm_wait") > 0
+    info = [lab for lab, _ in s["ddp_rank_info"]][0]
+    assert info["comm_timing"] == (timing or "reducer")
     info = [lab for lab, _ in s["ddp_rank_info"]][0]
     assert info["world_size"] == "1" and info["backend"] == "gloo" and info["device"] == "cpu"
     assert "ddp_gpu_memory_allocated_bytes" not in s
@@ -131,7 +163,9 @@ def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     model, loader, opt = ddp
-    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)
+    obs = exporter.instrument(
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, comm_timing="hook"
+    )
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     assert (
         isinstance(obs.hook, CommHookWrapper) and obs.hook.inner is default_hooks.fp16_compress_hook

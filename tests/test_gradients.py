@@ -1,4 +1,7 @@
-"""Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo)."""
+"""Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo).
+
+Both timing modes: the default (DDP's reducer times its own allreduce) and the timing hook.
+"""
 
 import json
 
@@ -16,7 +19,13 @@ def test_gradients_bit_identical(tmp_path):
             assert r["params"], f"rank {rank} {name}: parameters differ"
             assert r["steps"] == 6, (rank, name, r)
         # The wrapper timed every bucket where it could wrap the hook ...
-        assert per_rank["builtin"]["buckets"] > 6
-        assert per_rank["fp16_after"]["buckets"] > 6
+        assert per_rank["builtin/hook"]["buckets"] > 6
+        assert per_rank["fp16_after/hook"]["buckets"] > 6
         # ... and a hook registered before instrument() is left alone (no timing, same math).
-        assert per_rank["fp16_before"]["buckets"] == 0
+        assert per_rank["fp16_before/hook"]["buckets"] == 0
+        assert per_rank["fp16_before/hook"]["timing"] == "none"
+        # The default mode leaves DDP's allreduce in place and its reducer times every
+        # iteration, whatever hook the user registers, before or after (one iteration late).
+        for name in ("builtin", "fp16_after", "fp16_before"):
+            r = per_rank[f"{name}/auto"]
+            assert r["timing"] == "reducer" and r["buckets"] == 5, (rank, name, r)

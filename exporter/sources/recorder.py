@@ -11,7 +11,9 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import catalog
 
@@ -118,6 +120,9 @@ class Recorder:
         # been left out of the step (None: no section, or one with training inside).
         self._depth = 0
         self._paused: float | None = None
+        # Hook-free timing: read DDP's reducer timers as each step closes (time_comm_with).
+        self._comm_reader: Callable[[], Any] | None = None
+        self._comm_stats: CollectiveStats | None = None
         self._reset_step(None)
 
     # -- step state ------------------------------------------------------------------------
@@ -130,16 +135,29 @@ class Recorder:
         self._last_done = 0.0
         self._opt_t0 = 0.0
 
-    def _finish_step(self, now: float) -> None:
-        """Close the current step at ``now`` and open the next; caller holds the lock."""
+    def _finish_step(self, now: float, reading: Any = None) -> None:
+        """Close the current step at ``now`` and open the next; caller holds the lock.
+
+        ``reading``: DDP's reducer timing of the last finished iteration (hook-free mode), or
+        None; its exposed communication is the step's comm_wait.
+        """
         start = self._start
         self._paused = None  # a step ends inside the section: it has training in it
+        if reading is not None:
+            stats = self._comm_stats
+            stats.enqueued += 1
+            stats.bytes += reading.nbytes
+            stats.hist.observe(reading.comm_s)
+            stats.completed += 1
         if start is not None:
             duration = now - start - self._excluded
             if duration < 0.0:
                 duration = 0.0
             data, opt = self._data, self._opt
-            comm = self._last_done - self._last_launch if self._last_launch else 0.0
+            if reading is not None:
+                comm = reading.exposed_s
+            else:
+                comm = self._last_done - self._last_launch if self._last_launch else 0.0
             rest = duration - data - opt
             if comm < 0.0:
                 comm = 0.0
@@ -157,6 +175,21 @@ class Recorder:
             self.steps += 1
         self._reset_step(now)
         self.last_progress = now
+
+    def time_comm_with(self, reader: Callable[[], Any], stats: CollectiveStats) -> None:
+        """Take communication time from ``reader()`` as each step closes (hook-free timing).
+
+        ``reader`` runs on the training thread, outside the lock, and returns an object with
+        ``comm_s``, ``exposed_s`` and ``nbytes`` for an iteration finished since its last call,
+        or None; it must not raise. ``stats`` receives one observation per iteration.
+        """
+        with self.lock:
+            self._comm_reader = reader
+            self._comm_stats = stats
+
+    def _read_comm(self) -> Any:
+        reader = self._comm_reader
+        return reader() if reader is not None else None
 
     def set_mode(self, mode: str) -> None:
         """Switch the step-boundary source (``exporter.step()`` switches to explicit)."""
@@ -185,10 +218,11 @@ class Recorder:
         """Mark the start of a DataLoader ``next()``; return the timestamp for data_end."""
         now = self.clock()
         if self.mode == "dataloader" or self._start is None or self._paused is not None:
+            reading = self._read_comm() if self.mode == "dataloader" else None
             with self.lock:
                 self._paused = None  # training inside a section: counted as usual
                 if self.mode == "dataloader":
-                    self._finish_step(now)
+                    self._finish_step(now, reading)
                 elif self._start is None:
                     self._start = now
         return now
@@ -210,12 +244,13 @@ class Recorder:
     def optimizer_end(self) -> None:
         """Add the optimizer time and, in optimizer mode, close the step."""
         now = self.clock()
+        reading = self._read_comm() if self.mode == "optimizer" else None
         with self.lock:
             if self._opt_t0:
                 self._opt += now - self._opt_t0
                 self._opt_t0 = 0.0
             if self.mode == "optimizer":
-                self._finish_step(now)
+                self._finish_step(now, reading)
             else:
                 self.last_progress = now
 
@@ -230,9 +265,10 @@ class Recorder:
     def boundary(self, source: str) -> None:
         """Close the current step if ``source`` is the active step-boundary source."""
         now = self.clock()
+        reading = self._read_comm() if self.mode == source else None
         with self.lock:
             if self.mode == source:
-                self._finish_step(now)
+                self._finish_step(now, reading)
 
     def collective_stats(self, op: str, pg: str, timeout_s: float | None) -> CollectiveStats:
         """Return the (cached) stats object for ``(op, pg)``."""

@@ -37,8 +37,14 @@ def versions() -> dict[str, str]:
     }
 
 
-def rank_info(identity: Identity, backend: str, device: str, inflight: str) -> dict[str, str]:
-    """Return the labels of ``ddp_rank_info``: who the rank is, where, with what versions."""
+def rank_info(
+    identity: Identity, backend: str, device: str, inflight: str, comm_timing: str
+) -> dict[str, str]:
+    """Return the labels of ``ddp_rank_info``: who the rank is, where, with what versions.
+
+    ``inflight`` and ``comm_timing`` name the sources in use: ``flight_recorder`` or
+    ``comm_hook``; ``reducer``, ``hook`` or ``none`` (a hook registered before the exporter's).
+    """
     return {
         "local_rank": str(identity.local_rank),
         "node": socket.gethostname(),
@@ -48,6 +54,7 @@ def rank_info(identity: Identity, backend: str, device: str, inflight: str) -> d
         "torch_version": torch.__version__,
         "exporter_version": __version__,
         "inflight_source": inflight,
+        "comm_timing": comm_timing,
         **versions(),
         "attempt": identity.attempt,
     }

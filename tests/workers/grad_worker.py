@@ -42,7 +42,7 @@ def train(model: DDP, opt: torch.optim.Optimizer, rank: int) -> list[list[torch.
     return grads
 
 
-def scenario(name: str, rank: int) -> dict:
+def scenario(name: str, timing: str, rank: int) -> dict:
     plain = make_model()
     inst = make_model()
     if name.startswith("fp16"):
@@ -51,7 +51,9 @@ def scenario(name: str, rank: int) -> dict:
         inst.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     opt_i = torch.optim.SGD(inst.parameters(), lr=0.1, momentum=0.9)
-    obs = exporter.instrument(inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0)
+    obs = exporter.instrument(
+        inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0, comm_timing=timing
+    )
     if name == "fp16_after":
         inst.register_comm_hook(None, default_hooks.fp16_compress_hook)
     gp = train(plain, opt_p, rank)
@@ -61,13 +63,23 @@ def scenario(name: str, rank: int) -> dict:
     same_grads = all(torch.equal(a, b) for sa, sb in zip(gp, gi) for a, b in zip(sa, sb))
     same_params = all(torch.equal(a, b) for a, b in zip(plain.parameters(), inst.parameters()))
     buckets = sum(c[4] for c in snap.collectives)
-    return {"grads": same_grads, "params": same_params, "steps": snap.steps, "buckets": buckets}
+    return {
+        "grads": same_grads,
+        "params": same_params,
+        "steps": snap.steps,
+        "buckets": buckets,
+        "timing": obs.comm_timing,
+    }
 
 
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    out = {name: scenario(name, rank) for name in ("builtin", "fp16_after", "fp16_before")}
+    out = {
+        f"{name}/{timing}": scenario(name, timing, rank)
+        for timing in ("auto", "hook")
+        for name in ("builtin", "fp16_after", "fp16_before")
+    }
     write_all_ranks(sys.argv[1], out)
     leave()
 

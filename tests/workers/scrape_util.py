@@ -22,6 +22,8 @@ def scrape(url: str) -> dict:
                 out["phases"][s.labels["phase"]] = s.value
             elif s.name == "ddp_collective_duration_seconds_count":
                 out["collectives"][s.labels["pg"]] = s.value
+            elif s.name == "ddp_rank_info":
+                out["timing"] = s.labels["comm_timing"]
             elif s.name == "ddp_exporter_errors_total":
                 out["errors"] += s.value
             elif s.name == "ddp_section_runs_total":

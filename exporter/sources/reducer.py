@@ -1,0 +1,166 @@
+"""Time DDP's gradient communication with DDP's own reducer timers, leaving its allreduce alone.
+
+DDP's reducer records, per iteration, when backward compute ends and when its bucket
+communication starts and ends, for the iterations its runtime-logging sample rate selects
+(private API: ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``). Its logger
+turns them into durations and timestamps at the start of the *next* forward, read back with
+``_get_ddp_logging_data()`` (under the reducer's lock; about 20–100 µs). So this source is one
+iteration behind: read at a step's end, it reports the previous iteration. Per iteration it
+gives what the step split and the latency histogram need:
+
+* communication time: first bucket's launch to the last bucket's completion;
+* exposed communication: the part of it after backward compute ended (DDP waited for it), the
+  same quantity the timing hook measures from the last bucket's launch;
+* bytes: the sizes of DDP's buckets, every one of which is reduced each synchronising iteration.
+
+CPU only. On CUDA the reducer's timer synchronises the host with each recorded event when the
+logger reads it (``CudaTimer::measureDifference`` calls ``cudaEventSynchronize``); with the
+sample rate at 1 that would be one added host-device synchronisation per iteration, so CUDA
+models keep the hook, whose CUDA events are resolved off the training thread
+(``benchmarks/README.md``, "Timing communication on a GPU").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ErrorCounter
+from ..log import log
+
+__all__ = [
+    "ReducerReading",
+    "ReducerTiming",
+    "TORCH_DEFAULT_SAMPLE_RATE",
+    "choose_timing",
+    "unsupported",
+]
+
+#: DDP's own runtime-logging sample rate (``kDDPRuntimeLoggingSampleRate``), restored on close:
+#: torch has no getter for the rate in force.
+TORCH_DEFAULT_SAMPLE_RATE = 100
+
+_NS = 1e-9
+
+
+@dataclass(frozen=True)
+class ReducerReading:
+    """One finished iteration as DDP's reducer timed it."""
+
+    #: First bucket launched to last bucket completed, seconds.
+    comm_s: float
+    #: Communication after backward compute ended (not overlapped), seconds.
+    exposed_s: float
+    #: Bytes of gradient buckets reduced.
+    nbytes: int
+
+
+def unsupported(model: Any) -> str | None:
+    """Return why ``model``'s reducer cannot time communication here, None when it can."""
+    for name in ("_set_ddp_runtime_logging_sample_rate", "_get_ddp_logging_data"):
+        if not callable(getattr(model, name, None)):
+            return f"this torch's DistributedDataParallel has no {name}()"
+    params = next(iter(model.parameters()), None)
+    if params is None:
+        return "the model has no parameters"
+    if params.device.type != "cpu":
+        return (
+            f"parameters on {params.device.type}: DDP's timer would synchronise the host each "
+            "iteration"
+        )
+    return None
+
+
+def choose_timing(requested: str, model: Any, inflight: str, step_mode: str) -> str:
+    """Return ``reducer`` or ``hook`` for a ``comm_timing`` setting (``auto`` decides here).
+
+    ``auto`` picks the reducer where blame stays the same: DDP's timers readable (CPU), the
+    Flight Recorder giving the in-flight state (``inflight``; the hook's bookkeeping otherwise)
+    and steps closed by the optimizer or the DataLoader (``step_mode``; else only the hook's
+    last bucket closes them). Raises ValueError when ``reducer`` is asked for but impossible.
+    """
+    if requested == "hook":
+        return "hook"
+    why = unsupported(model)
+    if requested == "reducer":
+        if why:
+            raise ValueError(f"exporter.instrument(comm_timing='reducer'): {why}")
+        if inflight != "flight_recorder":
+            log.warning(
+                "ddp-exporter: comm_timing='reducer' without a usable Flight Recorder: no "
+                "in-flight state, so hangs are neither alerted nor dumped"
+            )
+        return "reducer"
+    if why is None and inflight == "flight_recorder" and step_mode in ("optimizer", "dataloader"):
+        return "reducer"
+    return "hook"
+
+
+class ReducerTiming:
+    """Read DDP's reducer timers once per step; give up for good on the first error."""
+
+    name = "reducer"
+
+    def __init__(self, model: Any, errors: ErrorCounter) -> None:
+        self._model = model
+        self._errors = errors
+        self._iteration = 0
+        self._sizes: tuple[str, int] = ("", 0)
+        self._on = False
+        self._rate_set = False
+
+    def instrument(self) -> bool:
+        """Have DDP time every iteration; return True (the reducer times any hook)."""
+        self._model._set_ddp_runtime_logging_sample_rate(1)
+        self._on = self._rate_set = True
+        return True
+        return self
+
+    def read(self) -> ReducerReading | None:
+        """Return the iteration DDP timed since the last read, None when there is none new."""
+        if not self._on:
+            return None
+        try:
+            return self._read()
+        except Exception as exc:  # noqa: BLE001 - a private API: stop reading, keep training
+            self._on = False
+            self._errors.record("comm_timing", exc)
+            log.warning("ddp-exporter: DDP's reducer timers unreadable (%r): comm time lost", exc)
+            return None
+
+    def _read(self) -> ReducerReading | None:
+        data = self._model._get_ddp_logging_data()
+        iteration = int(data.get("iteration", 0))
+        if iteration <= self._iteration:
+            return None  # no synchronising forward since the last read
+        self._iteration = iteration
+        end = int(data.get("backward_comm_time_end", 0) or 0)
+        start = int(data.get("backward_comm_time_start", 0) or 0)
+        if not (end and start):
+            return None  # an iteration without communication (no backward)
+        compute_end = int(data.get("backward_compute_time_end", 0) or 0)
+        exposed = end - max(start, compute_end)
+        return ReducerReading(
+            comm_s=max(end - start, 0) * _NS,
+            exposed_s=max(exposed, 0) * _NS,
+            nbytes=self._bucket_bytes(data),
+        )
+
+    def _bucket_bytes(self, data: dict) -> int:
+        # "525312, 526336": rebuilt after the first iteration, fixed from then on.
+        text = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
+        if text != self._sizes[0]:
+            total = sum(int(part) for part in text.split(",") if part.strip())
+            self._sizes = (text, total)
+        return self._sizes[1]
+
+    def uninstrument(self) -> None:
+        """Stop reading and give DDP back its own sample rate; idempotent."""
+        self._on = False
+        if not self._rate_set:
+            return
+        self._rate_set = False
+        try:
+            self._model._set_ddp_runtime_logging_sample_rate(TORCH_DEFAULT_SAMPLE_RATE)
+        except Exception as exc:  # noqa: BLE001
+            self._errors.record("comm_timing", exc)

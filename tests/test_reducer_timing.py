@@ -1,0 +1,136 @@
+"""Hook-free timing: DDP's reducer timers read once per step, in a real one-rank gloo group."""
+
+import pytest
+import torch
+from conftest import train_epoch
+
+import exporter
+from exporter import settings
+from exporter.errors import ErrorCounter
+from exporter.sources.reducer import ReducerTiming, choose_timing, unsupported
+
+
+def test_setting_parses_keyword_then_environment():
+    assert settings.comm_timing("instrument") == "auto"
+    assert settings.comm_timing("instrument", environ={settings.COMM_TIMING: " Hook "}) == "hook"
+    assert settings.comm_timing("instrument", "reducer", {settings.COMM_TIMING: "hook"}) == (
+        "reducer"
+    )
+    with pytest.raises(ValueError, match=r"instrument\(comm_timing=...\).*'fast'"):
+        settings.comm_timing("instrument", "fast")
+    with pytest.raises(ValueError, match="DDP_EXPORTER_COMM_TIMING.*'bucket'"):
+        settings.comm_timing("instrument", environ={settings.COMM_TIMING: "bucket"})
+
+
+def test_instrument_rejects_a_bad_timing_by_name(ddp, monkeypatch):
+    model, loader, opt = ddp
+    with pytest.raises(ValueError, match="comm_timing"):
+        exporter.instrument(model, optimizer=opt, port=0, comm_timing="bucket")
+    monkeypatch.setenv("DDP_EXPORTER_COMM_TIMING", "fastest")
+    with pytest.raises(ValueError, match="DDP_EXPORTER_COMM_TIMING"):
+        exporter.instrument(model, optimizer=opt, port=0)
+    assert exporter.active() is None
+
+
+class _ModelOn:
+    """A stand-in with DDP's two private methods and one parameter on ``device``."""
+
+    def __init__(self, device: str) -> None:
+        self._p = torch.empty(1, device=device)
+
+    def parameters(self):
+        return iter([self._p])
+
+    def _set_ddp_runtime_logging_sample_rate(self, rate):
+        pass
+
+    def _get_ddp_logging_data(self):
+        return {}
+
+
+def test_auto_picks_the_reducer_only_where_blame_stays_the_same(ddp):
+    model = ddp[0]
+    assert unsupported(model) is None
+    assert choose_timing("auto", model, "flight_recorder", "optimizer") == "reducer"
+    assert choose_timing("auto", model, "flight_recorder", "dataloader") == "reducer"
+    # Only the hook's last bucket would close steps; no Flight Recorder: the hook's bookkeeping.
+    assert choose_timing("auto", model, "flight_recorder", "comm_hook") == "hook"
+    assert choose_timing("auto", model, "comm_hook", "optimizer") == "hook"
+    assert choose_timing("hook", model, "flight_recorder", "optimizer") == "hook"
+    # A GPU model: DDP's CUDA timer would synchronise the host every iteration.
+    gpu_like = _ModelOn("meta")
+    assert "synchronise" in unsupported(gpu_like)
+    assert choose_timing("auto", gpu_like, "flight_recorder", "optimizer") == "hook"
+    with pytest.raises(ValueError, match="comm_timing='reducer'.*synchronise"):
+        choose_timing("reducer", gpu_like, "flight_recorder", "optimizer")
+
+
+def test_instrument_without_optimizer_or_loader_keeps_the_hook(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
+    assert obs.comm_timing == "hook" and obs.hook is not None
+
+
+def test_flight_recorder_off_keeps_the_hook(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, flight_recorder=False
+    )
+    assert obs.comm_timing == "hook" and obs.inflight.name == "comm_hook"
+
+
+def test_reading_gives_each_iteration_once_with_its_buckets(ddp):
+    model, loader, opt = ddp
+    errors = ErrorCounter()
+    timing = ReducerTiming(model, errors)
+    assert timing.instrument() is True
+    assert timing.read() is None  # nothing trained yet
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    readings = []
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        readings.append(timing.read())
+    assert timing.read() is None  # no forward since: nothing new
+    assert readings[0] is None  # the first iteration is read at the second forward
+    assert all(r is not None for r in readings[1:]), readings
+    for r in readings[1:]:
+        assert r.nbytes == params
+        assert 0.0 <= r.exposed_s <= r.comm_s < 5.0
+    timing.uninstrument()
+    timing.uninstrument()
+    assert timing.read() is None
+    assert errors.counts["comm_timing"] == 0
+
+
+def test_an_unreadable_reducer_is_counted_once_and_training_goes_on(ddp, caplog):
+    model, loader, opt = ddp
+
+    class Broken(_ModelOn):
+        def _get_ddp_logging_data(self):
+            raise RuntimeError("reducer gone")
+
+    errors = ErrorCounter()
+    timing = ReducerTiming(Broken("cpu"), errors)
+    timing.instrument()
+    assert timing.read() is None and timing.read() is None
+    assert errors.counts["comm_timing"] == 1
+    timing.uninstrument()
+
+
+def test_a_step_split_from_the_reducer_sums_to_the_step(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(
+        model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0
+    )
+    assert obs.comm_timing == "reducer"
+    for _ in range(3):
+        train_epoch(model, loader, opt)
+    snap = obs.recorder.snapshot()
+    assert snap.steps == 3 * len(loader)
+    assert sum(snap.phase_sum) == pytest.approx(snap.step_sum, rel=1e-9)
+    assert snap.phase_sum[2] > 0.0  # comm_wait: the allreduce after backward compute
+    (op, pg, _, lat_sum, count, nbytes) = snap.collectives[0]
+    assert (op, pg, count) == ("allreduce", "0", 3 * len(loader) - 1)
+    assert lat_sum > 0.0 and nbytes > 0
