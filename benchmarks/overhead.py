@@ -10,9 +10,10 @@ model: the noise floor of the method). Every round runs a block of ``--block`` s
 model, in a rotated order, in the same processes; the per-round ratios X/plain cancel machine
 drift. Rank 0's block times are reported (DDP keeps the ranks in lockstep).
 
-    python benchmarks/overhead.py                     # 1 and 2 ranks
+    python benchmarks/overhead.py                     # 1 and 2 ranks, 100 rounds (~20 min)
     python benchmarks/overhead.py --world 2 4 --rounds 60
     python benchmarks/overhead.py --world 2 --width 3238   # 10x the parameters
+    python benchmarks/overhead.py --world 2 --arms instr control --rounds 100   # the figure only
 
 The last line is ``overhead_ratio=<median>``: the larger of the per-world-size medians of
 ``instr`` (the default mode).
@@ -65,8 +66,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
         torch.randn(args.batch * 16, args.width, generator=g),
         torch.randn(args.batch * 16, args.width, generator=g),
     )
+    names = ("plain", *args.arms)
     arms = {}
-    for name in ARMS:
+    for name in names:
         model = DDP(_model(args.width))
         if name == "hook":
             model.register_comm_hook(None, allreduce_mean_hook)
@@ -82,16 +84,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
     )
     # instrument() keeps one handle per process: the hook-mode arm gets an Observer of its own,
     # with the same endpoint settings but no heartbeat (its store keys would be the first's).
-    model, loader, opt = arms["instr_hook"]
-    hooked = Observer(
-        model,
-        identity=settings.identity(run="overhead-hook", group=(rank, world)),
-        endpoint=settings.endpoint("instrument", port=0, addr="127.0.0.1", heartbeat_s=0),
-        dataloader=loader,
-        optimizer=opt,
-        comm_timing="hook",
-    )
-    modes = (obs.comm_timing, hooked.comm_timing)
+    hooked = None
+    if "instr_hook" in arms:
+        model, loader, opt = arms["instr_hook"]
+        hooked = Observer(
+            model,
+            identity=settings.identity(run="overhead-hook", group=(rank, world)),
+            endpoint=settings.endpoint("instrument", port=0, addr="127.0.0.1", heartbeat_s=0),
+            dataloader=loader,
+            optimizer=opt,
+            comm_timing="hook",
+        )
+    modes = (obs.comm_timing, hooked.comm_timing if hooked is not None else "-")
 
     def block(name: str, steps: int) -> float:
         model, loader, opt = arms[name]
@@ -108,19 +112,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
                     break
         return time.perf_counter() - t0
 
-    for name in ARMS:  # warm-up: allocator, DDP bucket rebuild, first-iteration costs
+    for name in names:  # warm-up: allocator, DDP bucket rebuild, first-iteration costs
         block(name, args.warmup)
-    times: dict[str, list[float]] = {a: [] for a in ARMS}
+    times: dict[str, list[float]] = {a: [] for a in names}
     for r in range(args.rounds):
-        k = len(ARMS)
-        order = ARMS[r % k :] + ARMS[: r % k]
+        k = len(names)
+        order = names[r % k :] + names[: r % k]
         if (r // k) % 2:
             order = order[::-1]
         for name in order:
             times[name].append(block(name, args.block))
     steps_seen = obs.recorder.steps
     obs.close()
-    hooked.close()
+    if hooked is not None:
+        hooked.close()
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
@@ -162,11 +167,11 @@ def run_world(world: int, args: argparse.Namespace) -> float:
             proc.join()
     times, steps_seen, modes = out.get()
     if args.verbose:
-        for a in ARMS:
+        for a in times:
             print(a, [round(t, 3) for t in times[a]])
     plain = times["plain"]
     step_ms = statistics.median(plain) / args.block * 1e3
-    ratios = {a: [t / p for t, p in zip(times[a], plain)] for a in ARMS[1:]}
+    ratios = {a: [t / p for t, p in zip(times[a], plain)] for a in times if a != "plain"}
     print(
         f"world={world}: {args.rounds} rounds x {args.block} steps per arm, "
         f"plain step {step_ms:.1f} ms (median), recorder counted {steps_seen} instr steps; "
@@ -186,13 +191,23 @@ def run_world(world: int, args: argparse.Namespace) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, nargs="+", default=[1, 2], help="rank counts to run")
-    p.add_argument("--rounds", type=int, default=20, help="interleaved A/B/control rounds")
+    # About 100 rounds pin a median down to +-0.3 % at this VM's +-2-4 % per-round noise.
+    p.add_argument("--rounds", type=int, default=100, help="interleaved rounds of every arm")
     p.add_argument("--block", type=int, default=10, help="steps per arm per round")
     p.add_argument("--warmup", type=int, default=10, help="warm-up steps per arm")
     p.add_argument("--width", type=int, default=1024, help="model width (step time)")
     p.add_argument("--batch", type=int, default=256, help="batch size")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=list(ARMS[1:]),
+        choices=ARMS[1:],
+        help="arms besides plain (instr is always run: it is the figure)",
+    )
     p.add_argument("--verbose", action="store_true", help="print every block time")
     args = p.parse_args(argv)
+    if "instr" not in args.arms:
+        args.arms.insert(0, "instr")
     raise_on_signals()  # SIGTERM/SIGHUP stop the ranks like Ctrl-C does
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo")
     medians = [run_world(w, args) for w in args.world]
