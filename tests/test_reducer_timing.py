@@ -98,6 +98,18 @@ def test_reading_gives_each_iteration_once_with_its_buckets(ddp):
     for r in readings[1:]:
         assert r.nbytes == params
         assert 0.0 <= r.exposed_s <= r.comm_s < 5.0
+    # Forwards with grad enabled but no backward (evaluation without no_grad): the first read
+    # gives the last training iteration, the next ones nothing; training resumes as before.
+    x, y = next(iter(loader))
+    evals = []
+    for _ in range(3):
+        model(x)
+        evals.append(timing.read())
+    assert evals[0] is not None and evals[1:] == [None, None], evals
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert timing.read() is None  # that forward converted the last no-backward iteration
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert timing.read() is not None
     timing.uninstrument()
     timing.uninstrument()
     assert timing.read() is None

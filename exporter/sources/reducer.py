@@ -106,6 +106,7 @@ class ReducerTiming:
         self._model = model
         self._errors = errors
         self._iteration = 0
+        self._last_end = 0
         self._sizes: tuple[str, int] = ("", 0)
         self._on = False
         self._rate_set = False
@@ -137,8 +138,11 @@ class ReducerTiming:
         self._iteration = iteration
         end = int(data.get("backward_comm_time_end", 0) or 0)
         start = int(data.get("backward_comm_time_start", 0) or 0)
-        if not (end and start):
-            return None  # an iteration without communication (no backward)
+        if not (end and start) or end == self._last_end:
+            # No communication in that iteration: a forward with grad enabled but no backward
+            # (an evaluation without no_grad) leaves DDP's timer holding the previous one's.
+            return None
+        self._last_end = end
         compute_end = int(data.get("backward_compute_time_end", 0) or 0)
         exposed = end - max(start, compute_end)
         return ReducerReading(
