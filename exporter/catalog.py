@@ -95,7 +95,7 @@ STEP_BUCKETS: tuple[float, ...] = (
     60.0,
 )
 
-#: Histogram bounds (seconds) for one collective (a DDP bucket's allreduce).
+#: Histogram bounds (seconds) for one collective (a DDP bucket's allreduce, or an iteration's).
 COLLECTIVE_BUCKETS: tuple[float, ...] = (
     0.0001,
     0.0005,
@@ -187,7 +187,9 @@ STEP_PHASE = MetricDef(
 COLLECTIVE_DURATION = MetricDef(
     "ddp_collective_duration_seconds",
     "histogram",
-    "Latency of one DDP gradient bucket collective from launch to completion on this rank. "
+    "Latency of DDP's gradient communication on this rank: one bucket's collective from launch "
+    "to completion (comm_timing hook), or one iteration's, first bucket launched to last "
+    "completed (comm_timing reducer; see ddp_rank_info). "
     "A straggler shows the SHORTEST latency: its peers wait for it inside the collective.",
     ("op", "pg"),
     unit="seconds",
