@@ -24,7 +24,8 @@ Cases:
 
 Also printed (not event costs): the stand-in allreduce hook's extra ``mul_`` pass over a
 25 MB bucket, which DDP's built-in C++ allreduce fuses into its gradient copy; and the per-step
-read of DDP's reducer timers (``ReducerTiming.read``, the default mode's one cost per step).
+conversion and read of DDP's reducer timers (``ReducerTiming.read``, the default mode's one
+cost per step).
 """
 
 from __future__ import annotations
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         "(DDP's built-in allreduce fuses this division into its gradient copy)"
     )
     print(
-        f"reading DDP's reducer timers, once per step (default mode; 48 parameter tensors): "
+        f"converting and reading DDP's reducer timers, once per step (default mode; 48 "
+        f"parameter tensors): "
         f"{min(read_ns) / 1e3:.1f} us (min) / {statistics.median(read_ns) / 1e3:.1f} us (median)"
     )
     print(

@@ -78,8 +78,7 @@ def test_reducer_timing_leaves_ddp_alone_and_gives_back_its_sample_rate(ddp):
     for _ in range(2):  # past DDP's first 10 iterations, which it always times
         train_epoch(model, loader, opt)
     timed = model._get_ddp_logging_data()["iteration"]
-    # Every iteration timed (sample rate 1); DDP's logger reads one iteration late.
-    assert timed == 2 * len(loader) - 1
+    assert timed == 2 * len(loader)  # every iteration timed (sample rate 1)
     obs.close()
     obs.close()
     train_epoch(model, loader, opt)
@@ -102,8 +101,8 @@ def test_serves_steps_phases_and_collectives_over_http(ddp, timing):
     train_epoch(model, loader, opt)
     url = f"http://127.0.0.1:{obs.port}/metrics"
     # Hook: one observation per bucket; the last bucket's completion callback may still be
-    # running on gloo's thread. Reducer: one per iteration, read one iteration late.
-    timed = len(loader) if timing == "hook" else len(loader) - 1
+    # running on gloo's thread. Reducer: one per iteration, read as each step closes.
+    timed = len(loader)
     s = wait_for(
         lambda: (
             (x := parse(scrape_text(url)))

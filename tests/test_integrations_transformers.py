@@ -35,10 +35,9 @@ def _check_common(r: dict, where: str) -> None:
     assert all(v >= 0.0 for v in r["phases"].values()), where
     assert math.isclose(sum(r["phases"].values()), r["step_sum"], rel_tol=1e-6), where
     assert r["phases"]["data"] > 0.0, where
-    # The default mode: DDP's reducer times its own allreduce, one reading per step, of the
-    # iteration before (the last one's comes with a next forward that never runs).
+    # The default mode: DDP's reducer times its own allreduce, one reading per step.
     assert r["timing"] == "reducer", where
-    assert r["collectives"] == {r["pg"]: STEPS - 1}, where
+    assert r["collectives"] == {r["pg"]: STEPS}, where
     assert r["errors"] == 0.0, where
 
 

@@ -3,11 +3,15 @@
 DDP's reducer records, per iteration, when backward compute ends and when its bucket
 communication starts and ends, for the iterations its runtime-logging sample rate selects
 (private API: ``DistributedDataParallel._set_ddp_runtime_logging_sample_rate``). Its logger
-turns them into durations and timestamps at the start of the *next* forward, read back with
-``_get_ddp_logging_data()`` (under the reducer's lock; 8 µs with 48 parameter tensors, see
-``benchmarks/hotpath.py``). So this source is one iteration behind: read at a step's end, it
-reports the previous iteration. Per iteration it gives what the step split and the latency
-histogram need:
+turns them into durations and timestamps (``Logger.set_runtime_stats_and_log``), which DDP
+itself does only at the start of the *next* forward: read then, a step's communication would
+land in the step after it, and a long wait (the others waiting out rank 0's checkpoint) would be
+booked as compute of the step it belongs to. So as a step closes (its backward finished) this
+source has the logger convert the iteration just finished, then reads it back with
+``_get_ddp_logging_data()`` (both under the reducer's lock; 8 µs with 48 parameter tensors, see
+``benchmarks/hotpath.py``). DDP's own call at the next forward converts the same events again,
+so its logging data is unchanged (its running averages count each iteration twice, which leaves
+them the same). Per iteration this gives what the step split and the latency histogram need:
 
 * communication time: first bucket's launch to the last bucket's completion;
 * exposed communication: the part of it after backward compute ended (DDP waited for it), the
@@ -15,7 +19,7 @@ histogram need:
 * bytes: the sizes of DDP's buckets, every one of which is reduced each synchronising iteration.
 
 CPU only. On CUDA the reducer's timer synchronises the host with each recorded event when the
-logger reads it (``CudaTimer::measureDifference`` calls ``cudaEventSynchronize``); with the
+logger converts them (``CudaTimer::measureDifference`` calls ``cudaEventSynchronize``); with the
 sample rate at 1 that would be one added host-device synchronisation per iteration, so CUDA
 models keep the hook, whose CUDA events are resolved off the training thread
 (``benchmarks/README.md``, "Timing communication without a hook (CPU) and on a GPU").
@@ -61,6 +65,8 @@ def unsupported(model: Any) -> str | None:
     for name in ("_set_ddp_runtime_logging_sample_rate", "_get_ddp_logging_data"):
         if not callable(getattr(model, name, None)):
             return f"this torch's DistributedDataParallel has no {name}()"
+    if not callable(getattr(getattr(model, "logger", None), "set_runtime_stats_and_log", None)):
+        return "this torch's DistributedDataParallel has no logger.set_runtime_stats_and_log()"
     params = next(iter(model.parameters()), None)
     if params is None:
         return "the model has no parameters"
@@ -131,10 +137,11 @@ class ReducerTiming:
             return None
 
     def _read(self) -> ReducerReading | None:
+        self._model.logger.set_runtime_stats_and_log()  # the iteration that just finished
         data = self._model._get_ddp_logging_data()
         iteration = int(data.get("iteration", 0))
         if iteration <= self._iteration:
-            return None  # no synchronising forward since the last read
+            return None  # no synchronising iteration since the last read
         self._iteration = iteration
         end = int(data.get("backward_comm_time_end", 0) or 0)
         start = int(data.get("backward_comm_time_start", 0) or 0)
