@@ -8,7 +8,7 @@ itself does only at the start of the *next* forward: read then, a step's communi
 land in the step after it, and a long wait (the others waiting out rank 0's checkpoint) would be
 booked as compute of the step it belongs to. So as a step closes (its backward finished) this
 source has the logger convert the iteration just finished, then reads it back with
-``_get_ddp_logging_data()`` (both under the reducer's lock; 8 µs with 48 parameter tensors, see
+``_get_ddp_logging_data()`` (both under the reducer's lock; 12 µs with 48 parameter tensors, see
 ``benchmarks/hotpath.py``). DDP's own call at the next forward converts the same events again,
 so its logging data is unchanged (its running averages count each iteration twice, which leaves
 them the same). Per iteration this gives what the step split and the latency histogram need:
