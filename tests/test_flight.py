@@ -5,6 +5,7 @@ import pickle
 from harness import parse, scrape_text, value
 
 import exporter
+import exporter.sources.flight
 from exporter.errors import ErrorCounter
 from exporter.sources.flight import FlightRecorderSource
 
@@ -59,3 +60,51 @@ def test_decodes_an_in_flight_entry():
     (state,) = src.read()
     assert (state.last_enqueued, state.last_completed, state.timeout_s) == (9, 8, 600.0)
     assert 3.9 < state.inflight_age_s < 10
+
+
+def _recorder(status: dict, entries: list):
+    """Return a fake dump function of one recorder (what torch's returns, pickled)."""
+
+    def dump(includeCollectives, includeStackTraces, onlyActive):  # noqa: N803 - torch's names
+        return pickle.dumps({"pg_status": status, "entries": entries if includeCollectives else []})
+
+    return dump
+
+
+def _entry(pg_id: int, name: str, seq: int, retired: bool, age_s: float = 0.0) -> dict:
+    now = __import__("time").time_ns()
+    return {"pg_id": pg_id, "process_group": (name, "d"), "collective_seq_id": seq,
+            "retired": retired, "is_p2p": False, "state": "scheduled",
+            "time_created_ns": now - int(age_s * 1e9), "timeout_ms": 60000}  # fmt: skip
+
+
+def test_two_recorders_merge_under_group_names():
+    # A CUDA build: NCCL's recorder numbers its groups itself, the generic one (gloo) too; on
+    # this rank group "2" is the recorder's pg 1 (a rank outside some group sees other ids).
+    nccl = _recorder(
+        {"0": {"last_enqueued_collective": 5, "last_completed_collective": 5},
+         "1": {"last_enqueued_collective": 3, "last_completed_collective": 2}},
+        [_entry(0, "0", 5, True), _entry(1, "2", 2, True), _entry(1, "2", 3, False, age_s=4)],
+    )  # fmt: skip
+    gloo = _recorder(
+        {"0": {"last_enqueued_collective": 7, "last_completed_collective": 7}},
+        [_entry(0, "5", 7, True)],
+    )
+    src = FlightRecorderSource(ErrorCounter(), dump=[nccl, gloo])
+    assert src.available
+    states = {s.pg: s for s in src.read()}
+    assert set(states) == {"0", "2", "5"}
+    assert (states["2"].last_enqueued, states["2"].last_completed) == (3, 2)
+    assert 3.9 < states["2"].inflight_age_s < 10
+    assert states["0"].last_enqueued == 5 and states["0"].inflight_age_s == 0.0
+    assert states["5"].last_enqueued == 7
+    report = exporter.sources.flight.entries_report([nccl, gloo])
+    assert report["available"] and set(report["pg_status"]) == {"0", "2", "5"}
+    assert [(e["pg"], e["seq"]) for e in report["inflight"]] == [("2", 3)]
+
+
+def test_recorders_that_report_no_group_are_not_usable():
+    # torch 2.8-2.10 with TORCH_FR_BUFFER_SIZE unset (0): the dump works, pg_status is empty.
+    empty = _recorder({}, [])
+    assert not FlightRecorderSource(ErrorCounter(), dump=[empty, empty]).available
+    assert not FlightRecorderSource(ErrorCounter(), dump=()).available

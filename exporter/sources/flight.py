@@ -1,13 +1,21 @@
 """Read in-flight collective state of every process group, off the training thread.
 
-The source is torch's Flight Recorder (``torch._C._distributed_c10d._dump_fr_trace``; gloo and
-NCCL in recent torch), which sees every collective of every process group, not only DDP's. It
-is a private API: feature-detected, and when it is missing or fails the exporter falls back to
-its own comm-hook bookkeeping (DDP's buckets only) after one log line.
+The source is torch's Flight Recorder, which sees every collective of every process group, not
+only DDP's. A CUDA build keeps NCCL's collectives in a recorder of their own
+(``torch._C._distributed_c10d._dump_nccl_trace``, torch >= 2.4; its ``pg_status`` since 2.5) and
+gloo's in the generic one (``_dump_fr_trace``, torch >= 2.8); both are read and merged. Each
+recorder numbers its process groups itself (``pg_status`` is keyed by that number, which differs
+between ranks when a rank is not in every group), so states are published under the group's
+name, learnt from the recorder's entries. A recorder is on by default from torch 2.11
+(``TORCH_FR_BUFFER_SIZE``, 2000 entries); with it off its ``pg_status`` is empty.
+
+It is a private API: feature-detected, and when no recorder reports a process group, or one
+fails, the exporter falls back to its own comm-hook bookkeeping (DDP's buckets only) after one
+log line.
 
 :class:`InFlight` is what the rest of the exporter reads: the scrape path and the hang watcher
 share it, so the fallback happens once, in one place. :func:`read_trace` is the one reader of
-the Flight Recorder's dump (the in-flight state here, the hang dumps' entries and stacks).
+a recorder's dump (the in-flight state here, the hang dumps' entries and stacks).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ __all__ = [
     "InFlight",
     "PGState",
     "RECENT_ENTRIES",
-    "dump_function",
+    "dump_functions",
     "entries_report",
     "pg_timeout_seconds",
     "read_trace",
@@ -40,6 +48,9 @@ __all__ = [
 #: Retired Flight Recorder entries kept per process group in a hang dump, besides every
 #: in-flight one.
 RECENT_ENTRIES = 10
+
+#: The recorders' dump functions: NCCL's (CUDA builds) first, then the generic one (gloo).
+_DUMP_NAMES = ("_dump_nccl_trace", "_dump_fr_trace")
 
 
 @dataclass(frozen=True)
@@ -56,80 +67,98 @@ class PGState:
 _DETECT = object()
 
 
-def dump_function() -> Any:
-    """Return torch's Flight Recorder dump function, or None when this build has none."""
+def dump_functions() -> tuple[Any, ...]:
+    """Return this torch build's Flight Recorder dump functions (none: no Flight Recorder)."""
     c10d = getattr(torch._C, "_distributed_c10d", None)
-    return getattr(c10d, "_dump_fr_trace", None)
+    found = (getattr(c10d, name, None) for name in _DUMP_NAMES)
+    return tuple(f for f in found if callable(f))
+
+
+def _dumps(dump: Any) -> tuple[Any, ...]:
+    """Normalise a ``dump`` argument: detect, one function, a sequence, or None (none)."""
+    if dump is _DETECT:
+        return dump_functions()
+    if dump is None:
+        return ()
+    return tuple(dump) if isinstance(dump, (list, tuple)) else (dump,)
 
 
 def read_trace(
-    dump: Any = _DETECT,
+    dump: Any,
     *,
     collectives: bool = True,
     stacks: bool = False,
     only_active: bool = False,
 ) -> dict:
-    """Return the Flight Recorder's dump as a dict (``pg_status``, ``entries``, ...).
+    """Return one recorder's dump as a dict (``pg_status``, ``entries``, ...).
 
-    ``dump`` is the dump function (by default torch's, looked up now). Raises whatever the
-    private API raises, and RuntimeError when this build has no Flight Recorder.
+    ``dump`` is the dump function. Raises whatever the private API raises.
     """
-    if dump is _DETECT:
-        dump = dump_function()
-    if dump is None:
-        raise RuntimeError("torch has no _dump_fr_trace")
     raw = dump(includeCollectives=collectives, includeStackTraces=stacks, onlyActive=only_active)
     return pickle.loads(raw)
 
 
-def entries_report(dump: Any = _DETECT) -> dict:
-    """Return the Flight Recorder's entries for a hang dump: in flight, recent, with stacks.
+def _pg_of(entry: dict) -> tuple[str, str]:
+    """Return ``(pg_status key, group name)`` of a recorder entry."""
+    group = entry.get("process_group") or ("", "")
+    name = str(group[0])
+    return str(entry.get("pg_id", name)), name
 
-    Never raises: ``{"available": False, "error": ...}`` when the Flight Recorder cannot be read.
+
+def entries_report(dump: Any = _DETECT) -> dict:
+    """Return the Flight Recorders' entries for a hang dump: in flight, recent, with stacks.
+
+    Never raises: ``{"available": False, "error": ...}`` when no Flight Recorder can be read.
     """
-    try:
-        data = read_trace(dump, collectives=True, stacks=True, only_active=False)
-    except Exception as exc:  # noqa: BLE001 - private API
-        return {"available": False, "error": repr(exc)}
-    entries = []
-    for e in data.get("entries", []) or []:
-        if e.get("is_p2p"):
+    dumps = _dumps(dump)
+    if not dumps:
+        return {"available": False, "error": "torch has no Flight Recorder dump function"}
+    entries, status, errors = [], {}, []
+    for fn in dumps:
+        try:
+            data = read_trace(fn, collectives=True, stacks=True, only_active=False)
+        except Exception as exc:  # noqa: BLE001 - private API
+            errors.append(repr(exc))
             continue
-        name = str(e.get("profiling_name") or "")
-        created = e.get("time_created_ns")
-        entries.append(
-            {
-                "op": name.split(":", 1)[-1],
-                "seq": int(e.get("collective_seq_id", -1)),
-                "pg": str((e.get("process_group") or ("",))[0]),
-                "pg_desc": str((e.get("process_group") or ("", ""))[-1]),
-                "state": str(e.get("state", "")),
-                "retired": bool(e.get("retired")),
-                "input_sizes": e.get("input_sizes"),
-                "output_sizes": e.get("output_sizes"),
-                "dtypes": e.get("input_dtypes"),
-                "created_unix": created / 1e9 if created else None,
-                "timeout_s": (e.get("timeout_ms") or 0) / 1000.0 or None,
-                # FR lists frames innermost first; keep tracebacks' order (outermost first).
-                "frames": [
-                    {
-                        "file": f.get("filename", ""),
-                        "line": f.get("line"),
-                        "function": f.get("name"),
-                    }
-                    for f in reversed(e.get("frames") or [])
-                ],
-            }
-        )
+        names: dict[str, str] = {}
+        for e in data.get("entries", []) or []:
+            key, name = _pg_of(e)
+            names[key] = name
+            if not e.get("is_p2p"):
+                entries.append(_entry(e, name))
+        for key, st in (data.get("pg_status") or {}).items():
+            simple = {k: v for k, v in st.items() if isinstance(v, (int, float, str))}
+            status.setdefault(names.get(str(key), str(key)), simple)
+    if errors and not entries and not status:
+        return {"available": False, "error": "; ".join(errors)}
     inflight = [e for e in entries if not e["retired"] and e["state"] != "completed"]
     recent: list[dict] = []
     for pg in sorted({e["pg"] for e in entries}):
         recent += [e for e in entries if e["pg"] == pg and e["retired"]][-RECENT_ENTRIES:]
-    status = {
-        str(pg): {k: v for k, v in s.items() if isinstance(v, (int, float, str))}
-        for pg, s in (data.get("pg_status") or {}).items()
-    }
     return {"available": True, "pg_status": status, "inflight": inflight, "recent": recent}
+
+
+def _entry(e: dict, pg: str) -> dict:
+    name = str(e.get("profiling_name") or "")
+    created = e.get("time_created_ns")
+    return {
+        "op": name.split(":", 1)[-1],
+        "seq": int(e.get("collective_seq_id", -1)),
+        "pg": pg,
+        "pg_desc": str((e.get("process_group") or ("", ""))[-1]),
+        "state": str(e.get("state", "")),
+        "retired": bool(e.get("retired")),
+        "input_sizes": e.get("input_sizes"),
+        "output_sizes": e.get("output_sizes"),
+        "dtypes": e.get("input_dtypes"),
+        "created_unix": created / 1e9 if created else None,
+        "timeout_s": (e.get("timeout_ms") or 0) / 1000.0 or None,
+        # FR lists frames innermost first; keep tracebacks' order (outermost first).
+        "frames": [
+            {"file": f.get("filename", ""), "line": f.get("line"), "function": f.get("name")}
+            for f in reversed(e.get("frames") or [])
+        ],
+    }
 
 
 def _pg_objects() -> dict[str, dist.ProcessGroup]:
@@ -189,62 +218,86 @@ class HookBookkeepingSource:
 
 
 class FlightRecorderSource:
-    """Read sequence numbers and the oldest in-flight collective from the Flight Recorder."""
+    """Read sequence numbers and the oldest in-flight collective from the Flight Recorders."""
 
     name = "flight_recorder"
 
-    def __init__(self, errors: ErrorCounter, dump=_DETECT) -> None:
-        """Use ``dump`` as the dump function; by default look it up in torch (None: absent)."""
+    def __init__(self, errors: ErrorCounter, dump: Any = _DETECT) -> None:
+        """Use ``dump`` (one dump function, several, or None: none); by default torch's."""
         self._errors = errors
         self._timeouts = _Timeouts()
-        self._dump = dump_function() if dump is _DETECT else dump
+        self._dumps = _dumps(dump)
+        # (recorder, pg_status key) -> group name, learnt from entries; fixed once known.
+        self._names: dict[tuple[int, str], str] = {}
 
     @property
     def available(self) -> bool:
-        """Say whether this torch build has a working Flight Recorder."""
-        if self._dump is None:
+        """Say whether a Flight Recorder of this torch reports a process group (usable)."""
+        if not self._dumps:
             return False
         try:
-            status = self._status(include_collectives=False)[0]
+            return any(self._status(fn, False)[0] for fn in self._dumps)
         except Exception as exc:  # noqa: BLE001
             log.info(
                 "ddp-exporter: Flight Recorder unusable (%r); using comm-hook bookkeeping", exc
             )
             return False
-        return isinstance(status, dict)
 
-    def _status(self, include_collectives: bool) -> tuple[dict, list]:
-        data = read_trace(
-            self._dump, collectives=include_collectives, only_active=include_collectives
-        )
-        return data.get("pg_status", {}), data.get("entries", []) or []
+    def _status(self, dump: Any, include_collectives: bool) -> tuple[dict, list]:
+        data = read_trace(dump, collectives=include_collectives, only_active=include_collectives)
+        status = data.get("pg_status") or {}
+        if not isinstance(status, dict):
+            raise TypeError(f"Flight Recorder pg_status is {type(status).__name__}, not dict")
+        return status, data.get("entries", []) or []
+
+    def _learn_names(self, index: int, dump: Any, keys: list[str]) -> None:
+        """Map ``pg_status`` keys to group names from every entry; a key with none keeps itself."""
+        for e in read_trace(dump, collectives=True, only_active=False).get("entries") or []:
+            key, name = _pg_of(e)
+            self._names.setdefault((index, key), name)
+        for key in keys:
+            self._names.setdefault((index, key), key)
 
     def read(self) -> list[PGState]:
-        """Return one state per process group the Flight Recorder knows."""
-        status, _ = self._status(include_collectives=False)
+        """Return one state per process group the Flight Recorders know."""
+        out: dict[str, PGState] = {}
+        for index, dump in enumerate(self._dumps):
+            for state in self._read_one(index, dump):
+                # A group with a gloo and an NCCL backend is in both recorders: the first
+                # (NCCL, the gradients') is published.
+                out.setdefault(state.pg, state)
+        return list(out.values())
+
+    def _read_one(self, index: int, dump: Any) -> list[PGState]:
+        status, _ = self._status(dump, False)
+        unknown = [str(k) for k in status if (index, str(k)) not in self._names]
+        if unknown:
+            self._learn_names(index, dump, unknown)
         oldest: dict[str, tuple[int, float | None]] = {}
         if any(
             int(s.get("last_enqueued_collective", -1)) > int(s.get("last_completed_collective", -1))
             for s in status.values()
         ):
             # Only pay for the entry list when something is in flight.
-            _, entries = self._status(include_collectives=True)
+            _, entries = self._status(dump, True)
             for e in entries:
                 if e.get("retired") or e.get("is_p2p"):
                     continue
-                pg = e.get("process_group", ("",))[0]
+                key, _ = _pg_of(e)
                 created = int(e.get("time_created_ns") or 0)
                 tmo = e.get("timeout_ms")
-                if created and (pg not in oldest or created < oldest[pg][0]):
-                    oldest[pg] = (created, tmo / 1000.0 if tmo else None)
+                if created and (key not in oldest or created < oldest[key][0]):
+                    oldest[key] = (created, tmo / 1000.0 if tmo else None)
         now_ns = time.time_ns()
         out = []
-        for pg, s in status.items():
+        for key, s in status.items():
+            key = str(key)
+            pg = self._names.get((index, key), key)
             enq = int(s.get("last_enqueued_collective", -1))
             done = int(s.get("last_completed_collective", -1))
             age, tmo = 0.0, None
-            if enq > done and pg in oldest:
-                created, tmo = oldest[pg]
+            if enq > done and key in oldest:
+                created, tmo = oldest[key]
                 age = max(0.0, (now_ns - created) / 1e9)
             out.append(PGState(pg, enq, done, age, tmo or self._timeouts.get(pg)))
         return out
