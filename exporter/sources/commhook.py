@@ -142,21 +142,27 @@ class CommHookWrapper:
     def _cuda_start(self, buffer: torch.Tensor, is_last: bool):
         if not buffer.is_cuda:
             return None
+        device = buffer.device
         start = torch.cuda.Event(enable_timing=True)
-        start.record()
+        # On the bucket's device, whatever device this thread has current: both events of a
+        # pair must be on one device for elapsed_time().
+        start.record(torch.cuda.current_stream(device))
         # The last bucket's launch marks the end of backward compute on the compute stream.
-        return (start, start if is_last else None)
+        return (start, start if is_last else None, device)
 
     def _done(self, t0: float, is_last: bool, events, fut: torch.futures.Future) -> None:
         try:
             if events is None:
                 self.recorder.bucket_done(self.stats, t0, is_last)
             else:
-                # Callbacks of a CUDA future run with its streams current: this event marks
-                # the collective's completion on the GPU.
+                # NCCL: the callback runs as the collective is queued, with a stream current
+                # that waits for it on the GPU (CUDA future), so this event marks its
+                # completion. Gloo with CUDA tensors: a CPU future, completed on gloo's
+                # thread once the result is back on the device.
+                start, launch, device = events
                 end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                self.cuda.submit((self.stats, t0, events[0], end, events[1]))
+                end.record(torch.cuda.current_stream(device))
+                self.cuda.submit((self.stats, t0, start, end, launch))
                 if is_last:
                     self.recorder.boundary("comm_hook")
         except Exception as exc:  # noqa: BLE001
