@@ -1,4 +1,4 @@
-"""Run a small instrumented DDP training on CPU (gloo), optionally with an injected fault.
+"""Run a small instrumented DDP training on gloo, optionally with an injected fault.
 
 This is the training script of ``ddp-exporter demo`` (:mod:`exporter.tools.demo`); it uses
 only the public API, like a user's script. Launch one process per rank with torchrun::
@@ -10,6 +10,9 @@ Faults (on ``--fault-rank``, ``--fault-after`` seconds into training):
 ``hang`` stops entering collectives while the process stays alive; ``kill`` SIGKILLs the
 rank; ``freeze`` SIGSTOPs it. Compute faults are emulated with sleeps so that a 2-core
 machine still shows a clean signal.
+
+``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), still over gloo, which
+reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu).
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=float, default=None, help="store heartbeat interval, s")
     p.add_argument("--file-sd", default=None, help="directory to write a Prometheus file_sd target")
     p.add_argument("--timeout", type=float, default=1800.0, help="process group timeout, s")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (gloo)"
+    )
     return p.parse_args(argv)
 
 
@@ -120,9 +126,20 @@ def _peer_failed(rank: int, exc: RuntimeError, args: argparse.Namespace, t_start
     return 1
 
 
+def _device(kind: str) -> torch.device:
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until the duration or step limit, injecting the chosen fault."""
     args = parse_args(argv)
+    device = _device(args.device)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if not 0 <= args.fault_rank < world and args.fault != "none":
@@ -130,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(0)
     model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to(
+            device
+        )
     )
     delay = [0.0]
     data = _Synthetic(4096, 64, seed=rank, delay=delay)
@@ -177,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.fault == "hang":
                     _load_batch_that_never_returns()
             try:
+                x, y = x.to(device), y.to(device)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 extra = args.straggle if fault_on and args.fault == "straggler" else 0.0
                 time.sleep(args.step_time + extra)

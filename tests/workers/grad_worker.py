@@ -1,6 +1,8 @@
 """Train plain and instrumented DDP side by side and report whether gradients match bit for bit.
 
-Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1].
+Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
+``cuda`` as argv[2] the models train on the GPU over gloo (tests/gpu), where the exporter times
+with its hook (``auto`` picks it on CUDA).
 """
 
 import sys
@@ -16,6 +18,9 @@ import exporter
 STEPS = 6
 
 
+DEVICE = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
+
+
 def make_model() -> DDP:
     torch.manual_seed(1234)
     net = torch.nn.Sequential(
@@ -26,15 +31,15 @@ def make_model() -> DDP:
         torch.nn.Linear(64, 3),
     )
     # A tiny bucket cap gives several buckets per backward, so ordering matters too.
-    return DDP(net, bucket_cap_mb=0.005)
+    return DDP(net.to(DEVICE), bucket_cap_mb=0.005)
 
 
 def train(model: DDP, opt: torch.optim.Optimizer, rank: int) -> list[list[torch.Tensor]]:
     g = torch.Generator().manual_seed(100 + rank)
     grads = []
     for _ in range(STEPS):
-        x = torch.randn(16, 32, generator=g)
-        y = torch.randn(16, 3, generator=g)
+        x = torch.randn(16, 32, generator=g).to(DEVICE)
+        y = torch.randn(16, 3, generator=g).to(DEVICE)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
@@ -75,9 +80,13 @@ def scenario(name: str, timing: str, rank: int) -> dict:
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+    # On CUDA, "auto" is the hook: the reducer's timers would synchronise the host.
+    timings = ("auto",) if DEVICE.type == "cuda" else ("auto", "hook")
     out = {
         f"{name}/{timing}": scenario(name, timing, rank)
-        for timing in ("auto", "hook")
+        for timing in timings
         for name in ("builtin", "fp16_after", "fp16_before")
     }
     write_all_ranks(sys.argv[1], out)
