@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Prove the exporter's CUDA and NCCL paths on this machine's GPU, in one command (< 10 min):
+#   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo),
+#   2. benchmarks/gpu.py (overhead on a real AMP step, per-bucket wrapper cost, scrape time),
+#   3. the core CPU tests with this machine's torch (the torch range: it may be older than the pin),
+# then write a markdown report with the versions, every figure and each test's outcome.
+#
+#   bash scripts/gpu-check.sh [OUT_DIR]        # default: gpu-report/
+#
+# Uses the python3 (and its CUDA torch) already there; installs nothing from the network. Pure-
+# Python dependencies missing there can be carried as wheels in .whl/ (README, "GPU proof").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-report}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+start=$(date +%s)
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/ddp-exporter-site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/ddp-exporter-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+"$PY" - "$OUT/env.json" <<'PY' || exit 1
+import json, subprocess, sys
+missing = []
+for mod in ("torch", "prometheus_client", "pytest", "pytest_timeout", "yaml"):
+    try:
+        __import__(mod)
+    except ImportError:
+        missing.append(mod)
+if missing:
+    sys.exit(f"gpu-check: missing Python modules {missing}: carry them as wheels in .whl/")
+import torch
+from exporter.sources.versions import versions
+env = {**versions(), "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    env["gpu"] = torch.cuda.get_device_name(0)
+try:
+    env["driver"] = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30).stdout.strip()
+except (OSError, subprocess.SubprocessError):
+    env["driver"] = "unknown"
+json.dump(env, open(sys.argv[1], "w"))
+print("gpu-check:", env)
+if not torch.cuda.is_available():
+    sys.exit("gpu-check: torch sees no CUDA device here")
+PY
+
+# pytest-timeout ends a stuck test inside pytest, so every job it started is stopped.
+"$PY" -m pytest -q -rA -p no:cacheprovider -o timeout=240 tests/gpu \
+  --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
+timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+"$PY" -m pytest -q -p no:cacheprovider -o timeout=120 tests/test_core.py tests/test_flight.py \
+  tests/test_reducer_timing.py tests/test_gradients.py tests/test_blame.py tests/test_hangs.py \
+  --junitxml "$OUT/cpu-tests.xml" 2>&1 | tee "$OUT/cpu-tests.log" | tail -3
+
+"$PY" scripts/gpu_report.py "$OUT" $(( $(date +%s) - start )) > "$OUT/report.md"
+cat "$OUT/report.md"

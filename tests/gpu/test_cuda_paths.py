@@ -1,0 +1,212 @@
+"""Every CUDA path of the exporter on one real GPU (skipped without one; see conftest.py).
+
+- One NCCL rank, the whole ``instrument()`` path: CUDA-event bucket timing resolved off the
+  training thread, the step split, the GPU memory series against ``torch.cuda``'s own figures,
+  the Flight Recorder as in-flight source on NCCL, ``/metrics``; and no host-device
+  synchronisation added, checked with ``torch.cuda.set_sync_debug_mode("error")``.
+- Several ranks sharing the GPU over gloo with CUDA tensors (NCCL refuses two ranks on one
+  device): the straggler blamed by compute, a hang named with its forensics verdict, gradients
+  bit-identical with and without the exporter. On CUDA the exporter times with its hook: DDP's
+  reducer timers synchronise the host (``comm_timing="reducer"`` is refused there), so the
+  hook-free mode is tested on CPU only (tests/test_gradients.py, tests/test_reducer_timing.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import REPO, Job, value, wait_for
+
+import exporter.tools.top as top
+from exporter.sources.flight import dump_functions
+
+WORKER = os.path.join("tests", "gpu", "nccl_worker.py")
+TRAINER = os.path.join(REPO, "exporter", "tools", "trainer.py")
+TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _trainer_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
+    return ["--device", "cuda", "--fault", fault, "--fault-rank", str(rank),
+            "--fault-after", str(after), "--port", "0", "--addr", "127.0.0.1", *extra]  # fmt: skip
+
+
+def _one(samples: dict, name: str, **labels: str) -> dict:
+    """Return the labels of the only sample ``name`` (with ``labels``) of a parsed scrape."""
+    found = [lab for lab, _ in samples.get(name, []) if labels.items() <= lab.items()]
+    assert len(found) == 1, (name, samples.get(name))
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def nccl_report(tmp_path_factory):
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    out = tmp_path_factory.mktemp("nccl") / "report.json"
+    # The Flight Recorder is on by default from torch 2.11 only; older releases need the size
+    # (TORCH_NCCL_TRACE_BUFFER_SIZE before 2.8).
+    env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # fmt: skip
+    with Job(1, [str(out)], env=env, module=WORKER) as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    return json.loads(out.read_text())
+
+
+def test_nccl_rank_times_buckets_with_cuda_events(nccl_report):
+    r = nccl_report
+    assert r["backend"] == "nccl" and r["world_size"] == 1
+    # On CUDA the timing hook; DDP's reducer timers would synchronise the host.
+    assert r["comm_timing"] == "hook"
+    assert r["recorder"]["steps"] == r["expected_steps"], r["recorder"]
+    (op, pg, _, latency_sum, count, nbytes), = r["recorder"]["collectives"]  # fmt: skip
+    # Several 1 MiB buckets per backward, each one timed by its CUDA-event pair.
+    assert count >= 2 * r["expected_steps"], r["recorder"]
+    (_, enqueued, completed, _), = r["bookkeeping"]  # fmt: skip
+    assert enqueued == completed == count, r["bookkeeping"]
+    assert nbytes > 0
+    # GPU time between two events: NCCL makes a one-rank allreduce a no-op, so this is only
+    # the streams' hand-over, yet never negative and far below a second.
+    assert 0.0 <= latency_sum / count < 1.0, (latency_sum, count)
+    assert not any(r["errors"].values()), r["errors"]
+
+
+def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
+    r, s = nccl_report, nccl_report["metrics"]
+    steps = r["expected_steps"]
+    assert value(s, "ddp_steps_total") == steps
+    phases = {lab["phase"]: v for lab, v in s["ddp_step_phase_seconds_sum"]}
+    assert set(phases) >= {"data", "compute", "comm_wait", "optimizer"}, phases
+    assert all(v >= 0.0 for v in phases.values()), phases
+    assert phases["compute"] > 0.0
+    count = r["recorder"]["collectives"][0][4]
+    assert value(s, "ddp_collective_duration_seconds_count", op="allreduce") == count
+    mem = r["torch_memory"]
+    for series, key in (("allocated", "allocated"), ("reserved", "reserved"),
+                        ("peak", "peak"), ("total", "total")):  # fmt: skip
+        assert value(s, f"ddp_gpu_memory_{series}_bytes") == mem[key], (series, mem)
+    assert 0 < mem["allocated"] <= mem["reserved"] <= mem["total"]
+    info = _one(s, "ddp_rank_info")
+    assert info["backend"] == "nccl" and info["device"] == "cuda:0", info
+    assert info["cuda_version"] != "none" and info["nccl_version"] != "none", info
+    assert info["comm_timing"] == "hook", info
+
+
+def test_nccl_flight_recorder_is_the_inflight_source(nccl_report):
+    r, s = nccl_report, nccl_report["metrics"]
+    if TORCH < (2, 5):
+        # NCCL's recorder has no pg_status before 2.5: the comm-hook bookkeeping instead.
+        assert r["inflight_source"] == "comm_hook"
+        pytest.skip(f"torch {torch.__version__}: no Flight Recorder pg_status; fallback used")
+    assert dump_functions(), "torch >= 2.5 with CUDA has _dump_nccl_trace"
+    assert r["inflight_source"] == "flight_recorder"
+    info = _one(s, "ddp_rank_info")
+    assert info["inflight_source"] == "flight_recorder", info
+    pgs = {lab["pg"] for lab, _ in s["ddp_collective_last_enqueued_seq"]}
+    assert pgs, s.get("ddp_collective_last_enqueued_seq")
+    # Idle: every collective enqueued has completed, and DDP's buckets are among them.
+    count = r["recorder"]["collectives"][0][4]
+    total = 0.0
+    for pg in pgs:
+        enq = value(s, "ddp_collective_last_enqueued_seq", pg=pg)
+        assert value(s, "ddp_collective_last_completed_seq", pg=pg) == enq, pg
+        assert value(s, "ddp_collective_inflight_age_seconds", pg=pg) == 0.0
+        total += enq
+    assert total >= count, (total, count)
+
+
+def test_nccl_training_adds_no_host_device_synchronisation(nccl_report):
+    sync = nccl_report["sync_debug"]
+    assert sync["bites"], "set_sync_debug_mode('error') did not raise on .item(): no proof"
+    assert sync["plain"] is None, f"plain DDP synchronises by itself here:\n{sync['plain']}"
+    assert sync["instrumented"] is None, f"the exporter synchronised:\n{sync['instrumented']}"
+
+
+def test_shared_gpu_straggler_blamed_by_compute():
+    args = _trainer_args("straggler", 1, 0, "--straggle", "0.12", "--step-time", "0.02")
+    with Job(3, args, env={"OMP_NUM_THREADS": "1"}) as job:
+        urls = job.wait_urls()
+        targets = [urls[r] for r in range(3)]
+        wait_for(
+            lambda: all(value(job.scrape(r), "ddp_steps_total") >= 25 for r in range(3)),
+            120,
+            "25 steps on every rank",
+        )
+        info = _one(job.scrape(0), "ddp_rank_info")
+        assert info["device"] == "cuda:0" and info["backend"] == "gloo", info
+        assert info["comm_timing"] == "hook", info
+        previous: dict = {}
+
+        def blamed():
+            rows = top.diagnose(top.fetch(targets), previous)
+            previous.clear()
+            previous.update({row.target: row for row in rows})
+            accused = {row.rank: row.verdict for row in rows if top.accuses(row)}
+            ok = list(accused) == [1] and accused[1].startswith("straggler: compute")
+            return accused if ok else None
+
+        wait_for(blamed, 60, "top to blame rank 1 alone, by compute", interval=2.0)
+        s = {r: job.scrape(r) for r in range(3)}
+
+    def per_step(r: int, name: str, **labels: str) -> float:
+        return value(s[r], name + "_sum", **labels) / max(value(s[r], name + "_count", **labels), 1)
+
+    compute = {r: per_step(r, "ddp_step_phase_seconds", phase="compute") for r in s}
+    coll = {r: per_step(r, "ddp_collective_duration_seconds") for r in s}
+    assert max(compute, key=compute.get) == 1, compute
+    # The straggler shows the shortest collective latency: the others wait for it.
+    assert min(coll, key=coll.get) == 1, coll
+
+
+def _line_in(path: str, function: str, marker: str) -> int:
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = next(n for n, line in enumerate(lines) if f"def {function}(" in line)
+    return next(n for n, line in enumerate(lines[start:], start + 1) if marker in line)
+
+
+def test_shared_gpu_hang_named_with_its_forensics(tmp_path):
+    root = str(tmp_path / "dumps")
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DUMP_DIR": root}
+    args = _trainer_args("hang", 1, 5, "--heartbeat", "0.5", "--timeout", "300")
+    with Job(3, args, env=env) as job:
+        job.wait_urls()
+        wait_for(lambda: "injecting fault hang" in job.output(), 90, "the hang to start")
+        t0 = time.monotonic()
+
+        def verdict():
+            found = glob.glob(os.path.join(root, "*-hang-1", "verdict.txt"))
+            return found[0] if found else None
+
+        path = wait_for(verdict, 120, "the monitoring rank's verdict")
+        took = time.monotonic() - t0
+        with open(path) as f:
+            text = f.read()
+        with open(os.path.join(os.path.dirname(path), "episode.json")) as f:
+            episode = json.load(f)
+        s0 = job.scrape(0)
+    assert episode["kind"] == "behind" and episode["behind"] == [1], text
+    line = _line_in(TRAINER, "_load_batch_that_never_returns", "time.sleep(1)")
+    assert f"rank 1 never entered all_reduce #{int(episode['seq'])}" in text, text
+    assert f"trainer.py:{line} in _load_batch_that_never_returns" in text, text
+    assert value(s0, "ddp_collective_inflight_age_seconds", pg="0") > 1.0
+    assert took < 120, took
+
+
+def test_shared_gpu_gradients_bit_identical(tmp_path):
+    out = tmp_path / "verdict.json"
+    grad_worker = os.path.join("tests", "workers", "grad_worker.py")
+    with Job(2, [str(out), "cuda"], env={"OMP_NUM_THREADS": "1"}, module=grad_worker) as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    for rank, per_rank in enumerate(json.loads(out.read_text())):
+        for name, r in per_rank.items():
+            assert r["grads"] and r["params"], f"rank {rank} {name}: differ on CUDA"
+            assert r["steps"] == 6, (rank, name, r)
+        # On CUDA "auto" picks the hook, which timed every bucket it wraps.
+        assert per_rank["builtin/auto"]["timing"] == "hook"
+        assert per_rank["builtin/auto"]["buckets"] > 6
+        assert per_rank["fp16_before/auto"]["timing"] == "none"
