@@ -180,6 +180,22 @@ def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
     )
 
 
+def test_builtin_hook_after_instrument_goes_under_the_wrapper(ddp):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model, loader, opt = ddp
+    obs = exporter.instrument(
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, comm_timing="hook"
+    )
+    # DDP's own (private) name: without the shadow the reducer would refuse a second hook.
+    model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    assert obs.hook.inner is default_hooks.fp16_compress_hook
+    train_epoch(model, loader, opt)
+    obs.close()
+    assert "_register_builtin_comm_hook" not in model.__dict__
+
+
 def test_injected_gpu_memory_source_is_read_at_scrape(ddp):
     from exporter.sources.memory import GPUMemory
 

@@ -173,7 +173,7 @@ class CommHookInstrumentor:
     """Register the timing wrapper as a DDP model's comm hook; restore the model exactly.
 
     DDP's reducer accepts one hook, once. So the wrapper is registered at once, and the model's
-    ``register_comm_hook``/``register_builtin_comm_hook`` are shadowed by instance attributes
+    ``register_comm_hook``/``_register_builtin_comm_hook`` are shadowed by instance attributes
     that put a hook the user registers later *under* the wrapper, with DDP's own checks and
     errors. :meth:`uninstrument` deletes the shadows; the wrapper then passes buckets through.
     """
@@ -213,7 +213,7 @@ class CommHookInstrumentor:
             model._comm_hooks.append((hook, state))
             registered.append(True)
 
-        def register_builtin_comm_hook(comm_hook_type) -> None:
+        def _register_builtin_comm_hook(comm_hook_type) -> None:
             """Map a built-in hook onto its Python equivalent under the timing wrapper."""
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -224,7 +224,8 @@ class CommHookInstrumentor:
 
         # Instance attributes shadow DDP's methods; uninstrument() deletes them.
         model.register_comm_hook = register_comm_hook
-        model.register_builtin_comm_hook = register_builtin_comm_hook
+        # DDP's own name (private since torch 1.x; 2.4-2.14 checked).
+        model._register_builtin_comm_hook = _register_builtin_comm_hook
         self._patched = True
         return True
 
@@ -232,6 +233,6 @@ class CommHookInstrumentor:
         """Stop timing and restore the model's own registration methods; idempotent."""
         self.wrapper.enabled = False
         if self._patched:
-            for name in ("register_comm_hook", "register_builtin_comm_hook"):
+            for name in ("register_comm_hook", "_register_builtin_comm_hook"):
                 self.model.__dict__.pop(name, None)
             self._patched = False
