@@ -122,7 +122,6 @@ class ReducerTiming:
         self._model._set_ddp_runtime_logging_sample_rate(1)
         self._on = self._rate_set = True
         return True
-        return self
 
     def read(self) -> ReducerReading | None:
         """Return the iteration DDP timed since the last read, None when there is none new."""
