@@ -43,6 +43,10 @@ Variable                        Meaning                                         
                                 half the process group's timeout).
 ``DDP_EXPORTER_ABORT_EXIT_CODE``  Exit code of every rank that ``abort`` ends           75
                                 (EX_TEMPFAIL: try again); 1..255.
+``DDP_EXPORTER_NODE``           ``node`` label: the machine this rank runs on, the     hostname
+                                unit a fleet drains (``ddp-exporter nodes``). On
+                                Kubernetes the node name (downward API
+                                ``spec.nodeName``), not the pod's hostname.
 ``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
                                 duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
                                 from the job's start (torchrun's start under
@@ -82,6 +86,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +125,7 @@ __all__ = [
     "MASTER_PORT",
     "MONITOR_RANK",
     "NCCL_SOCKET_IFNAME",
+    "NODE",
     "ON_HANG",
     "ON_HANG_CHOICES",
     "OTEL_ENDPOINT",
@@ -159,6 +165,7 @@ __all__ = [
     "is_all_interfaces",
     "job_deadline_raw",
     "monitoring_rank",
+    "node_name",
     "on_hang",
     "otlp_requested",
     "otlp_disabled",
@@ -185,6 +192,7 @@ FINAL_SCRAPE_S = "DDP_EXPORTER_FINAL_SCRAPE_S"
 ON_HANG = "DDP_EXPORTER_ON_HANG"
 ABORT_AFTER_S = "DDP_EXPORTER_ABORT_AFTER_S"
 ABORT_EXIT_CODE = "DDP_EXPORTER_ABORT_EXIT_CODE"
+NODE = "DDP_EXPORTER_NODE"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
 
@@ -243,6 +251,10 @@ DEFAULT_ABORT_EXIT_CODE = 75
 ALL_INTERFACES: tuple[str, ...] = ("", "0.0.0.0", "::")
 #: The versions compared across ranks (and the keys the test-only override accepts).
 VERSION_KEYS: tuple[str, ...] = ("python", "torch", "cuda", "nccl")
+
+
+#: A node name: a hostname or a Kubernetes node name (a bounded label value, no free text).
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -575,6 +587,24 @@ class Identity:
     run: str
     #: Which attempt of the run this process is (``0`` unless restarted or requeued).
     attempt: str = "0"
+    #: The machine this rank runs on (:func:`node_name`): the ``node`` label.
+    node: str = ""
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """Return this rank's ``node`` label: ``DDP_EXPORTER_NODE``, else the hostname.
+
+    Raises ValueError for a value that is not a host or node name (it becomes a label that
+    fleet rules group by, so free text would make unbounded, unmatchable series).
+    """
+    raw = _environ(environ).get(NODE, "").strip()
+    name = raw or socket.gethostname()
+    if not _NODE_NAME.match(name):
+        source = NODE if raw else "the hostname"
+        raise ValueError(
+            f"{source} {name!r} is not a node name (letters, digits, '.', '_', '-'; up to 253)"
+        )
+    return name
 
 
 def identity(
@@ -598,6 +628,7 @@ def identity(
         local_rank=env_int(LOCAL_RANK, 0, environ),
         run=run if run is not None else default_run(environ),
         attempt=attempt(environ),
+        node=node_name(environ),
     )
 
 

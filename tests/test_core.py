@@ -9,6 +9,7 @@ from conftest import train_epoch
 from harness import parse, scrape_text, value, wait_for
 
 import exporter
+import exporter.settings
 from exporter.sources.commhook import CommHookWrapper
 
 
@@ -40,7 +41,22 @@ def test_rejects_bad_environment(ddp, monkeypatch):
     monkeypatch.setenv("DDP_EXPORTER_PEER_SERIES", "-5")
     with pytest.raises(ValueError, match="DDP_EXPORTER_PEER_SERIES"):
         exporter.instrument(ddp[0])
+    monkeypatch.setenv("DDP_EXPORTER_PEER_SERIES", "4")
+    monkeypatch.setenv("DDP_EXPORTER_NODE", "gpu node 7; rm")
+    with pytest.raises(ValueError, match="DDP_EXPORTER_NODE .* is not a node name"):
+        exporter.instrument(ddp[0])
     assert exporter.active() is None
+
+
+def test_node_label_from_the_environment(ddp, monkeypatch):
+    monkeypatch.setenv("DDP_EXPORTER_NODE", "gpu-node-07.cluster")
+    obs = exporter.instrument(ddp[0], port=0, addr="127.0.0.1", heartbeat_s=0)
+    s = parse(scrape_text(obs.url))
+    (labels,) = [lab for lab, _ in s["ddp_rank_info"]]
+    assert labels["node"] == "gpu-node-07.cluster"
+    obs.close()
+    monkeypatch.delenv("DDP_EXPORTER_NODE")
+    assert exporter.settings.node_name() == socket.gethostname()
 
 
 def test_twice_warns_and_returns_the_same_handle(ddp):

@@ -383,6 +383,7 @@ def start(
             monitor=monitor,
             errors=errors,
             file_sd_dir=os.environ.get(settings.FILE_SD) or None,
+            node=identity.node or None,
         )
         server.route("/sd", found.sd_app)
         return found

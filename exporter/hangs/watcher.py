@@ -86,6 +86,7 @@ class HangWatcher:
         self._sections = sections
         self._finished = False
         self._run = identity.run
+        self._node = identity.node or socket.gethostname()
         self.rank = identity.rank
         self.world_size = identity.world_size
         self.interval = interval_s
@@ -258,6 +259,7 @@ class HangWatcher:
             rank=self.rank,
             world_size=self.world_size,
             host=socket.gethostname(),
+            node=self._node,
             pid=os.getpid(),
             request=request,
         )

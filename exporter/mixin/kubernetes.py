@@ -198,6 +198,11 @@ def example_pod(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                                 "fieldRef": {"fieldPath": f"metadata.labels['{run_label}']"}
                             },
                         },
+                        # The node, not the pod's hostname: fleet rules blame nodes.
+                        {
+                            "name": "DDP_EXPORTER_NODE",
+                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                        },
                         {"name": "DDP_EXPORTER_PORT", "value": str(cfg.base_port)},
                         {"name": "DDP_EXPORTER_ADDR", "value": "0.0.0.0"},
                     ],

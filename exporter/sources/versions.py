@@ -47,7 +47,7 @@ def rank_info(
     """
     return {
         "local_rank": str(identity.local_rank),
-        "node": socket.gethostname(),
+        "node": identity.node or socket.gethostname(),
         "world_size": str(identity.world_size),
         "backend": str(backend),
         "device": device,
