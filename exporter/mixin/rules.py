@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import catalog
-from .config import DEFAULT, MixinConfig, duration_seconds
+from .alert import Alert, selector
+from .config import DEFAULT, MixinConfig
 from .render import dump_yaml
 
 __all__ = [
@@ -70,12 +71,6 @@ RUN_ALERTS: tuple[str, ...] = (
 
 #: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
 BLAME_PHASES: tuple[str, ...] = ("compute", "data")
-
-
-def selector(cfg: MixinConfig, metric: str, *matchers: str) -> str:
-    """Return ``metric{...}`` with the configured selector and ``matchers`` (empty ones dropped)."""
-    parts = [m for m in (cfg.selector, *matchers) if m]
-    return f"{metric}{{{', '.join(parts)}}}" if parts else metric
 
 
 def _base(metric: catalog.MetricDef) -> str:
@@ -332,39 +327,6 @@ def _outside_loop_records(cfg: MixinConfig, r: Recorded) -> list[dict[str, str]]
         },
         {"record": r.projected_finish_run, "expr": f"max by (run) ({r.projected_finish_rank})"},
     ]
-
-
-@dataclass(frozen=True)
-class Alert:
-    """Describe one alerting rule and the runbook text that goes with it."""
-
-    name: str
-    severity: str
-    expr: str
-    for_: str
-    summary: str
-    description: str
-    meaning: str
-    confirm: str
-    action: str
-
-    @property
-    def anchor(self) -> str:
-        """Return the runbook section anchor of this alert (its lower-cased name)."""
-        return self.name.lower()
-
-    def rule(self, cfg: MixinConfig) -> dict[str, Any]:
-        """Return the Prometheus rule dict of this alert."""
-        out: dict[str, Any] = {"alert": self.name, "expr": self.expr}
-        if duration_seconds(self.for_) > 0:
-            out["for"] = self.for_
-        out["labels"] = {"severity": self.severity}
-        out["annotations"] = {
-            "summary": self.summary,
-            "description": self.description,
-            "runbook_url": f"{cfg.runbook_base_url}#{self.anchor}",
-        }
-        return out
 
 
 def _role(expr: str, role: str) -> str:
