@@ -72,7 +72,7 @@ def test_runbook_has_an_anchor_for_every_alert_link() -> None:
     from exporter.mixin import rules
 
     runbook = generated_files(DEFAULT)["docs/runbook.md"]
-    for alert in rules.alerts(DEFAULT):
+    for alert in rules.every_alert(DEFAULT):
         assert f"\n## {alert.name}\n" in runbook
         assert alert.rule(DEFAULT)["annotations"]["runbook_url"].endswith(f"#{alert.name.lower()}")
     for heading in ("### What it means", "### How to confirm", "### What to do"):

@@ -68,18 +68,27 @@ def test_every_alert_has_positive_and_negative_unit_cases() -> None:
 
 
 def test_alert_contract() -> None:
-    for alert in rules.alerts(DEFAULT):
+    for alert in rules.every_alert(DEFAULT):
         rule = alert.rule(DEFAULT)
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         ann = rule["annotations"]
         assert ann["summary"] and "{{" not in ann["summary"], alert.name
-        assert "{{ $labels.run }}" in ann["description"], alert.name
+        if alert.name in rules.FLEET_ALERTS:
+            # About a node across runs: it names the node, never one run or rank.
+            assert "{{ $labels.node }}" in ann["description"], alert.name
+            assert "$labels.run" not in ann["description"], alert.name
+        else:
+            assert "{{ $labels.run }}" in ann["description"], alert.name
         # A condition of one rank names it; a condition of the run is one alert without rank.
-        if alert.name not in rules.RUN_ALERTS:
+        if alert.name not in (*rules.RUN_ALERTS, *rules.FLEET_ALERTS):
             assert "{{ $labels.rank }}" in ann["description"], alert.name
         assert ann["runbook_url"] == f"{DEFAULT.runbook_base_url}#{alert.name.lower()}"
-    names = {a.name for a in rules.alerts(DEFAULT)}
-    assert names == set(rules.ALERT_NAMES)
+    names = [a.name for a in rules.every_alert(DEFAULT)]
+    assert set(names) == set(rules.ALERT_NAMES)
+    groups = rules.rule_groups(DEFAULT)["groups"]
+    in_groups = [r["alert"] for g in groups for r in g["rules"] if "alert" in r]
+    assert sorted(set(in_groups)) == sorted(set(names))  # each alert in exactly one group
+    assert len([a for a in in_groups if a == "DDPSuspectNode"]) == 1
 
 
 def test_timeout_imminent_has_warning_and_critical_levels() -> None:

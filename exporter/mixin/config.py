@@ -37,16 +37,16 @@ __all__ = [
 #: Where the generator writes the configuration it rendered from (relative to its output).
 CONFIG_FILE = "dashboards/mixin.json"
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
 def duration_seconds(text: str) -> int:
-    """Return the seconds of a Prometheus duration such as ``1m30s`` (h, m, s units only)."""
+    """Return the seconds of a Prometheus duration such as ``1m30s`` (d, h, m, s units only)."""
     match = _DURATION.match(text)
     if not text or match is None:
-        raise ValueError(f"not a duration of h/m/s units: {text!r}")
-    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return hours * 3600 + minutes * 60 + seconds
+        raise ValueError(f"not a duration of d/h/m/s units: {text!r}")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,22 @@ class MixinConfig:
     job_deadline_margin_seconds: float = 1800.0
     job_deadline_for: str = "10m"
 
+    # --- the fleet: which node keeps being the culprit across runs (exporter.mixin.fleet) -----
+    #: How long the fleet rules remember a run on a node and what it was blamed for.
+    fleet_window: str = "7d"
+    #: DDPSuspectNode: a node blamed in at least ``fleet_blamed_runs`` of its last
+    #: ``fleet_runs`` distinct runs (within ``fleet_window``), each time with most of the run's
+    #: other nodes not blamed.
+    fleet_runs: int = 10
+    fleet_blamed_runs: int = 3
+    #: Evaluation interval of the fleet group. Its records carry their state from one
+    #: evaluation to the next (cheap at any fleet size) ...
+    fleet_interval: str = "1m"
+    #: ... over at most this gap: a Prometheus outage longer than this forgets the fleet's
+    #: history (the rules count again from then on).
+    fleet_carry: str = "30m"
+    suspect_node_for: str = "15m"
+
     def __post_init__(self) -> None:
         """Reject malformed durations and inverted timeout levels early."""
         for name in (
@@ -179,6 +195,16 @@ class MixinConfig:
             duration_seconds(getattr(self, name))
         for name in ("version_skew_for", "section_overdue_for", "job_deadline_for"):
             duration_seconds(getattr(self, name))
+        for name in ("fleet_window", "fleet_interval", "fleet_carry"):
+            if duration_seconds(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive")
+        duration_seconds(self.suspect_node_for)
+        if duration_seconds(self.fleet_carry) < 2 * duration_seconds(self.fleet_interval):
+            raise ValueError("fleet_carry must be at least twice fleet_interval")
+        if duration_seconds(self.fleet_window) < duration_seconds(self.fleet_carry):
+            raise ValueError("fleet_window must be at least fleet_carry")
+        if not 1 <= int(self.fleet_blamed_runs) <= int(self.fleet_runs):
+            raise ValueError("need 1 <= fleet_blamed_runs <= fleet_runs")
         if duration_seconds(self.eta_window) <= 0:
             raise ValueError("eta_window must be positive")
         if self.job_deadline_margin_seconds < 0:
@@ -231,6 +257,12 @@ FAST = MixinConfig(
     eta_window="20s",
     job_deadline_margin_seconds=10.0,
     job_deadline_for="5s",
+    fleet_window="1h",
+    fleet_runs=5,
+    fleet_blamed_runs=2,
+    fleet_interval="1s",
+    fleet_carry="10s",
+    suspect_node_for="0s",
 )
 
 

@@ -24,14 +24,17 @@ from typing import Any
 from .. import catalog
 from .alert import Alert, selector
 from .config import DEFAULT, MixinConfig
+from .fleet import fleet_group, suspect_node_alert
 from .render import dump_yaml
 
 __all__ = [
     "ALERT_NAMES",
+    "FLEET_ALERTS",
     "RUN_ALERTS",
     "Alert",
     "Recorded",
     "alerts",
+    "every_alert",
     "hang_location",
     "RECORDING_GROUPS",
     "recorded",
@@ -57,7 +60,11 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPVersionSkew",
     "DDPSectionOverdue",
     "DDPJobWillMissDeadline",
+    "DDPSuspectNode",
 )
+
+#: Alerts about a node across runs (exporter.mixin.fleet): a ``node`` label, no run, no rank.
+FLEET_ALERTS: tuple[str, ...] = ("DDPSuspectNode",)
 
 #: Alerts that are one per run (a condition of the whole run: no ``rank`` label). The collective
 #: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
@@ -881,8 +888,16 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
     )
 
 
+def every_alert(cfg: MixinConfig = DEFAULT) -> list[Alert]:
+    """Return the per-run alerts, then the fleet's (the runbook's order, :data:`ALERT_NAMES`)."""
+    return [*alerts(cfg), suspect_node_alert(cfg)]
+
+
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
-    """Return the rule file content: the recording groups, then one alerting group."""
+    """Return the rule file content: the recording groups, the alerts, then the fleet group.
+
+    The fleet group (its own, longer interval) reads the alerts' ``ALERTS`` series.
+    """
     recording = recording_groups(cfg)
     return {
         "groups": [
@@ -891,6 +906,7 @@ def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 for name in RECORDING_GROUPS
             ),
             {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
+            fleet_group(cfg),
         ]
     }
 

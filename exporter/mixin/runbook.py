@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .config import DEFAULT, MixinConfig
 from .render import header
-from .rules import ALERT_NAMES, Alert, alerts
+from .rules import ALERT_NAMES, Alert, every_alert
 
 __all__ = ["render_runbook"]
 
@@ -14,9 +14,10 @@ _INTRO = """\
 One section per alert of the ddp-exporter monitoring mixin. Every alert carries the label `run`,
 a `severity` and a `runbook_url` pointing here; an alert about one rank also carries `rank` (the
 rank to look at), while a condition of the whole run (stalled, slower, killed, stuck with nobody
-behind, will miss its deadline) is one alert per run without it.
+behind, will miss its deadline) is one alert per run without it. The fleet alert
+(DDPSuspectNode) is about a node across runs: it carries `node`, no run and no rank.
 Dashboards: **DDP / Overview**, **DDP / Stragglers**, **DDP / Collectives**, **DDP / Memory**,
-**DDP / Liveness** (provisioned by `docker compose up`).
+**DDP / Liveness**, **DDP / Fleet** (provisioned by `docker compose up`).
 
 These rules of thumb hold throughout:
 
@@ -35,6 +36,13 @@ These rules of thumb hold throughout:
   launcher to restart the job from its last checkpoint, and **DDPHangAborted** names the
   culprit and where it was stuck; the run then has 10 minutes (`hang_abort_window`) to come
   back before it counts as killed.
+
+- A node, not only a rank: every accusation above (straggler, hung rank, rank down) is also
+  kept per node for days. **DDPSuspectNode** names a node blamed in several of its last runs
+  while most of the other nodes of each run were not (definition in its section below); one
+  slow job, a slowdown of every rank, a data stall common to all ranks or a node that hosts many
+  jobs never makes a node suspect. `ddp-exporter nodes --prometheus URL` ranks nodes by
+  evidence.
 
 Thresholds and durations below are those of the committed configuration; regenerate with your
 own `MixinConfig` (`python -m exporter.mixin generate`) to change them.
@@ -74,7 +82,7 @@ def _section(group: list[Alert]) -> str:
 def render_runbook(cfg: MixinConfig = DEFAULT) -> str:
     """Return docs/runbook.md text; each alert's section anchor is its lower-cased name."""
     by_name: dict[str, list[Alert]] = {}
-    for a in alerts(cfg):
+    for a in every_alert(cfg):
         by_name.setdefault(a.name, []).append(a)
     toc = "\n".join(f"- [{n}](#{n.lower()})" for n in ALERT_NAMES)
     body = "\n".join(_section(by_name[n]) for n in ALERT_NAMES)
