@@ -31,10 +31,10 @@ def substitute(expr: str) -> str:
     return expr
 
 
-def test_five_dashboards_with_fixed_uids() -> None:
-    assert set(BUILT) == {"overview", "stragglers", "collectives", "memory", "liveness"}
+def test_six_dashboards_with_fixed_uids() -> None:
+    assert set(BUILT) == {"overview", "stragglers", "collectives", "memory", "liveness", "fleet"}
     uids = {d["uid"] for d in BUILT.values()}
-    assert len(uids) == 5 and all(u.startswith("ddp-") for u in uids)
+    assert len(uids) == 6 and all(u.startswith("ddp-") for u in uids)
 
 
 @pytest.mark.parametrize("stem", sorted(BUILT))
@@ -91,6 +91,9 @@ def test_panels_cover_their_topics() -> None:
     for m in (catalog.GPU_MEM_ALLOCATED, catalog.GPU_MEM_RESERVED, catalog.GPU_MEM_PEAK,
               catalog.GPU_MEM_TOTAL, catalog.HOST_MEM_RESIDENT):  # fmt: skip
         assert m.name in exprs("memory")
+    fleet = exprs("fleet")
+    assert "DDPSuspectNode" in fleet and 'node=~"$node"' in fleet
+    assert BUILT["fleet"]["time"]["from"] == f"now-{DEFAULT.fleet_window}"
     live = exprs("liveness")
     assert f"time() - max by (run, rank) ({catalog.HEARTBEAT.name}" in live
     assert catalog.PEER_HEARTBEAT_AGE.name in live and "up{" in live

@@ -329,7 +329,7 @@ def test_prometheus_rule_carries_exactly_the_rules(tmp_path: Path) -> None:
 def test_dashboard_configmaps_hold_the_committed_json() -> None:
     maps = load_all("grafana-dashboards.yaml")
     files = sorted((ROOT / "dashboards/grafana").glob("*.json"))
-    assert len(maps) == len(files) == 5
+    assert len(maps) == len(files) == 6
     seen = {}
     for cm in maps:
         jsonschema.validate(cm, CONFIG_MAP)

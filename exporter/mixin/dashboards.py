@@ -16,6 +16,7 @@ from grafanalib import core as g
 
 from .. import catalog, settings
 from .config import DEFAULT, MixinConfig
+from .fleet import fleet_recorded
 from .render import dump_json
 from .rules import recorded, selector
 
@@ -62,7 +63,8 @@ class PanelSpec:
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
     ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open),
     ``"deadline"`` (the job knows its wall-clock deadline and total steps), ``"sections"`` (an
-    ``exporter.deadline`` section is running).
+    ``exporter.deadline`` section is running), ``"fleet"`` (the fleet group has evaluated once,
+    ``fleet_interval``), ``"blame"`` (some node was blamed in a run).
     """
 
     title: str
@@ -87,6 +89,8 @@ class DashboardSpec:
     title: str
     description: str
     panels: tuple[PanelSpec, ...] = field(default_factory=tuple)
+    #: Start of the default time range (the fleet looks back days, the rest minutes).
+    time_from: str = "now-30m"
 
 
 def _s(cfg: MixinConfig, metric: catalog.MetricDef, suffix: str = "", *extra: str) -> str:
@@ -119,7 +123,7 @@ def _up(cfg: MixinConfig) -> str:
 
 
 def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
-    """Return the five dashboards as specs."""
+    """Return the six dashboards as specs."""
     r = recorded(cfg)
     ranks = "rank {{rank}}"
     phases = "|".join(catalog.PHASES)
@@ -617,7 +621,99 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             ),
         ),
     )
-    return (overview, stragglers, collectives, memory, liveness)
+    return (overview, stragglers, collectives, memory, liveness, _fleet(cfg))
+
+
+def _fleet(cfg: MixinConfig) -> DashboardSpec:
+    """Return the Fleet dashboard: which node keeps being blamed across runs."""
+    f = fleet_recorded(cfg)
+    node = 'node=~"$node"'
+    n, k, w = int(cfg.fleet_runs), int(cfg.fleet_blamed_runs), cfg.fleet_window
+    return DashboardSpec(
+        "fleet",
+        "ddp-fleet",
+        "DDP / Fleet",
+        f"Nodes ranked by how often runs blamed them over {w} (DDPSuspectNode: blamed in {k} "
+        f"of the last {n} runs). The run and rank variables do not apply here.",
+        (
+            PanelSpec(
+                "Suspect nodes",
+                (
+                    Target(
+                        f'ALERTS{{alertname="DDPSuspectNode", alertstate="firing", {node}}}',
+                        "{{node}}",
+                    ),
+                ),
+                kind="table",
+                width=24,
+                height=6,
+                needs="blame",
+                description=(
+                    "Nodes DDPSuspectNode names now: blamed in at least "
+                    f"{k} of their last {n} runs while most of each run's other nodes were not. "
+                    "Drain them (the alert's description has the commands). Empty while no "
+                    "node is suspect."
+                ),
+            ),
+            PanelSpec(
+                f"Runs blamed of each node's last {n}",
+                (Target(f"topk(20, {f.recent_blamed}{{{node}}})", "{{node}}"),),
+                kind="bargauge",
+                max=n,
+                thresholds=(("green", None), ("orange", 1), ("red", k)),
+                needs="blame",
+                description=(
+                    f"Per node, how many of its last {n} runs blamed it (top 20); red from {k}, "
+                    "where DDPSuspectNode fires."
+                ),
+            ),
+            PanelSpec(
+                "Runs blamed by cause",
+                (Target(f"topk(40, {f.cause_runs}{{{node}}})", "{{node}} {{cause}}"),),
+                kind="bargauge",
+                max=n,
+                needs="blame",
+                description=(
+                    f"Runs that blamed each node over {w}, by cause: compute or data "
+                    "(straggler), hang (the rank behind a stalled collective, or the culprit "
+                    "of an aborted hang), down (a rank that died while its run went on)."
+                ),
+            ),
+            PanelSpec(
+                "Runs seen and blamed per node",
+                (
+                    Target(f"topk(50, {f.runs_seen}{{{node}}})", "{{node}} seen"),
+                    Target(f"topk(50, {f.runs_blamed}{{{node}}})", "{{node}} blamed"),
+                ),
+                kind="table",
+                width=24,
+                needs="fleet",
+                description=(
+                    f"Runs each node hosted over {w} and in how many it was blamed (a busy node "
+                    "hosts many runs: that alone never makes it suspect)."
+                ),
+            ),
+            PanelSpec(
+                "Evidence: blamed runs (newest first)",
+                (
+                    Target(
+                        f"sort_desc({f.blamed}{{{node}}}\nand on (node, run)\n{f.blamed_alone})",
+                        "{{node}} {{run}} {{cause}}",
+                    ),
+                ),
+                kind="table",
+                unit="dateTimeAsIso",
+                width=24,
+                needs="blame",
+                description=(
+                    "Each run that blamed a node, the cause, and when it was last blamed "
+                    "(counted only where at most half of the run's nodes were blamed). "
+                    "`ddp-exporter nodes --prometheus URL` prints the same ranking."
+                ),
+            ),
+        ),
+        time_from=f"now-{w}",
+    )
 
 
 def _thresholds(spec: PanelSpec) -> dict[str, Any]:
@@ -774,7 +870,7 @@ def build(spec: DashboardSpec, cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
         tags=["ddp-exporter"],
         timezone="browser",
         refresh=cfg.dashboard_refresh,
-        time=g.Time("now-30m", "now"),
+        time=g.Time(spec.time_from, "now"),
         schemaVersion=SCHEMA_VERSION,
         sharedCrosshair=True,
         templating=g.Templating(list=_variables(cfg)),
