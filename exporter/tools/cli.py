@@ -1,14 +1,18 @@
-"""Command line: ``ddp-exporter demo`` runs an instrumented job, ``ddp-exporter top`` watches one."""
+"""Command line: ``ddp-exporter demo`` runs an instrumented job, ``ddp-exporter top`` watches one,
+``ddp-exporter nodes`` ranks the fleet's nodes by evidence."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 
 from ..mixin.config import DEFAULT, duration_seconds, load_config
 from ..settings import DEFAULT_PORT
 from . import demo
+from . import nodes as nodesmod
 from . import top as topmod
 
 __all__ = ["main"]
@@ -62,6 +66,25 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 130
 
 
+def _nodes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        cfg = load_config(args.config) if args.config else DEFAULT
+    except ValueError as exc:
+        parser.error(f"--config: {exc}")
+    if args.worst < 1:
+        parser.error("--worst must be at least 1")
+    try:
+        rows = nodesmod.fetch_nodes(args.prometheus, cfg)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"ddp-exporter nodes: cannot read {args.prometheus}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows[: args.worst]], indent=1))
+    else:
+        print(nodesmod.render_nodes(rows, cfg, args.worst))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the ``ddp-exporter`` argument parser."""
     p = argparse.ArgumentParser(prog="ddp-exporter", description=__doc__)
@@ -104,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     # Hang forensics (exporter.hangs.verdict): read one episode's dumps, print the verdict.
     h = sub.add_parser("hangs", help="print who is stuck where, from a hang dump folder")
     h.add_argument("dir", help="an episode folder, or the dump folder (its newest episode)")
+    n = sub.add_parser("nodes", help="rank the fleet's nodes by how often runs blamed them")
+    n.add_argument("--prometheus", required=True, help="Prometheus URL with the fleet rules")
+    n.add_argument("--config", default=None,
+                   help="the mixin config the rules were generated with (dashboards/mixin.json; "
+                   "default: the DEFAULT config)")  # fmt: skip
+    n.add_argument("--worst", type=int, default=20, help="show the N nodes with most evidence")
+    n.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p
 
 
@@ -118,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run(args, parser)
+    if args.command == "nodes":
+        return _nodes(args, parser)
     if args.command == "hangs":
         from ..hangs import verdict
 

@@ -1,0 +1,118 @@
+"""Rank the fleet's nodes by evidence: ``ddp-exporter nodes --prometheus URL``.
+
+Reads the fleet rules' records (:mod:`exporter.mixin.fleet`) from Prometheus with four queries,
+whatever the fleet's size: per node the runs seen and blamed over the fleet window, the blamed
+runs among its last ``fleet_runs``, the causes, and each blamed run with when it was blamed.
+Nodes DDPSuspectNode names come first, then by blamed runs among the last runs, then by all
+blamed runs. Offline: imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.fleet import fleet_recorded
+
+__all__ = ["NodeRow", "fetch_nodes", "render_nodes"]
+
+
+@dataclass
+class NodeRow:
+    """What the fleet rules hold about one node."""
+
+    node: str
+    runs_seen: int = 0
+    runs_blamed: int = 0
+    recent_blamed: int = 0
+    suspect: bool = False
+    causes: dict[str, int] = field(default_factory=dict)
+    #: ``(unix time last blamed, run, cause)``, newest first.
+    evidence: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def key(self) -> tuple:
+        """Sort key: most evidence first."""
+        return (not self.suspect, -self.recent_blamed, -self.runs_blamed, self.node)
+
+
+def _query(url: str, expr: str, timeout: float) -> list[dict]:
+    q = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{q}", timeout=timeout) as resp:
+        body = json.loads(resp.read())
+    if body.get("status") != "success":
+        raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
+    return body["data"]["result"]
+
+
+def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> list[NodeRow]:
+    """Return every node the fleet rules know, most evidence first."""
+    f = fleet_recorded(cfg)
+    rows: dict[str, NodeRow] = {}
+
+    def row(labels: dict[str, str]) -> NodeRow:
+        name = labels.get("node", "")
+        return rows.setdefault(name, NodeRow(name))
+
+    counts = " or ".join(
+        f'label_replace({name}, "what", "{what}", "", "")'
+        for what, name in (
+            ("seen", f.runs_seen),
+            ("blamed", f.runs_blamed),
+            ("recent", f.recent_blamed),
+        )  # fmt: skip
+    )
+    for s in _query(url, counts, timeout):
+        r, n = row(s["metric"]), int(float(s["value"][1]))
+        what = s["metric"]["what"]
+        if what == "seen":
+            r.runs_seen = n
+        elif what == "blamed":
+            r.runs_blamed = n
+        else:
+            r.recent_blamed = n
+    for s in _query(url, f.cause_runs, timeout):
+        row(s["metric"]).causes[s["metric"].get("cause", "?")] = int(float(s["value"][1]))
+    for s in _query(url, f"{f.blamed}\nand on (node, run)\n{f.blamed_alone}", timeout):
+        lab = s["metric"]
+        row(lab).evidence.append((float(s["value"][1]), lab.get("run", "?"), lab.get("cause", "?")))
+    for s in _query(url, 'ALERTS{alertname="DDPSuspectNode", alertstate="firing"}', timeout):
+        row(s["metric"]).suspect = True
+    for r in rows.values():
+        r.evidence.sort(reverse=True)
+    return sorted((r for r in rows.values() if r.node), key=NodeRow.key)
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
+
+
+def render_nodes(rows: list[NodeRow], cfg: MixinConfig = DEFAULT, worst: int = 20) -> str:
+    """Return the ranking as text: one line per node, then its evidence."""
+    n = int(cfg.fleet_runs)
+    if not rows:
+        return (
+            f"no node seen in the last {cfg.fleet_window} (are the fleet rules loaded, and "
+            "has their group evaluated yet?)"
+        )
+    head = f"{'NODE':<28} {'RUNS':>5} {'BLAMED':>6} {f'OF LAST {n}':>10}  CAUSES"
+    lines = [
+        f"nodes by evidence over {cfg.fleet_window}; suspect = blamed in "
+        f"{cfg.fleet_blamed_runs} of its last {n} runs (DDPSuspectNode)",
+        head,
+    ]
+    for r in rows[:worst]:
+        causes = ", ".join(f"{c} {k}" for c, k in sorted(r.causes.items())) or "-"
+        flag = "  SUSPECT" if r.suspect else ""
+        lines.append(
+            f"{r.node:<28} {r.runs_seen:>5} {r.runs_blamed:>6} {r.recent_blamed:>10}  "
+            f"{causes}{flag}"
+        )
+        for ts, run, cause in r.evidence[:5]:
+            lines.append(f"    {_when(ts)} UTC  run {run}: {cause}")
+    if len(rows) > worst:
+        lines.append(f"... {len(rows) - worst} more nodes (--worst)")
+    return "\n".join(lines)
