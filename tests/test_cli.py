@@ -150,3 +150,29 @@ def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     assert "stopping every process it started" in text
     stop = text.index("stopping every process it started")
     assert "Traceback" not in text[stop:] and 'File "' not in text[stop:], text[stop:]
+
+
+def test_nodes_ranks_the_suspect_first_and_says_when_there_is_nothing():
+    from exporter.tools.nodes import NodeRow, render_nodes
+
+    assert "no node seen" in render_nodes([])
+    rows = sorted(
+        [
+            NodeRow("busy", runs_seen=40),
+            NodeRow("once", runs_seen=9, runs_blamed=1, recent_blamed=1, causes={"data": 1}),
+            NodeRow(
+                "bad",
+                runs_seen=6,
+                runs_blamed=4,
+                recent_blamed=4,
+                suspect=True,
+                causes={"compute": 3, "hang": 1},
+                evidence=[(1.7e9, "job-7", "hang"), (1.6e9, "job-3", "compute")],
+            ),  # fmt: skip
+        ],
+        key=NodeRow.key,
+    )
+    lines = render_nodes(rows, worst=2).splitlines()
+    assert lines[2].startswith("bad ") and lines[2].endswith("compute 3, hang 1  SUSPECT")
+    assert "run job-7: hang" in lines[3] and "run job-3: compute" in lines[4]
+    assert lines[5].startswith("once ") and lines[-1] == "... 1 more nodes (--worst)"
