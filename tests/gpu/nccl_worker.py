@@ -3,7 +3,8 @@
 Run under torchrun (``--nproc-per-node 1``); writes a JSON report to argv[1]:
 
 - ``comm_timing``, ``inflight_source``: what the exporter chose on CUDA (the hook; the Flight
-  Recorder where this torch has one for NCCL);
+  Recorder where this torch has one for NCCL); ``reducer_on_cuda``: the error that refuses the
+  hook-free mode on a CUDA model;
 - ``steps``/``buckets``/``latencies``: the recorder's own snapshot (CUDA-event timing, resolved
   off the training thread);
 - ``metrics``: ``/metrics`` scraped over HTTP once training is idle, next to ``torch_memory``,
@@ -96,6 +97,13 @@ def main() -> None:
 
     model, loader = make_model(device), make_loader(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # The hook-free mode would synchronise the host every step on CUDA: refused, nothing left.
+    try:
+        exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", comm_timing="reducer")
+        report["reducer_on_cuda"] = "accepted"
+    except ValueError as exc:
+        report["reducer_on_cuda"] = str(exc)
+    report["active_after_refusal"] = exporter.active() is not None
     obs = exporter.instrument(
         model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5
     )

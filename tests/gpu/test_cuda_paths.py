@@ -60,8 +60,11 @@ def nccl_report(tmp_path_factory):
 def test_nccl_rank_times_buckets_with_cuda_events(nccl_report):
     r = nccl_report
     assert r["backend"] == "nccl" and r["world_size"] == 1
-    # On CUDA the timing hook; DDP's reducer timers would synchronise the host.
+    # On CUDA the timing hook; DDP's reducer timers would synchronise the host, so the hook-free
+    # mode is refused with a reason, and the refusal leaves nothing instrumented.
     assert r["comm_timing"] == "hook"
+    assert "synchronise the host" in r["reducer_on_cuda"], r["reducer_on_cuda"]
+    assert r["active_after_refusal"] is False
     assert r["recorder"]["steps"] == r["expected_steps"], r["recorder"]
     (op, pg, _, latency_sum, count, nbytes), = r["recorder"]["collectives"]  # fmt: skip
     # Several 1 MiB buckets per backward, each one timed by its CUDA-event pair.
