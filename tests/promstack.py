@@ -33,6 +33,7 @@ __all__ = [
     "file_sd_scrape",
     "firing",
     "free_port",
+    "local_stack",
     "require",
     "run_alertmanager",
     "run_prometheus",
@@ -177,3 +178,16 @@ def run_alertmanager(
         yield Alertmanager(service.url, service.process)
     finally:
         service.close()
+
+
+@contextlib.contextmanager
+def local_stack(workdir: Path) -> Iterator[tuple[localstack.LocalStack, Path]]:
+    """Run the product's LocalStack (FAST rules) over a new file_sd folder; skip without it."""
+    try:
+        localstack.find_binaries()
+    except localstack.MissingBinaryError as exc:
+        pytest.skip(str(exc))
+    sd = workdir / "sd"
+    sd.mkdir(parents=True)
+    with localstack.LocalStack(workdir / "stack", sd) as st:
+        yield st, sd

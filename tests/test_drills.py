@@ -15,9 +15,10 @@ import time
 
 import pytest
 from harness import Ranks, TopReader, wait_for
+from promstack import local_stack
 
 import exporter.tools.top as top
-from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
+from exporter.tools.localstack import LocalStack
 
 RANKS = 3
 FAULT_AFTER = 8.0
@@ -50,14 +51,7 @@ def accuses(alert: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    try:
-        find_binaries()
-    except MissingBinaryError as exc:
-        pytest.skip(str(exc))
-    work = tmp_path_factory.mktemp("drills")
-    sd = work / "sd"
-    sd.mkdir()
-    with LocalStack(work / "stack", sd) as st:
+    with local_stack(tmp_path_factory.mktemp("drills")) as (st, sd):
         yield st, sd
     if TIMES:
         print("\ntime to alert (s) from fault onset:")

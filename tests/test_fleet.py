@@ -15,10 +15,10 @@ import sys
 
 import pytest
 from harness import Ranks, child_env, wait_for
+from promstack import local_stack
 
 from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
-from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 
 #: job: (node of each rank, the slow rank or None, extra trainer arguments)
 JOBS = {
@@ -48,14 +48,7 @@ def _start(run: str, nodes: list[str], slow: int | None, extra: list[str], sd) -
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    try:
-        find_binaries()
-    except MissingBinaryError as exc:
-        pytest.skip(str(exc))
-    work = tmp_path_factory.mktemp("fleet")
-    sd = work / "sd"
-    sd.mkdir()
-    with LocalStack(work / "stack", sd) as st:
+    with local_stack(tmp_path_factory.mktemp("fleet")) as (st, sd):
         yield st, sd
 
 

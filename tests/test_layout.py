@@ -167,8 +167,14 @@ print("no torch")
         "from exporter.tools import cli\n"
         "assert cli.main(['nodes', '--prometheus', 'http://127.0.0.1:9']) == 1",
     ],
-    ids=["import", "top-and-hangs-modules", "hangs-command", "top-command", "mixin-generate",
-         "nodes-command"],  # fmt: skip
+    ids=[
+        "import",
+        "top-and-hangs-modules",
+        "hangs-command",
+        "top-command",
+        "mixin-generate",
+        "nodes-command",
+    ],  # fmt: skip
 )
 def test_offline_tools_import_no_torch(code, tmp_path):
     res = subprocess.run(

@@ -9,14 +9,12 @@ blamed runs. Offline: imports no torch.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 
 from ..mixin.config import DEFAULT, MixinConfig
 from ..mixin.fleet import fleet_recorded
+from .promapi import instant_query
 
 __all__ = ["NodeRow", "fetch_nodes", "render_nodes"]
 
@@ -39,15 +37,6 @@ class NodeRow:
         return (not self.suspect, -self.recent_blamed, -self.runs_blamed, self.node)
 
 
-def _query(url: str, expr: str, timeout: float) -> list[dict]:
-    q = urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{q}", timeout=timeout) as resp:
-        body = json.loads(resp.read())
-    if body.get("status") != "success":
-        raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
-    return body["data"]["result"]
-
-
 def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> list[NodeRow]:
     """Return every node the fleet rules know, most evidence first."""
     f = fleet_recorded(cfg)
@@ -65,7 +54,7 @@ def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> 
             ("recent", f.recent_blamed),
         )  # fmt: skip
     )
-    for s in _query(url, counts, timeout):
+    for s in instant_query(url, counts, timeout):
         r, n = row(s["metric"]), int(float(s["value"][1]))
         what = s["metric"]["what"]
         if what == "seen":
@@ -74,12 +63,12 @@ def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> 
             r.runs_blamed = n
         else:
             r.recent_blamed = n
-    for s in _query(url, f.cause_runs, timeout):
+    for s in instant_query(url, f.cause_runs, timeout):
         row(s["metric"]).causes[s["metric"].get("cause", "?")] = int(float(s["value"][1]))
-    for s in _query(url, f"{f.blamed}\nand on (node, run)\n{f.blamed_alone}", timeout):
+    for s in instant_query(url, f"{f.blamed}\nand on (node, run)\n{f.blamed_alone}", timeout):
         lab = s["metric"]
         row(lab).evidence.append((float(s["value"][1]), lab.get("run", "?"), lab.get("cause", "?")))
-    for s in _query(url, 'ALERTS{alertname="DDPSuspectNode", alertstate="firing"}', timeout):
+    for s in instant_query(url, 'ALERTS{alertname="DDPSuspectNode", alertstate="firing"}', timeout):
         row(s["metric"]).suspect = True
     for r in rows.values():
         r.evidence.sort(reverse=True)

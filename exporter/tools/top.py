@@ -18,7 +18,6 @@ ended cleanly (``ddp_finished_timestamp_seconds`` in its last read) is ``finishe
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import urllib.parse
@@ -32,6 +31,7 @@ from .. import catalog as c
 from ..hangs.definition import SeqState, find_hangs
 from ..mixin.config import DEFAULT, MixinConfig
 from ..ranklist import format_ranks
+from .promapi import instant_query
 
 __all__ = ["ACCUSATIONS", "RankRow", "accuses", "diagnose", "fetch", "fetch_prometheus", "render"]
 
@@ -185,12 +185,7 @@ def fetch_prometheus(
     """
 
     def query(expr: str) -> list[dict]:
-        q = urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{q}", timeout=timeout) as r:
-            body = json.loads(r.read())
-        if body.get("status") != "success":
-            raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
-        return body["data"]["result"]
+        return instant_query(url, expr, timeout)
 
     run_sel = f'run="{run}"'
     rows: dict[str, RankRow] = {}
