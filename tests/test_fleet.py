@@ -85,7 +85,13 @@ def test_fleet_drill_names_the_bad_node_and_no_other(stack):
     assert {b for b in blamed if b[0] != "bad"} == {("n3", "fleet-d", "compute")}, blamed
     seen = {s["metric"]["node"]: float(s["value"][1]) for s in st.query(f.runs_seen)}
     assert seen == {"bad": 3, "n1": 3, "n2": 3, "n3": 3, "n4": 3}, seen
+
     # Nothing else was ever delivered for another node, nor any page about a healthy edge.
+    def delivered_suspects() -> set[str]:
+        return {a["labels"]["node"] for _, a in st.alerts
+                if a["labels"]["alertname"] == "DDPSuspectNode"}  # fmt: skip
+
+    wait_for(lambda: "bad" in delivered_suspects(), 30, "Alertmanager to deliver DDPSuspectNode")
     delivered = [a["labels"] for _, a in st.alerts]
     assert {a["node"] for a in delivered if a["alertname"] == "DDPSuspectNode"} == {"bad"}
     assert not [a for a in delivered if a["alertname"] in ("DDPRankDown", "DDPJobKilled")]

@@ -33,7 +33,7 @@ def test_rendered_config_shape() -> None:
     assert cfg["route"]["group_by"] == ["alertname", "run"]
     (inhibit,) = cfg["inhibit_rules"]
     assert inhibit["source_matchers"] == ['severity="critical"']
-    assert inhibit["target_matchers"] == ['severity="warning"']
+    assert inhibit["target_matchers"] == ['severity="warning"', 'alertname!~"DDPSuspectNode"']
     assert inhibit["equal"] == ["run", "rank"]
     for receiver in cfg["receivers"]:
         assert receiver["webhook_configs"][0]["url"] == DEFAULT.webhook_url
@@ -55,6 +55,7 @@ def test_amtool_check_config(config_file: Path) -> None:
         (["alertname=DDPRankStraggler", "severity=warning", "run=r", "rank=1"], "ddp-warning"),
         (["alertname=DDPInputBound", "severity=info", "run=r", "rank=0"], "ddp-info"),
         (["alertname=Other", "run=r"], "ddp-warning"),
+        (["alertname=DDPSuspectNode", "severity=warning", "node=gpu-7"], "ddp-warning"),
     ],
 )
 def test_amtool_routes(config_file: Path, labels: list[str], receiver: str) -> None:

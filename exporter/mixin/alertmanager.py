@@ -6,6 +6,7 @@ from typing import Any
 
 from .config import DEFAULT, MixinConfig
 from .render import dump_yaml
+from .rules import FLEET_ALERTS
 
 __all__ = ["GROUP_BY", "RECEIVERS", "alertmanager_config", "render_alertmanager"]
 
@@ -45,6 +46,8 @@ _EXAMPLES = """\
 def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     """Return the Alertmanager configuration as a dict."""
 
+    fleet = "|".join(FLEET_ALERTS)
+
     def webhook(name: str) -> dict[str, Any]:
         return {
             "name": name,
@@ -59,6 +62,14 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
             "group_interval": "5m",
             "repeat_interval": "4h",
             "routes": [
+                # A node across runs: one notification per node, a reminder a day (draining
+                # takes a person), whatever runs are on.
+                {
+                    "receiver": RECEIVERS["warning"],
+                    "matchers": [f'alertname=~"{fleet}"'],
+                    "group_by": ["alertname", "node"],
+                    "repeat_interval": "24h",
+                },
                 {
                     "receiver": RECEIVERS["critical"],
                     "matchers": ['severity="critical"'],
@@ -79,7 +90,8 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 # A critical alert on a rank (e.g. DDPCollectiveTimeoutImminent critical,
                 # DDPTrainingStalled) silences the warnings of the same run and rank.
                 "source_matchers": ['severity="critical"'],
-                "target_matchers": ['severity="warning"'],
+                # A run's critical page says nothing about a node's history across runs.
+                "target_matchers": ['severity="warning"', f'alertname!~"{fleet}"'],
                 "equal": ["run", "rank"],
             }
         ],
