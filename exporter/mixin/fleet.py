@@ -4,10 +4,17 @@ Every accusation the per-run alerts make names a rank: a straggler by compute or
 (DDPRankStraggler, ``cause``), the rank behind in a stalled collective or the culprit of an
 aborted hang (``hang``), a rank down while its run goes on (``down``). Each is turned into a
 series per ``(node, run, cause)`` by joining the firing alert with the rank's ``node``
-(``ddp_rank_info``). These series, and one per ``(node, run)`` seen at all, outlive the run:
-each evaluation of the fleet group keeps the last value for ``fleet_window`` by reading its
-own previous output (``last_over_time(record[fleet_carry])``), so an evaluation reads a few
-samples per remembered pair whatever the fleet's size and the window's length.
+(``ddp_rank_info``).
+
+What is remembered, and what it costs. A fleet hosts hundreds of thousands of (node, run) pairs
+a month; rewriting a series for each at every evaluation would cost seconds per evaluation
+and gigabytes a month. So the group keeps one counter per node instead, ``runs_total``: the
+runs that started on it (a pair never seen within ``fleet_carry`` is a new run). Only blamed
+pairs (few) get series of their own, which outlive their run for ``fleet_window``: the time
+they were last blamed, whether they count (the run did not blame most of its nodes), and the
+node's run count when they were first blamed, which places them among its last runs. Each
+record reads its own previous value (``last_over_time(record[fleet_carry])``) and carries it
+forward, so an evaluation reads a sample or two per series whatever the window.
 
 **The definition** (also in docs/runbook.md, DDPSuspectNode). A node is blamed in a run when
 one of the accusations above fired for a rank on it, and at most half of the run's nodes were
@@ -42,10 +49,11 @@ CAUSES: tuple[str, ...] = ("compute", "data", "hang", "down")
 class FleetRecorded:
     """Name the fleet's recorded series of one configuration (the window is in the names)."""
 
-    seen: str
+    live: str
+    runs_total: str
     blamed: str
+    blamed_index: str
     blamed_alone: str
-    recent: str
     runs_seen: str
     runs_blamed: str
     recent_blamed: str
@@ -56,21 +64,16 @@ def fleet_recorded(cfg: MixinConfig) -> FleetRecorded:
     """Return the fleet's recording-rule names for ``cfg``."""
     info, w = catalog.RANK_INFO.name, cfg.fleet_window
     return FleetRecorded(
-        seen=f"node_run:{info}:seen_timestamp_last{w}",
+        live=f"node_run:{info}:live",
+        runs_total=f"node:{info}:runs_total",
         blamed=f"node_run_cause:{info}:blamed_timestamp_last{w}",
+        blamed_index=f"node_run:{info}:blamed_runs_total_last{w}",
         blamed_alone=f"node_run:{info}:blamed_alone_timestamp_last{w}",
-        recent=f"node_run:{info}:seen_timestamp_topk_last{w}",
-        runs_seen=f"node:{info}:runs_seen_last{w}",
+        runs_seen=f"node:{info}:runs_last{w}",
         runs_blamed=f"node:{info}:runs_blamed_last{w}",
         recent_blamed=f"node:{info}:recent_runs_blamed_last{w}",
         cause_runs=f"node_cause:{info}:runs_blamed_last{w}",
     )
-
-
-def _carried(now: str, record: str, cfg: MixinConfig) -> str:
-    """Return ``now`` (stamped with the time), else ``record``'s last value within the window."""
-    window = duration_seconds(cfg.fleet_window)
-    return f"{now}\nor\n(last_over_time({record}[{cfg.fleet_carry}]) > time() - {window})"
 
 
 def _accusations(cfg: MixinConfig) -> str:
@@ -105,39 +108,95 @@ def _node_of_rank(cfg: MixinConfig) -> str:
     )
 
 
+def _last(record: str, cfg: MixinConfig) -> str:
+    """Return ``record``'s previous value (this group's own output, within ``fleet_carry``)."""
+    return f"last_over_time({record}[{cfg.fleet_carry}])"
+
+
 def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
-    """Return the fleet's rule group (its own evaluation interval), records then the alert."""
+    """Return the fleet's rule group (its own evaluation interval), records then the alert.
+
+    Rules run in order within a group: each reads the records above it as of this evaluation
+    and its own (and the live pairs') as of the previous one.
+    """
     f = fleet_recorded(cfg)
     info = selector(cfg, catalog.RANK_INFO.name)
-    seen_now = f"max by (node, run) ({info}) * 0 + time()"
-    blamed_now = (
-        f"max by (node, run, cause) (\n{_accusations(cfg)} * 0\n"
-        f"+ on (run, rank) group_left (node)\n({_node_of_rank(cfg)} * 0)\n) + time()"
+    nl = "\n"
+    pairs = f"max by (node, run) ({info})"
+    new_runs = (
+        f"count by (node) ({nl}  {pairs}{nl}  unless on (node, run){nl}  {_last(f.live, cfg)}{nl})"
     )
-    nodes_blamed = f"count by (run) (max by (node, run) ({f.blamed}))"
+    prev_total = _last(f.runs_total, cfg)
+    blamed_now = (
+        f"max by (node, run, cause) ({nl}{_accusations(cfg)} * 0{nl}"
+        f"+ on (run, rank) group_left (node){nl}({_node_of_rank(cfg)} * 0){nl}) + time()"
+    )
+    blamed_pairs = f"max by (node, run) ({f.blamed})"
+    # A run's nodes, also ranks gone lately (a rank down still counts among its run's nodes).
+    run_nodes = (
+        f"count by (run) ({nl}  max by (node, run) "
+        f"(last_over_time({info}[{cfg.baseline_window}])){nl})"
+    )
+    alone_now = (
+        f"{blamed_pairs}{nl}and on (run){nl}"
+        f"(count by (run) ({blamed_pairs}) * 2{nl}<= on (run){nl}{run_nodes})"
+    )
+    window = duration_seconds(cfg.fleet_window)
+    total, n = f.runs_total, int(cfg.fleet_runs)
     rules = [
-        {"record": f.seen, "expr": _carried(seen_now, f.seen, cfg)},
-        {"record": f.blamed, "expr": _carried(blamed_now, f.blamed, cfg)},
         {
-            # Counted only where at most half of the run's nodes were blamed.
-            "record": f.blamed_alone,
+            # Runs started on each node, ever: carried, plus the pairs new since the last
+            # evaluation (read before this evaluation's live pairs are written below).
+            "record": total,
             "expr": (
-                f"max by (node, run) ({f.blamed})\nand on (run)\n"
-                f"({nodes_blamed} * 2\n<= on (run)\ncount by (run) ({f.seen}))"
+                f"{prev_total}{nl}+ on (node){nl}({new_runs}{nl}or{nl}{prev_total} * 0){nl}"
+                f"or{nl}{new_runs}"
             ),
         },
-        {"record": f.recent, "expr": f"topk by (node) ({int(cfg.fleet_runs)}, {f.seen})"},
-        {"record": f.runs_seen, "expr": f"count by (node) ({f.seen})"},
+        {"record": f.live, "expr": pairs},
+        {
+            # When each pair was last blamed, and for what; kept for the window.
+            "record": f.blamed,
+            "expr": f"{blamed_now}{nl}or{nl}({_last(f.blamed, cfg)} > time() - {window})",
+        },
+        {
+            # The node's run count when the pair was first blamed: its place among the node's
+            # runs (its last N runs are those above runs_total - N).
+            "record": f.blamed_index,
+            "expr": (
+                f"({_last(f.blamed_index, cfg)} and on (node, run) {blamed_pairs}){nl}or{nl}"
+                f"({blamed_pairs} * 0{nl}+ on (node) group_left (){nl}{total})"
+            ),
+        },
+        {
+            # Counted only where at most half of the run's nodes were blamed; decided while the
+            # run's ranks are known, then kept.
+            "record": f.blamed_alone,
+            "expr": (
+                f"{alone_now}{nl}or{nl}({nl}  {_last(f.blamed_alone, cfg)}{nl}"
+                f"  and on (node, run){nl}  {blamed_pairs}{nl}  unless on (run){nl}"
+                f"  {run_nodes}{nl})"
+            ),
+        },
+        {
+            # Runs in the window: the counter's growth (all of it for a younger node, or after
+            # the counter restarted).
+            "record": f.runs_seen,
+            "expr": f"({total} - {total} offset {cfg.fleet_window}) >= 0{nl}or{nl}{total}",
+        },
         {"record": f.runs_blamed, "expr": f"count by (node) ({f.blamed_alone})"},
         {
             "record": f.recent_blamed,
-            "expr": f"count by (node) (\n  {f.recent}\n  and on (node, run)\n  {f.blamed_alone}\n)",
+            "expr": (
+                f"count by (node) ({nl}  ({f.blamed_index} and on (node, run) "
+                f"{f.blamed_alone}){nl}  > on (node) group_left (){nl}  ({total} - {n}){nl})"
+            ),
         },
         {
             "record": f.cause_runs,
             "expr": (
-                f"count by (node, cause) (\n  {f.blamed}\n  and on (node, run)\n"
-                f"  {f.blamed_alone}\n)"
+                f"count by (node, cause) ({nl}  {f.blamed}{nl}  and on (node, run){nl}"
+                f"  {f.blamed_alone}{nl})"
             ),
         },
         suspect_node_alert(cfg).rule(cfg),
