@@ -208,7 +208,8 @@ def suspect_node_alert(cfg: MixinConfig) -> Alert:
     """Return DDPSuspectNode: a node blamed again and again, with its evidence and drain commands."""
     f = fleet_recorded(cfg)
     n, k = int(cfg.fleet_runs), int(cfg.fleet_blamed_runs)
-    evidence = f"sort_desc({f.blamed}{{node=%q}} and on (node, run) {f.blamed_alone})"
+    # Both selectors narrowed to the node: the template runs once per active alert.
+    evidence = f"sort_desc({f.blamed}{{node=%q}} and on (node, run) {f.blamed_alone}{{node=%q}})"
     return Alert(
         "DDPSuspectNode",
         "warning",
@@ -220,7 +221,7 @@ def suspect_node_alert(cfg: MixinConfig) -> Alert:
             "Node {{ $labels.node }} was blamed in {{ $value }} of its last "
             f"{n} runs (within {cfg.fleet_window}) while most of the other nodes of each run "
             "were not. Evidence (run, cause, last blamed): "
-            f"{{{{ range printf `{evidence}` $labels.node | query }}}}"
+            f"{{{{ range printf `{evidence}` $labels.node $labels.node | query }}}}"
             "{{ .Labels.run }} ({{ .Labels.cause }}, {{ .Value | humanizeTimestamp }}); "
             "{{ end }}Drain it: Slurm `scontrol update NodeName={{ $labels.node }} State=DRAIN "
             'Reason="ddp-exporter DDPSuspectNode"`; Kubernetes `kubectl cordon '
