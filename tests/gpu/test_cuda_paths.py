@@ -1,4 +1,4 @@
-"""Every CUDA path of the exporter on one real GPU (skipped without one; see conftest.py).
+"""Every CUDA path of the exporter on one real GPU (every test skipped, with why, without one).
 
 - One NCCL rank, the whole ``instrument()`` path: CUDA-event bucket timing resolved off the
   training thread, the step split, the GPU memory series against ``torch.cuda``'s own figures,
@@ -25,6 +25,16 @@ from harness import REPO, Job, value, wait_for
 
 import exporter.tools.top as top
 from exporter.sources.flight import dump_functions
+
+# No conftest.py here: a second module named "conftest" would shadow tests/conftest.py, whose
+# helpers other test modules import by that name.
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason=(
+        f"no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+        "run scripts/gpu-check.sh on a GPU machine"
+    ),
+)
 
 WORKER = os.path.join("tests", "gpu", "nccl_worker.py")
 TRAINER = os.path.join(REPO, "exporter", "tools", "trainer.py")
