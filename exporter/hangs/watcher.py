@@ -191,7 +191,10 @@ class HangWatcher:
         return json.dumps(
             {
                 "n": self._tick,
-                "pgs": [[s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s] for s in states],
+                "pgs": [
+                    [s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s, s.last_completed]
+                    for s in states
+                ],
                 "lat": self._latency(),
                 # Inside a declared section within its deadline (or just out of one, while the
                 # ranks it held up finish their collective): excused, not hung.
@@ -340,8 +343,16 @@ class HangWatcher:
         reported: dict[str, float] = {}
         steps: dict[str, dict[int, int]] = {}
         timeouts: dict[str, float] = {}
-        for rank, (value, seen_at) in enumerate(self._seen):
-            rep = json.loads(value)
+        reports = [(json.loads(value), seen_at) for value, seen_at in self._seen]
+        # A collective some rank has completed is over for every rank: a report still showing
+        # it in flight predates its end (reports are read up to an interval apart; the ranks a
+        # checkpoint held up for 30 s must not look stuck just after it ends).
+        done: dict[str, float] = {}
+        for rep, _ in reports:
+            for _pg, _enq, _age, _tmo, *completed in rep.get("pgs", []):
+                if completed:
+                    done[str(_pg)] = max(done.get(str(_pg), -1.0), float(completed[0]))
+        for rank, (rep, seen_at) in enumerate(reports):
             if rep.get("fin"):
                 continue  # ended cleanly: gone, neither behind nor waiting
             if rep.get("lat"):
@@ -352,8 +363,10 @@ class HangWatcher:
             # thread holding the GIL) is not known to sit in that collective still; aging it
             # on would call a frozen rank that never entered the next collective "waiting".
             lag = min(now - seen_at, self.interval)
-            for pg, enq, age, tmo in rep.get("pgs", []):
+            for pg, enq, age, tmo, *_ in rep.get("pgs", []):
                 pg = str(pg)
+                if age and float(enq) <= done.get(pg, -1.0):
+                    age = 0.0  # stale: that collective has completed
                 reported[pg] = max(reported.get(pg, 0.0), float(age or 0.0))
                 steps.setdefault(pg, {})[rank] = int(rep.get("st", 0))
                 if tmo:
