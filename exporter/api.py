@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import settings
 from .initwatch import InitWatch
 from .observer import Observer
+from .sources import launcher
 from .sources.memory import MemorySource
 from .sources.walltime import resolve_job_clock
 
@@ -76,6 +77,8 @@ def instrument(
     epochs: int | None = None,
     on_hang: str | None = None,
     abort_after: float | None = None,
+    abort_limit: int | None = None,
+    start_step: int | None = None,
     comm_timing: str | None = None,
 ) -> Observer:
     """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
@@ -90,8 +93,12 @@ def instrument(
     DataLoader's length) and the job deadline from the environment
     (:mod:`exporter.sources.walltime`) let the rules project whether the job finishes before its
     wall-clock limit. ``on_hang="abort"`` ends every rank of the run (exit code 75) once a hang
-    has lasted ``abort_after`` seconds (default 30), for the launcher to restart the job from its
-    last checkpoint (:mod:`exporter.hangs.action`); the default ``"off"`` alerts and dumps only.
+    has lasted ``abort_after`` seconds (default 20, 30 when its evidence is incomplete), for the
+    launcher to restart the job from its last checkpoint (:mod:`exporter.hangs.action`), and
+    stops after ``abort_limit`` aborts in a row without progress (default 3; the last exits 69,
+    "do not requeue"; :mod:`exporter.hangs.restarts`); the default ``"off"`` alerts and dumps
+    only. ``start_step``: the step this attempt resumed at (from its checkpoint), so that
+    progress across restarts is measured in the run's steps.
     ``comm_timing``: ``"auto"`` (default) times DDP's communication with DDP's own reducer timers
     where that gives the same blame, leaving its built-in allreduce in place; ``"hook"`` wraps it
     in a timing comm hook (per-bucket detail); see :mod:`exporter.sources.reducer`.
@@ -119,14 +126,26 @@ def instrument(
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
         folder = settings.dump_dir(dump_dir)
-        hang = settings.on_hang("instrument", on_hang, abort_after)
+        hang = settings.on_hang("instrument", on_hang, abort_after, abort_limit)
         timing = settings.comm_timing("instrument", comm_timing)
+        if start_step is not None and (
+            isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0
+        ):
+            raise ValueError(
+                f"exporter.instrument(start_step=...): expected an int >= 0, got {start_step!r}"
+            )
         if hang.action != "off" and not (endpoint.heartbeat_s > 0 and endpoint.monitor_rank >= 0):
             raise ValueError(
                 f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
                 f"heartbeat (heartbeat_s > 0, got {endpoint.heartbeat_s:g}) and a monitoring "
                 f"rank (monitor_rank >= 0, got {endpoint.monitor_rank})"
             )
+        if hang.action == "abort":
+            blocker = launcher.restart_blocker(
+                launcher.launch(), launcher.job_store(), torch.__version__
+            )
+            if blocker is not None:
+                raise ValueError(f"exporter.instrument(on_hang='abort'): {blocker}")
         watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
         job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
@@ -146,6 +165,7 @@ def instrument(
             final_scrape_s=settings.final_scrape_s(),
             on_hang=hang,
             comm_timing=timing,
+            start_step=start_step,
         )
         if watch is not None:
             _watch = None

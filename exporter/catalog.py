@@ -40,6 +40,9 @@ __all__ = [
     "HANG_LOCATION",
     "HANG_DUMPS",
     "HANG_ABORT",
+    "HANG_ABORT_STREAK",
+    "HANG_ABORT_LIMIT",
+    "HANG_ABORTED_ATTEMPT",
     "series_per_rank",
     "INIT_PHASES",
     "INIT_STARTED",
@@ -296,10 +299,33 @@ HANG_ABORT = MetricDef(
     "ddp_hang_abort_timestamp_seconds",
     "gauge",
     'Unix time the hang action (instrument(on_hang="abort")) decided to end the run, published '
-    "by every rank that then exits; culprit_rank names the (lowest) rank behind (empty for a "
-    "symmetric hang). Present only in the rank's last scrapes, which it waits for briefly before exit.",
-    ("culprit_rank",),
+    "by every rank that then exits; culprit_rank names the (lowest) rank behind and node the "
+    "machine it runs on (both empty for a symmetric hang). Present only in the rank's last "
+    "scrapes, which it waits for briefly before exit.",
+    ("culprit_rank", "node"),
     unit="seconds",
+)
+HANG_ABORT_STREAK = MetricDef(
+    "ddp_hang_aborts_without_progress",
+    "gauge",
+    "Hang-action aborts of this run in a row whose attempts made no progress (the first "
+    "included; 0 once the attempt passes the furthest step of the aborted ones), from the "
+    "run's restart ledger. Monitoring rank, with on_hang=abort. At ddp_hang_abort_limit the "
+    "action stops: the last abort exits with the give-up code, later hangs only alert and dump.",
+)
+HANG_ABORT_LIMIT = MetricDef(
+    "ddp_hang_abort_limit",
+    "gauge",
+    "Aborts in a row without progress after which the hang action stops "
+    "(DDP_EXPORTER_ABORT_LIMIT; 0: never). Monitoring rank, with on_hang=abort.",
+)
+HANG_ABORTED_ATTEMPT = MetricDef(
+    "ddp_hang_aborted_attempt_step",
+    "gauge",
+    "Furthest step an earlier attempt of this run reached before the hang action aborted it "
+    "(its resumed step plus the steps it completed), with its culprit rank and node; one series "
+    "per aborted attempt, the latest 10. Monitoring rank, with on_hang=abort.",
+    ("attempt", "culprit_rank", "node"),
 )
 SECTION_DEADLINE = MetricDef(
     "ddp_section_deadline_seconds",
@@ -373,6 +399,9 @@ METRICS: tuple[MetricDef, ...] = (
     HANG_LOCATION,
     HANG_DUMPS,
     HANG_ABORT,
+    HANG_ABORT_STREAK,
+    HANG_ABORT_LIMIT,
+    HANG_ABORTED_ATTEMPT,
     SECTION_DEADLINE,
     SECTION_STARTED,
     SECTION_LAST_DURATION,
@@ -443,6 +472,7 @@ def series_per_rank(
     sections: int = 0,
     job_deadline: bool = False,
     total_steps: bool = False,
+    hang_action: bool = False,
 ) -> int:
     """Return how many series one rank exposes by default.
 
@@ -453,8 +483,11 @@ def series_per_rank(
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
     Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
-    time while one runs; at most 16 names), 1 job deadline, 1 total steps. Not counted: the hang
-    location (on a culprit during an episode) and the finished timestamp (in the final scrapes).
+    time while one runs; at most 16 names), 1 job deadline, 1 total steps; with
+    ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
+    per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
+    culprit during an episode), the finished timestamp (in the final scrapes) and the abort
+    timestamp (in a leaving rank's last scrapes).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
@@ -466,4 +499,6 @@ def series_per_rank(
     if monitor:
         n += min(world_size, peer_series)
     n += 4 * sections + int(job_deadline) + int(total_steps)
+    if hang_action and monitor:
+        n += 2
     return n

@@ -22,10 +22,10 @@ from .errors import ErrorCounter
 from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
-from .hangs.action import ActionPolicy
+from .hangs.action import policies
 from .hangs.watcher import HangWatcher
 from .log import log
-from .sources import ending
+from .sources import ending, launcher
 from .sources.commhook import (
     CommHookInstrumentor,
     CommHookWrapper,
@@ -43,11 +43,6 @@ from .sources.versions import rank_info
 from .sources.walltime import JobClock
 
 __all__ = ["Observer"]
-
-
-def _default_store() -> Any:
-    # Private torch API: the store every rank of the default process group shares.
-    return dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
 
 
 class Observer:
@@ -74,6 +69,7 @@ class Observer:
         final_scrape_s: float = settings.DEFAULT_FINAL_SCRAPE_S,
         on_hang: settings.OnHang | None = None,
         comm_timing: str = "auto",
+        start_step: int | None = None,
     ) -> None:
         self.model = model
         self.identity = identity
@@ -123,7 +119,7 @@ class Observer:
             memory_source = cuda_memory_source(self.device)
         self.memory_source = memory_source
 
-        store = self._started("heartbeat", _default_store)
+        store = self._started("heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
         self.heartbeat: Heartbeat | None = None
         self.hangs: HangWatcher | None = None
@@ -135,13 +131,13 @@ class Observer:
                 errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
         # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
         # nobody would decide a hang, so nothing is reported either.
-        action = None if on_hang is None or on_hang.action == "off" else ActionPolicy(
-            after_s=on_hang.after_s, exit_code=on_hang.exit_code, publish_s=final_scrape_s)  # fmt: skip
+        action, restart = policies(on_hang, final_scrape_s)
         if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
             self.hangs = self._started("forensics", lambda: HangWatcher(
                 identity, store, inflight=self.inflight, recorder=self.recorder,
                 sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
-                errors=self.errors, action=action, publish_abort=self._publish_abort).start())  # fmt: skip
+                errors=self.errors, action=action, publish_abort=self._publish_abort,
+                restart=restart, start_step=start_step).start())  # fmt: skip
         if action is not None and self.hangs is None:
             log.error("ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
                       "(no c10d store, or its start failed): a hang will not end the run")  # fmt: skip

@@ -38,11 +38,22 @@ Variable                        Meaning                                         
                                 or ``abort`` (every rank of the run exits once the
                                 hang has lasted ``DDP_EXPORTER_ABORT_AFTER_S``; see
                                 :mod:`exporter.hangs.action`).
-``DDP_EXPORTER_ABORT_AFTER_S``  Seconds a hang lasts before ``abort`` acts (also at     30
+``DDP_EXPORTER_ABORT_AFTER_S``  Seconds a hang lasts before ``abort`` acts when its     20
+                                evidence is complete (1.5x as long otherwise; also at
                                 least twice the threshold that declared it, at most
                                 half the process group's timeout).
 ``DDP_EXPORTER_ABORT_EXIT_CODE``  Exit code of every rank that ``abort`` ends           75
                                 (EX_TEMPFAIL: try again); 1..255.
+``DDP_EXPORTER_ABORT_LIMIT``    Aborts in a row without progress after which the       3
+                                action stops: the last one exits with the give-up
+                                code, later hangs only alert and dump (``0``: never
+                                stop; see :mod:`exporter.hangs.restarts`).
+``DDP_EXPORTER_ABORT_PROGRESS_STEPS``  Steps an attempt must get past the furthest       50
+                                step of the run's earlier attempts to count as
+                                progress.
+``DDP_EXPORTER_GIVE_UP_EXIT_CODE``  Exit code of the abort that reaches the limit:       69
+                                "do not requeue" (EX_UNAVAILABLE); 1..255, not the
+                                abort exit code.
 ``DDP_EXPORTER_NODE``           ``node`` label: the machine this rank runs on, the     hostname
                                 unit a fleet drains (``ddp-exporter nodes``). On
                                 Kubernetes the node name (downward API
@@ -96,6 +107,8 @@ from .log import log
 __all__ = [
     "ABORT_AFTER_S",
     "ABORT_EXIT_CODE",
+    "ABORT_LIMIT",
+    "ABORT_PROGRESS_STEPS",
     "ADDR",
     "ADVERTISE_ADDR",
     "ALL_INTERFACES",
@@ -103,9 +116,12 @@ __all__ = [
     "COMM_TIMING_CHOICES",
     "DEFAULT_ABORT_AFTER_S",
     "DEFAULT_ABORT_EXIT_CODE",
+    "DEFAULT_ABORT_LIMIT",
+    "DEFAULT_ABORT_PROGRESS_STEPS",
     "DEFAULT_ADDR",
     "DEFAULT_DUMP_DIR",
     "DEFAULT_FINAL_SCRAPE_S",
+    "DEFAULT_GIVE_UP_EXIT_CODE",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_PEER_SERIES",
     "DEFAULT_PORT",
@@ -115,6 +131,7 @@ __all__ = [
     "FILE_SD",
     "FINAL_SCRAPE_S",
     "FLIGHT_RECORDER",
+    "GIVE_UP_EXIT_CODE",
     "GLOO_SOCKET_IFNAME",
     "HEARTBEAT_S",
     "Identity",
@@ -141,6 +158,8 @@ __all__ = [
     "SLURM_JOB_END_TIME",
     "SLURM_JOB_ID",
     "SLURM_RESTART_COUNT",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
@@ -172,6 +191,7 @@ __all__ = [
     "parse_deadline",
     "positive_int",
     "restart_count",
+    "restarts_left",
     "under_torchrun",
 ]
 
@@ -192,6 +212,9 @@ FINAL_SCRAPE_S = "DDP_EXPORTER_FINAL_SCRAPE_S"
 ON_HANG = "DDP_EXPORTER_ON_HANG"
 ABORT_AFTER_S = "DDP_EXPORTER_ABORT_AFTER_S"
 ABORT_EXIT_CODE = "DDP_EXPORTER_ABORT_EXIT_CODE"
+ABORT_LIMIT = "DDP_EXPORTER_ABORT_LIMIT"
+ABORT_PROGRESS_STEPS = "DDP_EXPORTER_ABORT_PROGRESS_STEPS"
+GIVE_UP_EXIT_CODE = "DDP_EXPORTER_GIVE_UP_EXIT_CODE"
 NODE = "DDP_EXPORTER_NODE"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
@@ -216,6 +239,11 @@ TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 # apart.
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+# How many restarts torchrun may make (``--max-restarts``): 0 means an abort ends the job.
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+# Read by torchrun's c10d rendezvous: "1" gives every attempt a store of its own, hosted by rank
+# 0, instead of the agent's store shared by all attempts (exporter.sources.launcher).
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SLURM_JOB_ID = "SLURM_JOB_ID"
 # How often Slurm requeued the job (the attempt of a requeued run).
 SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
@@ -242,11 +270,19 @@ DEFAULT_FINAL_SCRAPE_S = 10.0
 COMM_TIMING_CHOICES: tuple[str, ...] = ("auto", "reducer", "hook")
 #: What a hang may do besides alerting and dumping (``instrument(on_hang=...)``).
 ON_HANG_CHOICES: tuple[str, ...] = ("off", "abort")
-#: Seconds a hang lasts before the ``abort`` action ends the run: three times the stall floor
-#: (10 s), twice the time its dumps take (about 15 s), far below any process-group timeout.
-DEFAULT_ABORT_AFTER_S = 30.0
+#: Seconds a hang whose evidence is complete lasts before the ``abort`` action ends the run:
+#: twice the stall floor (10 s), past the time its dumps take (about 14 s) and a straggler late
+#: by 15 s, far below any process-group timeout (incomplete evidence waits 1.5x as long).
+DEFAULT_ABORT_AFTER_S = 20.0
 #: EX_TEMPFAIL (sysexits.h): a temporary failure, the caller is invited to retry.
 DEFAULT_ABORT_EXIT_CODE = 75
+#: Aborts in a row without progress before the action stops (NVIDIA's fault-tolerance launcher
+#: gives up after 3 cycles without checkpoint progress).
+DEFAULT_ABORT_LIMIT = 3
+#: Steps past the furthest of the earlier attempts that make an attempt's progress.
+DEFAULT_ABORT_PROGRESS_STEPS = 50
+#: EX_UNAVAILABLE (sysexits.h): the last abort of a restart loop, "do not requeue".
+DEFAULT_GIVE_UP_EXIT_CODE = 69
 #: Bind addresses that mean "every interface": no single address to show or advertise.
 ALL_INTERFACES: tuple[str, ...] = ("", "0.0.0.0", "::")
 #: The versions compared across ranks (and the keys the test-only override accepts).
@@ -521,16 +557,30 @@ class OnHang:
 
     #: ``off`` or ``abort``.
     action: str = "off"
-    #: Seconds a hang lasts before ``abort`` acts.
+    #: Seconds a hang with complete evidence lasts before ``abort`` acts.
     after_s: float = DEFAULT_ABORT_AFTER_S
     #: Exit code of every rank the action ends.
     exit_code: int = DEFAULT_ABORT_EXIT_CODE
+    #: Aborts in a row without progress after which the action stops (0: never).
+    limit: int = DEFAULT_ABORT_LIMIT
+    #: Steps past the earlier attempts' furthest step that count as progress.
+    progress_steps: int = DEFAULT_ABORT_PROGRESS_STEPS
+    #: Exit code of the abort that reaches the limit ("do not requeue").
+    give_up_exit_code: int = DEFAULT_GIVE_UP_EXIT_CODE
+
+
+def _exit_code(name: str, default: int, environ: Mapping[str, str] | None) -> int:
+    code = env_int(name, default, environ)
+    if not 1 <= code <= 255:
+        raise ValueError(f"{name}={code!r}: expected an exit code in 1..255")
+    return code
 
 
 def on_hang(
     caller: str,
     action: str | None = None,
     after_s: Any = None,
+    limit: Any = None,
     environ: Mapping[str, str] | None = None,
 ) -> OnHang:
     """Resolve the hang action: keywords, then ``DDP_EXPORTER_ON_HANG`` and friends, then off.
@@ -551,10 +601,34 @@ def on_hang(
         raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
     if not (math.isfinite(after_s) and after_s > 0):
         raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
-    code = env_int(ABORT_EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, environ)
-    if not 1 <= code <= 255:
-        raise ValueError(f"{ABORT_EXIT_CODE}={code!r}: expected an exit code in 1..255")
-    return OnHang(action, float(after_s), code)
+    source = f"exporter.{caller}(abort_limit=...)"
+    if limit is None:
+        source, limit = ABORT_LIMIT, env_int(ABORT_LIMIT, DEFAULT_ABORT_LIMIT, environ)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"{source}: expected an int >= 0 (0: never stop), got {limit!r}")
+    steps = env_int(ABORT_PROGRESS_STEPS, DEFAULT_ABORT_PROGRESS_STEPS, environ)
+    if steps < 1:
+        raise ValueError(f"{ABORT_PROGRESS_STEPS}={steps!r}: expected steps >= 1")
+    code = _exit_code(ABORT_EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, environ)
+    give_up = _exit_code(GIVE_UP_EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE, environ)
+    if give_up == code:
+        raise ValueError(
+            f"{GIVE_UP_EXIT_CODE}={give_up} equals {ABORT_EXIT_CODE}: a requeue script could not "
+            "tell 'restart' from 'do not requeue'"
+        )
+    return OnHang(action, float(after_s), code, limit, steps, give_up)
+
+
+def restarts_left(environ: Mapping[str, str] | None = None) -> int | None:
+    """Return how many restarts torchrun may still make of this job, None outside torchrun.
+
+    ``TORCHELASTIC_MAX_RESTARTS`` minus ``TORCHELASTIC_RESTART_COUNT``: the restarts left.
+    """
+    env = _environ(environ)
+    total = int_or_none(env, TORCHELASTIC_MAX_RESTARTS)
+    if total is None or not under_torchrun(env):
+        return None
+    return max(0, total - (int_or_none(env, TORCHELASTIC_RESTART_COUNT) or 0))
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> str:

@@ -188,8 +188,10 @@ class Job(Process):
     ) -> None:
         self.nproc = nproc
         extra = list(torchrun or [])
-        # The static rendezvous by default; a test may choose another (e.g. c10d for restarts).
-        rendezvous = [] if "--rdzv-backend" in extra else [
+        # The static rendezvous by default; a test may choose another (e.g. c10d for restarts,
+        # --standalone, or a static one of several nodes).
+        chosen = {"--rdzv-backend", "--standalone", "--master-addr"} & set(extra)
+        rendezvous = [] if chosen else [
             "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                *rendezvous, *extra]  # fmt: skip

@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -32,14 +33,13 @@ from exporter.tools.localstack import free_port
 
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
 RANKS = 3
+HOST = socket.gethostname()
 ABORT_LINE = "ddp-exporter: aborting run"
 
 
 def _env(tmp_path: Path, run: str, **extra: str) -> dict[str, str]:
     return {
         "OMP_NUM_THREADS": "1",
-        # torch 2.13: a restarted attempt must not reuse the agent's store (pytorch/pytorch#167288).
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "DDP_EXPORTER_RUN": run,
         "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
         **extra,
@@ -47,8 +47,9 @@ def _env(tmp_path: Path, run: str, **extra: str) -> dict[str, str]:
 
 
 def _restarts() -> list[str]:
-    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            "--max-restarts", "1"]  # fmt: skip
+    # What people type: torchrun's agent store is shared by every attempt (tests/test_launcher.py
+    # runs every other launch form).
+    return ["--standalone", "--max-restarts", "1"]
 
 
 def _episodes(tmp_path: Path) -> list[str]:
@@ -72,19 +73,58 @@ def _finding(kind: str = "behind", seq: float = 36.0, age: float = 31.0) -> Hang
 
 
 def test_due_after_abort_after_and_twice_the_threshold_within_half_the_timeout():
-    policy = action.ActionPolicy(after_s=30.0)
-    assert policy.due_s(10.0, 1800.0) == 30.0  # the default: abort_after
+    policy = action.ActionPolicy()
+    assert policy.due_s(10.0, 1800.0) == 20.0  # the default: abort_after, complete evidence
+    assert policy.due_s(10.0, 1800.0, sure=False) == 30.0  # incomplete: 1.5x as long
     assert policy.due_s(25.0, 1800.0) == 50.0  # slow collectives: twice the hang threshold
     assert policy.due_s(60.0, 1800.0) == 120.0  # a symmetric hang's own, later threshold
-    assert policy.due_s(10.0, 40.0) == 20.0  # never after half the process group's timeout
-    assert policy.due_s(10.0, None) == 30.0
+    assert policy.due_s(10.0, 30.0) == 15.0  # never after half the process group's timeout
+    assert policy.due_s(10.0, None) == 20.0
+    assert action.ActionPolicy(after_s=45.0).due_s(10.0, None, sure=False) == 67.5
+
+
+def _summary(rank: int, phase: str = "collective", inflight: bool = True, where=None) -> dict:
+    frames = [{"file": "/job/train.py", "line": 10, "function": "main"}]
+    if where:
+        frames.append({"file": "/job/train.py", "line": where, "function": "load_batch"})
+    return {"rank": rank, "phase": phase, "frames": frames, "where": frames[-1],
+            "inflight": [{"op": "allreduce", "seq": 36, "pg": "0"}] if inflight else []}  # fmt: skip
+
+
+def _episode(**change) -> tuple[dict, object]:
+    from exporter.hangs import verdict
+
+    summaries = {"0": _summary(0), "1": _summary(1, "compute", False, 42), "2": _summary(2)}
+    summaries.update(change.pop("summaries", {}))
+    episode = {"episode": 1, "pg": "0", "kind": "behind", "seq": 36.0, "threshold": 10.0,
+               "behind": [1], "waiting": [0], "missing": [], "world_size": 3, "run": "r",
+               "summaries": summaries, **change}  # fmt: skip
+    found = verdict.verdict(episode, {int(r): s for r, s in summaries.items()})
+    return episode, found
+
+
+@pytest.mark.parametrize(
+    ("change", "sure"),
+    [
+        ({}, True),  # rank 1 located in user code, 0 and 2 inside collective #36
+        ({"kind": "symmetric", "behind": []}, False),  # nobody to blame
+        ({"missing": [2], "summaries": {"2": None}}, False),  # a rank did not answer
+        ({"summaries": {"1": _summary(1, "collective", True, 42)}}, False),  # culprit in a collective
+        ({"summaries": {"2": _summary(2, inflight=False)}}, False),  # 2 not seen waiting
+        ({"summaries": {"2": _summary(2, inflight=False)}, "waiting": [0, 2]}, True),  # trigger saw it
+    ],
+    ids=["complete", "symmetric", "unanswered", "culprit-in-collective", "not-waiting", "waiting"],
+)  # fmt: skip
+def test_certain_only_with_complete_evidence(change, sure):
+    episode, found = _episode(**change)
+    assert action.certain(episode, found) is sure
 
 
 @pytest.mark.parametrize(
     ("finding", "age", "steps", "acts"),
     [
         (_finding(), 31.0, STEPS, True),
-        (_finding(), 29.0, STEPS, False),  # not yet
+        (_finding(), 29.0, STEPS, False),  # not yet (incomplete evidence: 30 s)
         (_finding(seq=37.0), 31.0, STEPS, False),  # the collective completed: progress
         (None, 31.0, STEPS, False),  # nothing stalled any more
         (_finding("section"), 31.0, STEPS, False),  # the culprit entered a declared section
@@ -98,6 +138,10 @@ def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
     policy = action.ActionPolicy()
     got = action.due(policy, REQUEST, finding, reported_age=age, steps=steps, timeout=1800.0)
     assert got is acts
+    # Complete evidence acts 10 s sooner, never on anything else.
+    sure = action.due(policy, REQUEST, finding, reported_age=age - 10, steps=steps,
+                      timeout=1800.0, sure=True)  # fmt: skip
+    assert sure is acts
 
 
 def test_a_symmetric_hang_acts_on_its_own_threshold():
@@ -122,25 +166,47 @@ def test_the_line_names_culprit_place_folder_and_code():
         "verdict in /d/r-hang-1; every rank exits with code 76 so that the launcher restarts "
         "the job from its last checkpoint"
     )
+    plan = action.plan(action.ActionPolicy(), REQUEST, located, "/d/r-hang-1", 21.0, 1800.0,
+                       sure=True, nodes=["gpu-7"], decision="give_up", exit_code=69, streak=3,
+                       limit=3)  # fmt: skip
+    assert action.describe(plan) == (
+        "ddp-exporter: aborting run r on hang episode 1: rank 1 (node gpu-7) never entered "
+        "collective #36 (pg 0), stuck at train.py:42 in load_batch, for 21 s (abort after 20 s); "
+        "dumps and verdict in /d/r-hang-1; every rank exits with code 69 and this is the last "
+        "abort: 3 in a row without progress (limit 3), do not requeue; the hang action stops here"
+    )
+    plan = dict(plan, decision="decline", streak=4)
+    assert action.describe(plan).startswith(
+        "ddp-exporter: NOT aborting run r on hang episode 1: rank 1 (node gpu-7) never entered "
+    ), plan
+    assert "aborted 3 times in a row without progress (limit 3)" in action.describe(plan)
 
 
 def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
-    assert settings.on_hang("instrument", environ={}) == settings.OnHang("off", 30.0, 75)
+    assert settings.on_hang("instrument", environ={}) == settings.OnHang("off", 20.0, 75, 3, 50, 69)
     env = {settings.ON_HANG: " Abort ", settings.ABORT_AFTER_S: "45",
-           settings.ABORT_EXIT_CODE: "138"}  # fmt: skip
-    assert settings.on_hang("instrument", environ=env) == settings.OnHang("abort", 45.0, 138)
+           settings.ABORT_EXIT_CODE: "138", settings.ABORT_LIMIT: "5",
+           settings.ABORT_PROGRESS_STEPS: "200", settings.GIVE_UP_EXIT_CODE: "78"}  # fmt: skip
+    assert settings.on_hang("instrument", environ=env) == settings.OnHang(
+        "abort", 45.0, 138, 5, 200, 78
+    )
     assert settings.on_hang("instrument", "off", 5, environ=env).action == "off"  # keyword wins
+    assert settings.on_hang("instrument", limit=0, environ=env).limit == 0  # never stop
     for kw, match in [
         ({"action": "kill"}, r"on_hang=\.\.\.\): expected 'off' or 'abort', got 'kill'"),
         ({"after_s": 0}, r"abort_after=\.\.\.\): expected seconds > 0, got 0"),
         ({"after_s": float("inf")}, "expected seconds > 0"),
         ({"after_s": "30"}, "expected seconds > 0, got '30'"),
+        ({"limit": -1}, r"abort_limit=\.\.\.\): expected an int >= 0 \(0: never stop\), got -1"),
+        ({"limit": True}, "abort_limit"),
     ]:
         with pytest.raises(ValueError, match=match):
             settings.on_hang("instrument", environ={}, **kw)
     for name, raw in [(settings.ON_HANG, "restart"), (settings.ABORT_AFTER_S, "-1"),
                       (settings.ABORT_AFTER_S, "soon"), (settings.ABORT_EXIT_CODE, "0"),
-                      (settings.ABORT_EXIT_CODE, "256")]:  # fmt: skip
+                      (settings.ABORT_EXIT_CODE, "256"), (settings.ABORT_LIMIT, "-2"),
+                      (settings.ABORT_LIMIT, "many"), (settings.ABORT_PROGRESS_STEPS, "0"),
+                      (settings.GIVE_UP_EXIT_CODE, "300"), (settings.GIVE_UP_EXIT_CODE, "75")]:  # fmt: skip
         with pytest.raises(ValueError, match=name):
             settings.on_hang("instrument", environ={name: raw})
 
@@ -157,7 +223,11 @@ def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):
 
 
 def test_ranks_leave_together_the_monitoring_rank_last():
-    """Three ranks as threads over one real store: each publishes, then all exit at once."""
+    """Three ranks as threads over one real store: each keeps and publishes, then all exit.
+
+    The monitoring rank clears the attempt from the store after every rank is leaving and
+    before it lets them go (no rank of the next attempt exists yet).
+    """
     from torch.distributed import TCPStore
 
     timeout = datetime.timedelta(seconds=10)
@@ -174,6 +244,9 @@ def test_ranks_leave_together_the_monitoring_rank_last():
             publish=lambda: events.append(("published", r, time.monotonic())),
             exit=lambda code: events.append(("exit", r, time.monotonic(), code)),
             quiet=lambda: None,
+            keep=lambda plan: events.append(("kept", r, time.monotonic(), plan["episode"])),
+            forget=lambda: events.append(("forgot", r, time.monotonic(),
+                                          server.check([keys.leave()]))),
         )  # fmt: skip
         if r == 1:
             time.sleep(0.5)  # a rank that sees the action a watch later
@@ -190,6 +263,10 @@ def test_ranks_leave_together_the_monitoring_rank_last():
     # Nobody left before the last rank had published; the monitoring rank set the signal.
     assert min(t for t, _ in exits.values()) >= max(published.values())
     assert server.check([keys.leave()])
+    assert sorted(e[1] for e in events if e[0] == "kept") == [0, 1, 2]
+    (forgot,) = [e for e in events if e[0] == "forgot"]
+    # Only the monitoring rank, after every rank published, before the signal to leave.
+    assert forgot[1] == 0 and forgot[2] >= max(published.values()) and forgot[3] is False
 
 
 def test_abort_communicators_is_a_no_op_without_nccl(ddp):
@@ -208,7 +285,12 @@ def test_abort_communicators_is_a_no_op_without_nccl(ddp):
 
 # -- whole jobs ------------------------------------------------------------------------------------
 def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
-    """The defaults: heartbeat 5 s, abort after 30 s; rank 1 stuck in user code at step 100."""
+    """The defaults (heartbeat 5 s, abort after 20 s) and the launch command people type.
+
+    ``torchrun --standalone --max-restarts 1``: the agent's store is shared by both attempts;
+    the abort clears the first attempt's keys so that the second connects. Rank 1 is stuck in
+    user code at step 100.
+    """
     require("prometheus")
     run = "restart"
     go = tmp_path / "go"
@@ -238,7 +320,7 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
     assert len(lines) == RANKS, text
     (folder,) = _episodes(tmp_path)
     for line in lines:
-        assert "rank 1 never entered collective" in line and where in line, line
+        assert f"rank 1 (node {HOST}) never entered collective" in line and where in line, line
         assert folder in line and "exits with code 75" in line, line
     assert "exitcode: 75" in text, text  # torchrun saw the documented code, then restarted
     assert "Traceback" not in text, text  # no rank's training thread unwound the abort
@@ -254,14 +336,29 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
     with open(os.path.join(folder, "episode.json")) as f:
         action = json.load(f)["action"]
     assert (action["culprits"], action["exit_code"], action["kind"]) == ([1], 75, "behind")
-    assert action["age_s"] >= action["due_s"] == 30.0, action
+    # Complete evidence (every rank answered, rank 1 located in user code, the others waiting):
+    # the action acts at abort_after, 20 s, not the 30 s incomplete evidence waits.
+    assert action["certain"] is True and action["age_s"] >= action["due_s"] == 20.0, action
+    assert (action["decision"], action["streak"], action["nodes"]) == ("abort", 1, [HOST])
     with open(os.path.join(folder, "verdict.txt")) as f:
         verdict = f.read()
     assert "ACTION: aborted" in verdict and "rank 1 never entered all_reduce" in verdict
 
-    # Prometheus recorded the decision: one alert for the run, naming rank 1 and file:line.
+    # The launcher's line and the run's ledger are next to the dumps.
+    with open(os.path.join(tmp_path, "dumps", f"{run}-abort.txt")) as f:
+        assert f.read() == (
+            f"requeue=yes exit_code=75 attempt=0 aborts_without_progress=1 limit=3 "
+            f"culprit_ranks=1 culprit_nodes={HOST} folder={folder}\n"
+        )
+    with open(os.path.join(tmp_path, "dumps", f"{run}-restarts.json")) as f:
+        (entry,) = json.load(f)["attempts"]
+    assert (entry["attempt"], entry["furthest"], entry["start_step"]) == (0, 100, 0), entry
+
+    # Prometheus recorded the decision: one alert for the run, naming rank 1, its node and
+    # file:line.
     (alert,) = aborted
     assert alert["labels"]["culprit_rank"] == "1", alert
+    assert alert["labels"]["node"] == HOST, alert
     assert f"{stuck} in wait_for_data" in alert["annotations"]["description"], alert
     fired = {s["metric"]["alertname"] for s in ever}
     assert "DDPHangAborted" in fired and fired <= {"DDPHangAborted", "DDPCollectiveStalled"}, fired
@@ -278,7 +375,7 @@ def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_
         for r in range(RANKS):
             out = job.out(r)
             assert out.count(ABORT_LINE) == 1, out
-            assert "rank 0 never entered collective" in out and "code 76" in out, out
+            assert f"rank 0 (node {HOST}) never entered collective" in out and "code 76" in out, out
     (folder,) = _episodes(tmp_path)
     with open(os.path.join(folder, "episode.json")) as f:
         action = json.load(f)["action"]
@@ -286,22 +383,29 @@ def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_
     assert (action["culprits"], action["exit_code"], action["due_s"]) == ([0], 76, 20.0)
 
 
-def test_slow_start_straggler_and_long_checkpoint_never_abort(tmp_path):
-    """Each edge lasts past the 20 s the action waits here; the job must simply finish."""
-    env = _env(tmp_path, "edges", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1",
-               DDP_EXPORTER_ABORT_AFTER_S="12")  # fmt: skip
+def test_healthy_edges_never_abort(tmp_path):
+    """Each edge lasts past the 20 s the action waits with complete evidence; the job finishes.
+
+    A rank still building its model and a slow start (nobody has completed a step), a
+    straggler late by 15 s (its hang is dumped, then it progresses), a declared checkpoint and
+    a declared evaluation on rank 0 (the others wait for it, excused).
+    """
+    env = _env(tmp_path, "edges", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1")
     args = [str(tmp_path), "--steps", "200",
-            "--slow-start", "2:25",  # nobody has completed a step: a slow start
+            "--slow-build", "1:22",  # the others wait in the broadcast of its weights
+            "--slow-start", "2:22",  # nobody has completed a step: a slow start
             "--straggle", "1:60:15",  # late enough for a hang dump, then it progresses
-            "--checkpoint-at", "120:25"]  # rank 0, declared: the others wait, excused  # fmt: skip
+            "--checkpoint-at", "120:22",  # rank 0, declared: the others wait, excused
+            "--eval-at", "160:22"]  # rank 0, declared  # fmt: skip
     with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
-        assert job.wait(240) == 0, job.output()
+        assert job.wait(300) == 0, job.output()
     text = job.text()
     assert ABORT_LINE not in text and "attempt 1" not in text, text
     assert "rank 0: long checkpoint at step 120" in text
+    assert "rank 0: long evaluation at step 160" in text
     assert text.count("finished at step 200") == RANKS, text
-    # The slow start and the straggler each opened an episode (the action was armed and judged
-    # them); the declared checkpoint opened none. No verdict records an action.
+    # The model build, the slow start and the straggler each opened an episode (the action was
+    # armed and judged them); the declared sections opened none. No verdict records an action.
     episodes = _episodes(tmp_path)
     behind = []
     for folder in episodes:
@@ -309,7 +413,9 @@ def test_slow_start_straggler_and_long_checkpoint_never_abort(tmp_path):
             episode = json.load(f)
         assert "action" not in episode, episode
         behind.append(episode["behind"])
-    assert behind == [[2], [1]], behind
+    # Rank 0 sends the weights it broadcasts and may run ahead of rank 2 while rank 1 builds.
+    assert len(behind) == 3 and 1 in behind[0] and behind[1:] == [[2], [1]], behind
+    assert not glob.glob(str(tmp_path / "dumps" / "*-restarts.json"))
 
 
 def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):

@@ -30,7 +30,23 @@ from ..sources.recorder import Recorder
 from ..sources.sections import REGISTRY, SectionRegistry
 from ..sources.walltime import JobClock
 
-__all__ = ["DDPCollector", "HangStatus", "RankSources", "family"]
+__all__ = ["DDPCollector", "HangStatus", "RankSources", "RestartView", "family"]
+
+
+class RestartView(Protocol):
+    """What the collector reads of a run's restart ledger (exporter.hangs.restarts)."""
+
+    #: Aborts in a row without progress.
+    streak: int
+
+    @property
+    def limit(self) -> int:
+        """Return the aborts in a row without progress after which the action stops."""
+        ...
+
+    def attempts(self) -> list[tuple[str, str, str, int]]:
+        """Return ``(attempt, culprit rank, node, furthest step)`` of recent aborted attempts."""
+        ...
 
 
 class HangStatus(Protocol):
@@ -40,8 +56,10 @@ class HangStatus(Protocol):
     dumps: int
     #: ``(file, line, function)`` while this rank is the culprit of an open episode, else None.
     location: tuple[str, str, str] | None
-    #: ``(unix time, culprit rank label)`` once the hang action decided to end the run.
-    aborted: tuple[float, str] | None
+    #: ``(unix time, culprit rank label, its node)`` once the hang action decided to end the run.
+    aborted: tuple[float, str, str] | None
+    #: The run's restart ledger (monitoring rank with the action on), else None.
+    restarts: RestartView | None
 
 
 @dataclass
@@ -185,7 +203,14 @@ class DDPCollector(Collector):
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
         aborted = fx.aborted
         if aborted is not None:
-            fams[c.HANG_ABORT.name].add_metric(base + [aborted[1]], aborted[0])
+            fams[c.HANG_ABORT.name].add_metric(base + [aborted[1], aborted[2]], aborted[0])
+        restarts = fx.restarts
+        if restarts is not None:
+            fams[c.HANG_ABORT_STREAK.name].add_metric(base, restarts.streak)
+            fams[c.HANG_ABORT_LIMIT.name].add_metric(base, restarts.limit)
+            for attempt, culprit, node, furthest in restarts.attempts():
+                labels = base + [attempt, culprit, node]
+                fams[c.HANG_ABORTED_ATTEMPT.name].add_metric(labels, furthest)
 
     def _sections(self, fams: dict, base: list[str]) -> None:
         for s in self._src.sections.snapshot():

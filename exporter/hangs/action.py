@@ -12,10 +12,17 @@ Opt-in: ``exporter.instrument(on_hang="abort")`` or ``DDP_EXPORTER_ON_HANG=abort
 2. the same collective is still stalled: the process group's finding has the episode's kind and
    sequence number, and a rank's own latest report puts it inside that collective for at least
    :meth:`ActionPolicy.due_s`: the larger of ``abort_after`` (``DDP_EXPORTER_ABORT_AFTER_S``,
-   30 s) and twice the threshold that declared the hang (10 s or 20x the normal collective
+   20 s) and twice the threshold that declared the hang (10 s or 20x the normal collective
    latency; a symmetric hang's own threshold is at least 60 s, so it acts at 120 s at the
-   earliest), yet no later than half the process group's timeout;
-3. every rank of the process group completed a step in this attempt.
+   earliest), yet no later than half the process group's timeout. That is when the evidence is
+   complete (:func:`certain`: a rank behind, every rank answered, each culprit located outside
+   any collective, every other rank waiting in the stalled one, no mismatch); otherwise the
+   action waits 1.5 times as long (30 s by default), for a late answer or a straggler;
+3. every rank of the process group completed a step in this attempt;
+4. the run is not in a restart loop: the attempts it aborted before made progress, or fewer
+   than ``DDP_EXPORTER_ABORT_LIMIT`` of them in a row did not (:mod:`exporter.hangs.restarts`).
+   The abort that reaches the limit is the last one (exit code 69, "do not requeue"); after it
+   the action declines: dumps and alerts, no exit.
 
 **What never triggers it:** a rank inside a declared section within its deadline, and the ranks
 waiting for it (the finding is of kind ``section``); a straggler, however slow, that still
@@ -24,14 +31,18 @@ slow start or a rank still building its model (no step completed yet); a rank st
 initialising (the init watch never acts); ranks stuck inside a collective with nobody behind,
 before the symmetric threshold (``waiting``); a rank that ended cleanly.
 
-**How the run ends.** The monitoring rank writes the action to the store and records it in the
-episode's ``episode.json`` and ``verdict.txt``. Every rank that answered the episode (each one
+**How the run ends.** The monitoring rank writes the action to the store, records it in the
+episode's ``episode.json`` and ``verdict.txt``, and adds the attempt to the run's ledger and to
+the one-line file a requeue script reads (:mod:`exporter.hangs.restarts`; the local rank 0 of
+every node writes copies next to its own dumps). Every rank that answered the episode (each one
 checks while it has not progressed since) prints one line naming the culprit, its ``file:line``
 and the dump folder, publishes ``ddp_hang_abort_timestamp_seconds`` and waits until its scrapers
 read it (at most ``DDP_EXPORTER_FINAL_SCRAPE_S``), then says it is leaving. Once every rank that
-answered is leaving, or a short deadline passed, the monitoring rank lets them all go at once:
-the store may live in its process, so it goes last, and ranks that exit together leave no
-survivor to unwind a broken collective into user code. Each rank aborts its NCCL communicators
+answered is leaving, or a short deadline passed, the monitoring rank clears the attempt's
+process-group keys from a store the launcher keeps for the next attempt
+(:func:`exporter.sources.launcher.forget_attempt`), then lets them all go at once: the store may
+live in its process, so it goes last, and ranks that exit together leave no survivor to unwind a
+broken collective into user code. Each rank aborts its NCCL communicators
 (bounded; the GPU is free at once) and ends with ``os._exit(exit_code)`` from the watcher
 thread, whatever its training thread is doing: blocked in a collective, sleeping, or running C
 code that releases the GIL. Every rank of the run exits, not only those of the stalled group:
@@ -60,23 +71,31 @@ from ..log import log
 from ..ranklist import format_ranks
 from ..storekeys import Keys
 from . import verdict as verdicts
+from .capture import innermost_user_frame
 from .definition import HangFinding
 from .dumps import write_private
+from .restarts import RestartPolicy
+from .verdict import Verdict
 
 __all__ = [
     "ACTIONABLE",
     "ActionPolicy",
     "Leaving",
+    "UNCERTAIN_FACTOR",
     "abort_communicators",
+    "certain",
     "describe",
     "due",
     "exit_now",
     "plan",
+    "policies",
     "record",
 ]
 
 #: Hang kinds the action may end a run for.
 ACTIONABLE: tuple[str, ...] = ("behind", "symmetric")
+#: How much longer the action waits when the evidence is incomplete (:func:`certain`).
+UNCERTAIN_FACTOR = 1.5
 #: Most seconds a rank spends aborting its NCCL communicators before it exits anyway.
 ABORT_COMMS_S = 5.0
 #: Thread switch interval while a rank leaves: the longest the training thread waits for the
@@ -88,7 +107,8 @@ GIL_HOLD_S = 0.5
 class ActionPolicy:
     """When the ``abort`` action acts, and how the ranks it ends exit."""
 
-    #: Seconds a hang lasts before the action (``DDP_EXPORTER_ABORT_AFTER_S``) ...
+    #: Seconds a hang with complete evidence lasts before the action
+    #: (``DDP_EXPORTER_ABORT_AFTER_S``; incomplete evidence: ``UNCERTAIN_FACTOR`` times) ...
     after_s: float = settings.DEFAULT_ABORT_AFTER_S
     #: ... and at least this multiple of the threshold that declared the hang ...
     threshold_factor: float = 2.0
@@ -99,12 +119,62 @@ class ActionPolicy:
     #: Most seconds a rank takes to publish the action (its scrapers' final read).
     publish_s: float = settings.DEFAULT_FINAL_SCRAPE_S
 
-    def due_s(self, threshold: float, timeout: float | None) -> float:
-        """Return how long a hang declared at ``threshold`` seconds lasts before the action."""
-        due = max(self.after_s, self.threshold_factor * threshold)
+    def due_s(self, threshold: float, timeout: float | None, sure: bool = True) -> float:
+        """Return how long a hang declared at ``threshold`` seconds lasts before the action.
+
+        ``sure``: the episode's evidence is complete (:func:`certain`); else it waits longer.
+        """
+        after = self.after_s if sure else UNCERTAIN_FACTOR * self.after_s
+        due = max(after, self.threshold_factor * threshold)
         if timeout is not None and timeout > 0:
             due = min(due, self.timeout_share * timeout)
         return due
+
+
+def certain(episode: Mapping[str, Any], found: Verdict) -> bool:
+    """Say whether an episode's dumps leave no doubt who hangs the run, and where.
+
+    Complete evidence: a rank is behind (not a symmetric hang), every rank answered, no
+    collective mismatch, every rank behind was located by its dump and is not itself inside a
+    collective, and every other rank waits in the stalled collective (the trigger saw it
+    waiting, or its Flight Recorder shows that collective in flight).
+    """
+    if episode.get("kind") != "behind" or episode.get("missing") or found.mismatches:
+        return False
+    behind = {int(r) for r in episode.get("behind", [])}
+    summaries = episode.get("summaries") or {}
+    if not behind or not behind <= {int(loc["rank"]) for loc in found.located}:
+        return False
+    pg, seq = str(episode["pg"]), float(episode["seq"])
+    waiting = {int(r) for r in episode.get("waiting", [])}
+    for key, s in summaries.items():
+        rank = int(key)
+        if not s:
+            return False
+        if rank in behind:
+            if (
+                s.get("phase") == "collective"
+                or innermost_user_frame(s.get("frames") or []) is None
+            ):
+                return False
+            continue
+        inside = any(
+            str(e.get("pg")) == pg and float(e.get("seq", -1)) == seq for e in s.get("inflight", [])
+        )
+        if rank not in waiting and not inside:
+            return False
+    return len(summaries) == int(episode.get("world_size", len(summaries)))
+
+
+def policies(
+    on_hang: settings.OnHang | None, publish_s: float
+) -> tuple[ActionPolicy | None, RestartPolicy]:
+    """Return the action's policy (None when off) and the run's restart policy, from settings."""
+    restart = RestartPolicy()
+    if on_hang is None or on_hang.action == "off":
+        return None, restart
+    restart = RestartPolicy(on_hang.limit, on_hang.progress_steps, on_hang.give_up_exit_code)
+    return ActionPolicy(on_hang.after_s, exit_code=on_hang.exit_code, publish_s=publish_s), restart
 
 
 def due(
@@ -115,13 +185,15 @@ def due(
     reported_age: float,
     steps: Mapping[int, int],
     timeout: float | None,
+    sure: bool = False,
 ) -> bool:
     """Say whether the episode of ``request`` calls for the action now.
 
     ``finding`` is the current finding for the episode's process group (None: it progressed),
     ``reported_age`` the longest time a rank of the group said, in its own latest report, that
     it has been inside its oldest collective (never extrapolated: a report is evidence, its age
-    is not), ``steps`` the steps each rank of the group completed in this attempt.
+    is not), ``steps`` the steps each rank of the group completed in this attempt, ``sure``
+    whether the episode's evidence is complete (:func:`certain`).
     """
     if finding is None or finding.kind not in ACTIONABLE:
         return False
@@ -129,7 +201,7 @@ def due(
         return False
     if not steps or min(steps.values()) < 1:
         return False
-    return reported_age >= policy.due_s(float(request["threshold"]), timeout)
+    return reported_age >= policy.due_s(float(request["threshold"]), timeout, sure)
 
 
 def plan(
@@ -139,25 +211,43 @@ def plan(
     folder: str,
     age: float,
     timeout: float | None,
+    *,
+    sure: bool = False,
+    nodes: list[str] | None = None,
+    decision: str = "abort",
+    exit_code: int | None = None,
+    streak: int = 1,
+    limit: int = 0,
 ) -> dict:
-    """Return the action the monitoring rank publishes for ``episode`` (JSON-ready)."""
+    """Return the action the monitoring rank publishes for ``episode`` (JSON-ready).
+
+    ``decision`` is the ledger's (:func:`exporter.hangs.restarts.judge`): ``abort``,
+    ``give_up`` (the last abort, with ``exit_code``) or ``decline``; ``nodes`` the node of each
+    culprit, ``streak`` the aborts in a row without progress, this one included.
+    """
     where = None
     if located:
         first = located[0]
         where = f"{os.path.basename(first['file'])}:{first['line']} in {first['function']}"
     return {
-        "action": "abort",
+        "action": "abort" if decision != "decline" else "none",
+        "decision": decision,
         "episode": episode["episode"],
         "run": episode.get("run"),
+        "attempt": episode.get("attempt", "0"),
         "pg": episode["pg"],
         "seq": episode["seq"],
         "kind": episode["kind"],
         "culprits": [int(r) for r in episode.get("behind", [])],
+        "nodes": list(nodes or []),
         "where": where,
         "folder": folder,
         "age_s": round(age, 1),
-        "due_s": round(policy.due_s(float(episode["threshold"]), timeout), 1),
-        "exit_code": policy.exit_code,
+        "due_s": round(policy.due_s(float(episode["threshold"]), timeout, sure), 1),
+        "certain": sure,
+        "exit_code": policy.exit_code if exit_code is None else exit_code,
+        "streak": streak,
+        "limit": limit,
         "decided_unix": time.time(),
     }
 
@@ -166,21 +256,40 @@ def _seq(seq: float) -> str:
     return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
 
 
-def describe(action: Mapping[str, Any]) -> str:
-    """Return the one line every rank prints before it exits: culprit, place, dumps, code."""
+def _who(action: Mapping[str, Any]) -> str:
     culprits = action.get("culprits") or []
-    if culprits:
-        who = f"rank {format_ranks(culprits, ranges=True)} never entered collective "
-        who += f"#{_seq(action['seq'])} (pg {action['pg']})"
-        if action.get("where"):
-            who += f", stuck at {action['where']}"
-    else:
-        who = f"every rank is stuck inside collective #{_seq(action['seq'])} (pg {action['pg']})"
+    if not culprits:
+        return f"every rank is stuck inside collective #{_seq(action['seq'])} (pg {action['pg']})"
+    who = f"rank {format_ranks(culprits, ranges=True)}"
+    nodes = sorted({n for n in action.get("nodes") or [] if n})
+    if nodes:
+        who += f" (node {', '.join(nodes)})"
+    who += f" never entered collective #{_seq(action['seq'])} (pg {action['pg']})"
+    if action.get("where"):
+        who += f", stuck at {action['where']}"
+    return who
+
+
+def describe(action: Mapping[str, Any]) -> str:
+    """Return the one line every rank prints before it exits (or the monitor, on declining)."""
+    head = f"run {action.get('run')} on hang episode {action['episode']}: {_who(action)}, "
+    head += f"for {action['age_s']:.0f} s (abort after {action['due_s']:.0f} s)"
+    streak, limit = int(action.get("streak", 1)), int(action.get("limit", 0))
+    if action.get("decision") == "decline":
+        return (
+            f"ddp-exporter: NOT aborting {head}: the run was aborted {streak - 1} times in a row "
+            f"without progress (limit {limit}), so restarts do not help; dumps and verdict in "
+            f"{action['folder']}; the ranks wait for the collective timeout"
+        )
+    tail = "so that the launcher restarts the job from its last checkpoint"
+    if action.get("decision") == "give_up":
+        tail = (
+            f"and this is the last abort: {streak} in a row without progress (limit {limit}), "
+            "do not requeue; the hang action stops here"
+        )
     return (
-        f"ddp-exporter: aborting run {action.get('run')} on hang episode {action['episode']}: "
-        f"{who}, for {action['age_s']:.0f} s (abort after {action['due_s']:.0f} s); dumps and "
-        f"verdict in {action['folder']}; every rank exits with code {action['exit_code']} so "
-        "that the launcher restarts the job from its last checkpoint"
+        f"ddp-exporter: aborting {head}; dumps and verdict in {action['folder']}; every rank "
+        f"exits with code {action['exit_code']} {tail}"
     )
 
 
@@ -260,7 +369,9 @@ class Leaving:
     """Take one rank out of a run whose hang action was decided, together with the others.
 
     ``exit`` and ``quiet`` are the process-wide steps (``os._exit``, silencing the training
-    thread); tests pass harmless ones.
+    thread); tests pass harmless ones. ``keep`` writes what this rank keeps of the action on its
+    disk (the ledger and the launcher's line), ``forget`` clears the attempt from a store that
+    outlives it (monitoring rank, once every rank is leaving).
     """
 
     def __init__(
@@ -276,6 +387,8 @@ class Leaving:
         errors: ErrorCounter,
         exit: Callable[[int], Any] = exit_now,
         quiet: Callable[[], None] = _quiet_training_thread,
+        keep: Callable[[Mapping[str, Any]], None] = lambda action: None,
+        forget: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -286,6 +399,8 @@ class Leaving:
         self._errors = errors
         self._exit = exit
         self._quiet = quiet
+        self._keep = keep
+        self._forget = forget
         # Ranks see the action up to a watch apart, then each publishes for up to publish_s.
         self.deadline_s = policy.publish_s + interval_s + 2.0
 
@@ -293,10 +408,11 @@ class Leaving:
         """Print the line, publish, leave with the others and exit (``answered``: monitor only)."""
         try:
             log.warning("%s", describe(action))
-            try:
-                self._publish()
-            except Exception as exc:  # noqa: BLE001
-                self._errors.record("forensics", exc)
+            for step in (lambda: self._keep(action), self._publish):
+                try:
+                    step()
+                except Exception as exc:  # noqa: BLE001
+                    self._errors.record("forensics", exc)
             self._store.set(self._keys.leaving(self._rank), "1")
             self._quiet()
             if self._monitor:
@@ -319,6 +435,11 @@ class Leaving:
             if self._store.check(others):
                 break
             time.sleep(0.05)
+        try:
+            self._forget()
+        except Exception as exc:  # noqa: BLE001 - the next attempt may fail; this one must end
+            self._errors.record("forensics", exc)
+            log.error("ddp-exporter: could not clear the aborted attempt from the store: %r", exc)
         self._store.set(self._keys.leave(), "1")
         # The store may live in this process, and a set gets no answer: this round trip on the
         # same connection returns once the store has handled the set and woken the waiters.

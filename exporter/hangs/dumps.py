@@ -1,7 +1,8 @@
 """Lay hang dumps out on disk: one folder per episode, user-only files, a readable text form.
 
 An episode's folder has the same name on every node (``<run>-hang-<episode>`` under the dump
-folder); each rank writes ``rank-N.json`` and ``rank-N.txt`` there, the monitoring rank also
+folder, ``<run>-attempt-<N>-hang-<episode>`` in a restarted attempt N, so that a restart never
+overwrites the dumps of the attempt it replaced); each rank writes ``rank-N.json`` and ``rank-N.txt`` there, the monitoring rank also
 ``episode.json`` and ``verdict.txt``. Folders are 0o700 and files 0o600: stacks reveal
 internals and stay on the local disk.
 """
@@ -12,16 +13,29 @@ import os
 import re
 import time
 
-__all__ = ["EPISODE_GLOB", "episode_dir", "makedirs_private", "render_dump", "write_private"]
+__all__ = [
+    "EPISODE_GLOB",
+    "episode_dir",
+    "makedirs_private",
+    "render_dump",
+    "replace_private",
+    "safe_run",
+    "write_private",
+]
 
 #: Matches every episode folder under a dump folder.
 EPISODE_GLOB = "*-hang-*"
 
 
-def episode_dir(dump_dir: str, run: str, episode: int) -> str:
+def safe_run(run: str) -> str:
+    """Return ``run`` as a file name: anything but letters, digits, ``_.-`` becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run).strip("._") or "run"
+
+
+def episode_dir(dump_dir: str, run: str, episode: int, attempt: str = "0") -> str:
     """Return the folder holding one episode's dumps (same name on every node)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run).strip("._") or "run"
-    return os.path.join(dump_dir, f"{safe}-hang-{episode}")
+    part = "" if attempt == "0" else f"-attempt-{attempt}"
+    return os.path.join(dump_dir, f"{safe_run(run)}{part}-hang-{episode}")
 
 
 def makedirs_private(path: str) -> None:
@@ -40,6 +54,13 @@ def write_private(path: str, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(text)
+
+
+def replace_private(path: str, text: str) -> None:
+    """Write ``path`` whole or not at all (user-only): several ranks may write the same file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    write_private(tmp, text)
+    os.replace(tmp, path)
 
 
 def render_dump(rank: int, dump: dict) -> str:

@@ -63,10 +63,20 @@ def _action(action: dict | None) -> str | None:
     if not action:
         return None
     when = time.strftime("%H:%M:%S UTC", time.gmtime(float(action.get("decided_unix", 0))))
+    streak, limit = action.get("streak", 1), action.get("limit", 0)
+    if action.get("decision") == "decline":
+        return (
+            f"none: at {when} the hang action declined (on_hang=abort): the run was aborted "
+            f"{int(streak) - 1} times in a row without progress (limit {limit}); restarts do not "
+            "help, the ranks wait for the collective timeout"
+        )
+    why = "for the launcher to restart the job from its last checkpoint"
+    if action.get("decision") == "give_up":
+        why = f"the last abort: {streak} in a row without progress (limit {limit}), do not requeue"
     return (
         f"aborted: at {when} every rank of the run exited with code {action.get('exit_code')} "
         f"(on_hang=abort), the hang having lasted {action.get('age_s')} s (abort after "
-        f"{action.get('due_s')} s), for the launcher to restart the job from its last checkpoint"
+        f"{action.get('due_s')} s), {why}"
     )
 
 

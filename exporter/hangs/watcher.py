@@ -20,7 +20,9 @@ runs on one background thread per rank, never on the training thread:
 
 With ``on_hang="abort"`` the monitoring rank also decides, after an episode's dumps, whether
 the hang has lasted long enough to end the run, and every rank that answered the episode checks
-for that decision until it progresses again (:mod:`exporter.hangs.action`).
+for that decision until it progresses again (:mod:`exporter.hangs.action`). The run's ledger
+(:mod:`exporter.hangs.restarts`) decides whether the action still acts: the monitoring rank reads
+it at start and keeps it, with the culprits' nodes, when it acts or declines.
 
 The watcher is handed what it reads (the rank's identity, store, in-flight state and
 recorder) and, for the action, a callable that publishes it; never the observer.
@@ -34,7 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import storekeys
@@ -42,16 +44,18 @@ from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..log import log
 from ..settings import Identity
-from ..sources import flight
+from ..sources import flight, launcher
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
 from . import action as actions
+from . import restarts as ledger
 from . import verdict as verdicts
 from .action import ActionPolicy
 from .capture import capture, summarize
 from .definition import DEFAULT_POLICY, HangFinding, HangPolicy, SeqState, find_hangs
-from .dumps import episode_dir, makedirs_private, render_dump, write_private
+from .dumps import episode_dir, makedirs_private, render_dump, replace_private, write_private
+from .restarts import RestartPolicy, RestartState
 
 __all__ = ["FAST_WATCH_MAX_RANKS", "FAULTHANDLER_S", "HangWatcher"]
 
@@ -79,6 +83,9 @@ class HangWatcher:
         policy: HangPolicy = DEFAULT_POLICY,
         action: ActionPolicy | None = None,
         publish_abort: Callable[[], None] = lambda: None,
+        restart: RestartPolicy | None = None,
+        start_step: int | None = None,
+        forget: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._inflight = inflight
@@ -87,6 +94,8 @@ class HangWatcher:
         self._finished = False
         self._run = identity.run
         self._node = identity.node or socket.gethostname()
+        self._attempt = identity.attempt
+        self._local_rank = identity.local_rank
         self.rank = identity.rank
         self.world_size = identity.world_size
         self.interval = interval_s
@@ -118,16 +127,26 @@ class HangWatcher:
         #: ``(file, line, function)`` while this rank is the culprit of an open episode.
         self.location: tuple[str, str, str] | None = None
         self._location_mark: Any = None
-        #: ``(unix time, culprit rank label)`` once this rank is leaving on a hang action.
-        self.aborted: tuple[float, str] | None = None
+        #: ``(unix time, culprit rank label, its node)`` once this rank is leaving on an abort.
+        self.aborted: tuple[float, str, str] | None = None
         self._action = action
         self._action_key = keys.action()
         self._leaving = None
+        if forget is None:
+            # A store the launcher keeps for the next attempt is cleared of this one's.
+            shared = launcher.launch().shared_store
+            forget = (lambda: launcher.forget_attempt(store)) if shared else (lambda: None)
         if action is not None:
             self._leaving = actions.Leaving(
                 store, keys, self.rank, monitor=monitor, policy=action, interval_s=interval_s,
-                publish=publish_abort, errors=errors,
+                publish=publish_abort, errors=errors, keep=self._keep, forget=forget,
             )  # fmt: skip
+        #: The run's restart ledger as the monitoring rank publishes it (action on), else None.
+        self.restarts: RestartState | None = None
+        if action is not None and monitor:
+            self.restarts = RestartState(restart or RestartPolicy(), self._chain(), start_step)
+        #: Node of each rank, from its acks (monitoring rank; culprits are named by node).
+        self._nodes: dict[int, str] = {}
         #: ``(episode, progress mark)`` while this rank may be told to leave (action on).
         self._in_episode: tuple[int, Any] | None = None
         # Monitoring rank only.
@@ -142,7 +161,7 @@ class HangWatcher:
     def start(self) -> HangWatcher:
         """Publish this rank's keys synchronously (the monitor waits for all), then run."""
         self._store.set(self._report_keys[self.rank], self._report())
-        self._store.set(self._ack_keys[self.rank], json.dumps({"episode": 0}))
+        self._store.set(self._ack_keys[self.rank], json.dumps({"episode": 0, "node": self._node}))
         self._answered = int(self._store.add(self._episode_key, 0))
         self._loop.start()
         return self
@@ -218,9 +237,8 @@ class HangWatcher:
         if int(request.get("episode", -1)) != episode:
             return  # a newer request replaced it; the next check answers that one
         summary = self.dump(episode, request)
-        self._store.set(
-            self._ack_keys[self.rank], json.dumps({"episode": episode, "summary": summary})
-        )
+        ack = {"episode": episode, "summary": summary, "node": self._node}
+        self._store.set(self._ack_keys[self.rank], json.dumps(ack))
 
     def dump(self, episode: int, request: dict) -> dict:
         """Write this rank's dump for ``episode``; return its summary (the ack).
@@ -228,7 +246,7 @@ class HangWatcher:
         A dump folder that cannot be written still gets an ack (with the error in it): the
         monitoring rank must not mistake a full disk for a frozen rank.
         """
-        folder = episode_dir(self.dump_dir, self._run, episode)
+        folder = episode_dir(self.dump_dir, self._run, episode, self._attempt)
         base = os.path.join(folder, f"rank-{self.rank}")
         fallback = None
         try:
@@ -316,9 +334,32 @@ class HangWatcher:
             self._leave(action)
 
     def _leave(self, action: dict, answered: list[int] | None = None) -> None:
-        culprits = action.get("culprits") or []
-        self.aborted = (float(action["decided_unix"]), str(culprits[0]) if culprits else "")
+        culprits, nodes = action.get("culprits") or [], action.get("nodes") or []
+        self.aborted = (
+            float(action["decided_unix"]),
+            str(culprits[0]) if culprits else "",
+            str(nodes[0]) if nodes else "",
+        )
         self._leaving.leave(action, answered)
+
+    def _keep(self, action: Mapping[str, Any]) -> None:
+        """Write the run's ledger and the launcher's line (monitoring rank, local rank 0)."""
+        entries = action.get("ledger")
+        if entries is None or not (self.monitor or self._local_rank == 0):
+            return
+        last = entries[-1]
+        ledger.record(self.dump_dir, self._run, entries[:-1], last)
+        if last["decision"] != "decline":
+            line = ledger.launcher_line(last, int(action.get("limit", 0)))
+            replace_private(ledger.abort_path(self.dump_dir, self._run), line)
+
+    def _chain(self) -> list[dict]:
+        """Return the ledger's entries leading up to this attempt (monitoring rank, at start)."""
+        try:
+            return ledger.load_chain(self.dump_dir, self._run, self._attempt)
+        except (OSError, ValueError) as exc:
+            self._errors.record("forensics", exc)
+            return []
 
     def _update_location(self) -> None:
         """Drop the published location once this rank progresses again (episode over)."""
@@ -376,6 +417,7 @@ class HangWatcher:
                 last[(rank, pg)] = enq
         lats.sort()
         normal = lats[len(lats) // 2] if lats else None
+        self._rearm(steps)
         findings = find_hangs(states, normal, self.policy)
         ep = self._episode
         if ep is not None:
@@ -393,6 +435,21 @@ class HangWatcher:
                 self._open(act[0])
                 self._check_request()  # the monitoring rank dumps at once
 
+    def _rearm(self, steps: dict[str, dict[int, int]]) -> None:
+        """Count aborts without progress from zero again once this attempt made progress."""
+        state = self.restarts
+        if state is None or state.streak == 0:
+            return
+        done = [n for per_pg in steps.values() for n in per_pg.values()]
+        stopped = state.suspended
+        if done and state.progressed(min(done)) and stopped:
+            log.warning(
+                "ddp-exporter: run %s got past the furthest step of its aborted attempts: the "
+                "hang action, stopped after %d aborts without progress, acts again",
+                self._run,
+                state.limit,
+            )
+
     def _maybe_act(
         self, finding: HangFinding | None, age: float, steps: dict[int, int], timeout: float | None
     ) -> None:
@@ -402,16 +459,54 @@ class HangWatcher:
         if finding is None or finding.seq != episode["seq"]:
             self._acting = None  # the collective completed: no action for this episode
             return
+        sure = acting["sure"]
         if not actions.due(self._action, episode, finding, reported_age=age, steps=steps,
-                           timeout=timeout):  # fmt: skip
+                           timeout=timeout, sure=sure):  # fmt: skip
             return
         self._acting = None
+        state = self.restarts or RestartState(RestartPolicy(), [])
+        done = min(steps.values())
+        judged = ledger.judge(state.chain, state.policy, start_step=state.start_step, steps=done)
+        culprits = [int(r) for r in episode.get("behind", [])]
+        nodes = self._nodes_of(culprits)
+        policy = state.policy
+        code = {"abort": self._action.exit_code, "give_up": policy.give_up_exit_code}
         action = actions.plan(
-            self._action, episode, acting["located"], acting["folder"], age, timeout
-        )
-        self._store.set(self._action_key, json.dumps(action))
+            self._action, dict(episode, attempt=self._attempt), acting["located"],
+            acting["folder"], age, timeout, sure=sure, nodes=nodes, decision=judged.decision,
+            exit_code=code.get(judged.decision), streak=judged.streak, limit=policy.limit,
+        )  # fmt: skip
+        entry = ledger.entry(
+            run=self._run, attempt=self._attempt, judgement=judged, culprits=culprits,
+            nodes=nodes, steps=done, start_step=state.start_step, episode=int(episode["episode"]),
+            folder=acting["folder"], exit_code=code.get(judged.decision),
+        )  # fmt: skip
+        action["ledger"] = [*state.chain, entry]
+        state.add(entry)
         actions.record(acting["folder"], episode, acting["summaries"], action, self._errors)
+        if judged.decision == "decline":
+            log.warning("%s", actions.describe(action))
+            try:
+                self._keep(action)
+            except (OSError, ValueError) as exc:
+                self._errors.record("forensics", exc)
+            return
+        self._store.set(self._action_key, json.dumps(action))
         self._leave(action, episode["answered"])
+
+    def _nodes_of(self, ranks: list[int]) -> list[str]:
+        """Return the node of each of ``ranks`` (``""`` when it never said), from their acks."""
+        unknown = [r for r in ranks if r not in self._nodes]
+        if unknown:
+            try:
+                raw = self._store.multi_get([self._ack_keys[r] for r in unknown])
+                for r, value in zip(unknown, raw):
+                    node = json.loads(value).get("node")
+                    if node:
+                        self._nodes[r] = str(node)
+            except Exception as exc:  # noqa: BLE001 - nodes are a courtesy; the abort is not
+                self._errors.record("forensics", exc)
+        return [self._nodes.get(r, "") for r in ranks]
 
     def _open(self, finding: HangFinding) -> None:
         request = {
@@ -454,6 +549,8 @@ class HangWatcher:
                 missing, self._store.multi_get([self._ack_keys[r] for r in missing])
             ):
                 ack = json.loads(value)
+                if ack.get("node"):
+                    self._nodes[rank] = str(ack["node"])
                 if int(ack.get("episode", 0)) == number:
                     acks[rank] = ack.get("summary") or {"rank": rank}
         if len(acks) < self.world_size and time.monotonic() < ep["deadline"]:
@@ -472,13 +569,13 @@ class HangWatcher:
         summaries: dict[int, dict | None] = {r: acks.get(r) for r in range(self.world_size)}
         found = verdicts.verdict(episode, summaries)
         text = verdicts.render(found)
-        folder = episode_dir(self.dump_dir, self._run, number)
+        folder = episode_dir(self.dump_dir, self._run, number, self._attempt)
+        episode["summaries"] = {str(r): s for r, s in summaries.items()}
         if self._action is not None and episode["kind"] in actions.ACTIONABLE:
             self._acting = {"episode": episode, "summaries": summaries, "folder": folder,
-                            "located": found.located}  # fmt: skip
+                            "located": found.located, "sure": actions.certain(episode, found)}  # fmt: skip
         try:
             makedirs_private(folder)
-            episode["summaries"] = {str(r): s for r, s in summaries.items()}
             write_private(os.path.join(folder, "episode.json"), json.dumps(episode, indent=1))
             write_private(os.path.join(folder, "verdict.txt"), text)
         except OSError as exc:

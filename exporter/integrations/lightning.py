@@ -93,7 +93,9 @@ class ExporterCallback(Callback):
         if not isinstance(loader, torch.utils.data.DataLoader):
             loader = None  # several loaders: steps and phases still come from the optimizer
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **self._kwargs)
+        # The step a resumed run starts from: the hang action measures progress in run steps.
+        options = {"start_step": int(trainer.global_step), **self._kwargs}
+        self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **options)
         if loader is not None:
             self._time_live_iterator(trainer, self.observer)
 

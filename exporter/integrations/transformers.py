@@ -86,7 +86,9 @@ class ExporterCallback(TrainerCallback):
         if not isinstance(loader, torch.utils.data.DataLoader):
             loader = None
         optimizer = kwargs.get("optimizer") or self._trainer.optimizer
-        self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **self._kwargs)
+        # The step a resumed run starts from: the hang action measures progress in run steps.
+        options = {"start_step": int(getattr(state, "global_step", 0) or 0), **self._kwargs}
+        self.observer = instrument(model, dataloader=loader, optimizer=optimizer, **options)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Close the exporter (a clean end): restore what was patched and stop serving."""

@@ -8,7 +8,15 @@ group's timeout is 30 minutes. Faults, each in torchrun's first attempt only:
 ``--stuck RANK:STEP``         RANK blocks in user code (``wait_for_data``) before STEP, forever
 ``--straggle RANK:STEP:S``    RANK is S seconds late for STEP once, then trains on
 ``--checkpoint-at STEP:S``    rank 0 saves a checkpoint taking S seconds before STEP (declared)
+``--eval-at STEP:S``          rank 0 evaluates for S seconds before STEP (declared), the others
+                              wait in the next allreduce
 ``--slow-start RANK:S``       RANK starts its first step S seconds late
+``--slow-build RANK:S``       RANK is S seconds late building its model: the others already
+                              instrumented wait in the broadcast of its weights, before any step
+
+``--stuck-always RANK:STEP`` blocks RANK before STEP in every attempt (a culprit that stays
+broken: the restart loop). Every attempt tells the exporter the step it resumed at
+(``instrument(start_step=...)``), as the Lightning and Hugging Face callbacks do.
 
 Prints ``rank R: attempt A resumed at step N``, ``onset UNIX`` (the stuck rank, as it blocks),
 ``rank 0: attempt A first step at UNIX`` (the first step completed in a restarted attempt) and
@@ -66,6 +74,9 @@ def main() -> None:
     p.add_argument("--straggle", type=numbers, default=None)
     p.add_argument("--checkpoint-at", type=numbers, default=None)
     p.add_argument("--slow-start", type=numbers, default=None)
+    p.add_argument("--slow-build", type=numbers, default=None)
+    p.add_argument("--eval-at", type=numbers, default=None)
+    p.add_argument("--stuck-always", type=numbers, default=None)
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
     rank = dist.get_rank()
@@ -84,15 +95,23 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         step = state["step"]
     say(f"rank {rank}: attempt {attempt} resumed at step {step}")
-    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr="127.0.0.1")
+    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr="127.0.0.1",
+                              start_step=step)  # fmt: skip
     say(f"rank {rank}: metrics at {obs.url}")
+    if args.slow_build and first:
+        if rank == int(args.slow_build[0]):
+            time.sleep(args.slow_build[1])  # still building: the others wait in the broadcast
+        for p in model.module.parameters():
+            dist.broadcast(p.data, src=0)
     while args.go and first and not os.path.exists(args.go):  # every rank, before any step
         time.sleep(0.1)
     if args.slow_start and first and rank == int(args.slow_start[0]):
         time.sleep(args.slow_start[1])
     reported = False
     while step < args.steps:
-        if args.stuck and first and rank == int(args.stuck[0]) and step == int(args.stuck[1]):
+        stuck = args.stuck if first else None
+        stuck = args.stuck_always or stuck
+        if stuck and rank == int(stuck[0]) and step == int(stuck[1]):
             say(f"onset {time.time()}")
             wait_for_data(3600)
         if args.straggle and first and rank == int(args.straggle[0]):
@@ -101,6 +120,10 @@ def main() -> None:
         if args.checkpoint_at and first and rank == 0 and step == int(args.checkpoint_at[0]):
             say(f"rank 0: long checkpoint at step {step}")
             save(path, model, opt, step, args.checkpoint_at[1])
+        if args.eval_at and first and rank == 0 and step == int(args.eval_at[0]):
+            say(f"rank 0: long evaluation at step {step}")
+            with exporter.deadline("evaluation", seconds=600):
+                time.sleep(args.eval_at[1])
         g = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
         opt.zero_grad()
