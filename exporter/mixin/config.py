@@ -69,6 +69,10 @@ class MixinConfig:
     #: How long DDPHangAborted fires after the hang action ended a run, and how long DDPJobKilled
     #: gives such a run to come back (the launcher's restart) before it says the run is gone.
     hang_abort_window: str = "10m"
+    #: How long DDPRestartLoop keeps firing after the last report of a run whose hang action
+    #: stopped (the run is usually gone: nobody requeues it); at least ``baseline_window``, so
+    #: that DDPJobKilled never calls such a run killed.
+    restart_loop_window: str = "1h"
 
     # --- thresholds ----------------------------------------------------------------------------
     #: A rank is a straggler when its compute (or data) time per step exceeds this multiple of
@@ -176,6 +180,7 @@ class MixinConfig:
             "latency_window",
             "baseline_window",
             "hang_abort_window",
+            "restart_loop_window",
             "scrape_interval",
             "evaluation_interval",
         ):
@@ -199,6 +204,9 @@ class MixinConfig:
             if duration_seconds(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive")
         duration_seconds(self.suspect_node_for)
+        if duration_seconds(self.restart_loop_window) < duration_seconds(self.baseline_window):
+            # A run given up must not be called killed once DDPRestartLoop resolves.
+            raise ValueError("restart_loop_window must be at least baseline_window")
         if duration_seconds(self.fleet_carry) < 2 * duration_seconds(self.fleet_interval):
             raise ValueError("fleet_carry must be at least twice fleet_interval")
         if duration_seconds(self.fleet_window) < duration_seconds(self.fleet_carry):
@@ -239,6 +247,7 @@ FAST = MixinConfig(
     latency_window="1m",
     baseline_window="5m",
     hang_abort_window="1m",
+    restart_loop_window="5m",
     heartbeat_stale_seconds=15.0,
     straggler_for="30s",
     input_bound_for="30s",

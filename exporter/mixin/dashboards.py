@@ -63,7 +63,7 @@ class PanelSpec:
     has data on a healthy run), ``"gpu"`` (CUDA ranks), ``"alerts"`` (an alert is firing),
     ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open),
     ``"deadline"`` (the job knows its wall-clock deadline and total steps), ``"sections"`` (an
-    ``exporter.deadline`` section is running), ``"fleet"`` (the fleet group has evaluated once,
+    ``exporter.deadline`` section is running), ``"abort"`` (the run has ``on_hang="abort"``), ``"fleet"`` (the fleet group has evaluated once,
     ``fleet_interval``), ``"blame"`` (some node was blamed in a run).
     """
 
@@ -468,6 +468,45 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 ),
                 width=24,
             ),
+            PanelSpec(
+                "Restarts: attempt, hang aborts without progress, limit",
+                (
+                    Target(
+                        f"max by (run) ({_s(cfg, catalog.HANG_ABORT_STREAK)})",
+                        "aborts without progress {{run}}",
+                    ),
+                    Target(f"max by (run) ({_s(cfg, catalog.HANG_ABORT_LIMIT)})", "limit {{run}}"),
+                    Target(
+                        f"count by (run, attempt) ({_s(cfg, catalog.RANK_INFO)})",
+                        "ranks in attempt {{attempt}} {{run}}",
+                    ),
+                ),
+                needs="abort",
+                description=(
+                    'With on_hang="abort": the run\'s hang aborts in a row whose attempts made no '
+                    "progress, against the limit at which the action stops (DDPRestartLoop), and "
+                    "how many ranks report in each attempt (torchrun's restart or Slurm's "
+                    "requeue count)."
+                ),
+            ),
+            PanelSpec(
+                "Aborted attempts: furthest step, culprit rank and node",
+                (
+                    Target(
+                        "max by (run, attempt, culprit_rank, node) "
+                        f"({_s(cfg, catalog.HANG_ABORTED_ATTEMPT)})",
+                        "{{run}} attempt {{attempt}} rank {{culprit_rank}} on {{node}}",
+                    ),
+                ),
+                kind="table",
+                needs="abort",
+                description=(
+                    "Each earlier attempt of the run that the hang action aborted: the furthest "
+                    "step it reached (the step it resumed at plus the steps it completed) and "
+                    "its culprit. The same node every time: drain it; the same step every time: "
+                    "a bug or bad data there."
+                ),
+            ),
         ),
     )
     mem = "run, rank"
@@ -675,8 +714,9 @@ def _fleet(cfg: MixinConfig) -> DashboardSpec:
                 needs="blame",
                 description=(
                     f"Runs that blamed each node over {w}, by cause: compute or data "
-                    "(straggler), hang (the rank behind a stalled collective, or the culprit "
-                    "of an aborted hang), down (a rank that died while its run went on)."
+                    "(straggler), hang (the rank behind a stalled collective), abort (the "
+                    "culprit of a hang the hang action aborted), down (a rank that died while "
+                    "its run went on)."
                 ),
             ),
             PanelSpec(

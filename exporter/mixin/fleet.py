@@ -1,8 +1,9 @@
 """Build the fleet rules: which node keeps being the culprit across runs (DDPSuspectNode).
 
 Every accusation the per-run alerts make names a rank: a straggler by compute or data
-(DDPRankStraggler, ``cause``), the rank behind in a stalled collective or the culprit of an
-aborted hang (``hang``), a rank down while its run goes on (``down``). Each is turned into a
+(DDPRankStraggler, ``cause``), the rank behind in a stalled collective (``hang``), the culprit
+of a hang the hang action aborted (``abort``: the fleet counts aborts by node), a rank down while
+its run goes on (``down``). Each is turned into a
 series per ``(node, run, cause)`` by joining the firing alert with the rank's ``node``
 (``ddp_rank_info``).
 
@@ -27,7 +28,7 @@ on one node, says nothing about one node). It is suspect when blamed in at least
   since stragglers are judged against the run's own median;
 - a busy node is judged on its last ``fleet_runs`` runs, not on how many it hosted.
 
-Labels stay bounded: ``node``, ``run``, ``cause`` (compute, data, hang, down).
+Labels stay bounded: ``node``, ``run``, ``cause`` (compute, data, hang, abort, down).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .config import MixinConfig, duration_seconds
 __all__ = ["CAUSES", "FleetRecorded", "fleet_group", "fleet_recorded", "suspect_node_alert"]
 
 #: What a node can be blamed for.
-CAUSES: tuple[str, ...] = ("compute", "data", "hang", "down")
+CAUSES: tuple[str, ...] = ("compute", "data", "hang", "abort", "down")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _accusations(cfg: MixinConfig) -> str:
         "max by (run, rank, cause) (\n"
         f"  {straggler}\n  or\n"
         f'  label_replace({behind}, "cause", "hang", "", "")\n  or\n'
-        f'  label_replace({aborted}, "cause", "hang", "", "")\n  or\n'
+        f'  label_replace({aborted}, "cause", "abort", "", "")\n  or\n'
         f'  label_replace({down}, "cause", "down", "", "")\n)'
     )
 

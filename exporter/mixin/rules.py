@@ -36,6 +36,7 @@ __all__ = [
     "alerts",
     "every_alert",
     "hang_location",
+    "restart_history",
     "RECORDING_GROUPS",
     "recorded",
     "recording_groups",
@@ -52,6 +53,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPCollectiveTimeoutImminent",
     "DDPCollectiveStalled",
     "DDPHangAborted",
+    "DDPRestartLoop",
     "DDPRankStraggler",
     "DDPInputBound",
     "DDPThroughputDrop",
@@ -71,6 +73,7 @@ FLEET_ALERTS: tuple[str, ...] = ("DDPSuspectNode",)
 RUN_ALERTS: tuple[str, ...] = (
     "DDPJobKilled",
     "DDPHangAborted",
+    "DDPRestartLoop",
     "DDPTrainingStalled",
     "DDPThroughputDrop",
     "DDPJobWillMissDeadline",
@@ -359,9 +362,41 @@ def _finished_ranks(cfg: MixinConfig) -> str:
 
 
 def _aborted_runs(cfg: MixinConfig) -> str:
-    """Return a (run, culprit_rank) vector of the runs the hang action ended recently."""
+    """Return a (run, culprit_rank, node) vector of the runs the hang action ended recently."""
     metric = selector(cfg, catalog.HANG_ABORT.name)
-    return f"max by (run, culprit_rank) (last_over_time({metric}[{cfg.hang_abort_window}]))"
+    return f"max by (run, culprit_rank, node) (last_over_time({metric}[{cfg.hang_abort_window}]))"
+
+
+def _looping_runs(cfg: MixinConfig) -> str:
+    """Return a (run) vector of the runs whose hang action stopped: aborts without progress."""
+    streak = selector(cfg, catalog.HANG_ABORT_STREAK.name)
+    limit = selector(cfg, catalog.HANG_ABORT_LIMIT.name)
+    w = cfg.restart_loop_window
+    return (
+        f"max by (run) (last_over_time({streak}[{w}]))\n>= on (run)\n"
+        f"(max by (run) (last_over_time({limit}[{w}])) > 0)"
+    )
+
+
+def restart_history(cfg: MixinConfig = DEFAULT) -> str:
+    """Return a description suffix listing each aborted attempt's culprit rank and node.
+
+    A template ``query`` reads ``ddp_hang_aborted_attempt_step`` of the alert's run (published
+    by the monitoring rank from the run's ledger) over the restart-loop window.
+    """
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
+    metric = f"{catalog.HANG_ABORTED_ATTEMPT.name}{{{', '.join(matchers)}}}"
+    query = (
+        f"max by (attempt, culprit_rank, node) (last_over_time({metric}"
+        f"[{cfg.restart_loop_window}]))"
+    )
+    return (
+        f"{{{{ with printf `{query}` $labels.run | query }}}} Aborted attempts:"
+        "{{ range . }} attempt {{ .Labels.attempt }}: "
+        "{{ if .Labels.culprit_rank }}rank {{ .Labels.culprit_rank }} on node "
+        "{{ .Labels.node }}{{ else }}every rank stuck{{ end }}, furthest step "
+        "{{ .Value }};{{ end }}{{ end }}"
+    )
 
 
 def _name_collective_ranks(
@@ -478,7 +513,8 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 f"  unless on (run, rank) max by (run, rank) ({info})\n)\n"
                 f"unless on (run)\nmax by (run) ({info})\n"
                 f"unless on (run)\nmax by (run) ({_finished_ranks(cfg)})\n"
-                f"unless on (run)\n{_aborted_runs(cfg)}"
+                f"unless on (run)\n{_aborted_runs(cfg)}\n"
+                f"unless on (run)\n{_looping_runs(cfg)}"
             ),
             cfg.rank_down_for,
             "Every rank of a run stopped reporting without a clean end: the job was killed.",
@@ -493,7 +529,9 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "the job crashed on every rank, or Prometheus lost the network to all of its "
             "nodes. A run that the hang action ended (DDPHangAborted) is given "
             f"{cfg.hang_abort_window} to come back (the launcher's restart) before it counts as "
-            "killed. One alert for the run, not one per rank; it resolves by itself "
+            "killed, and a run whose hang action stopped after aborts without progress "
+            "(DDPRestartLoop, which pages for it) is not killed but given up. One alert for the "
+            "run, not one per rank; it resolves by itself "
             f"{cfg.baseline_window} after the last scrape, or when the run reports again (a "
             "restarted attempt).",
             "Liveness dashboard: every rank of the run went down together; the scheduler's "
@@ -603,17 +641,20 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "The hang action ended every rank of a hung run for its launcher to restart it.",
             (
                 "Run {{ $labels.run }} was aborted on a hang: "
-                "{{ if $labels.culprit_rank }}rank {{ $labels.culprit_rank }} never entered the "
-                "collective the others waited in.{{ else }}every rank was stuck inside the same "
-                "collective (no rank behind).{{ end }}"
+                "{{ if $labels.culprit_rank }}rank {{ $labels.culprit_rank }}"
+                "{{ if $labels.node }} on node {{ $labels.node }}{{ end }} never entered the "
+                "collective the others waited in."
+                "{{ else }}every rank was stuck inside the same collective (no rank behind)."
+                "{{ end }}"
                 + hang_location(cfg, "culprit_rank", cfg.hang_abort_window)
                 + " Every rank exited (ddp-exporter's exit code, 75 by default) for the launcher "
                 "to restart the job from its last checkpoint."
             ),
             'With `instrument(on_hang="abort")` (`DDP_EXPORTER_ON_HANG=abort`), once a hang\'s '
-            "dumps are on disk and the hang has lasted `DDP_EXPORTER_ABORT_AFTER_S` (30 s; at "
-            "least twice the threshold that declared it, at most half the process group's "
-            "timeout), every rank of the run publishes `ddp_hang_abort_timestamp_seconds` and "
+            "dumps are on disk and the hang has lasted `DDP_EXPORTER_ABORT_AFTER_S` (20 s with "
+            "complete evidence, 30 s otherwise; at least twice the threshold that declared it, at "
+            "most half the process group's timeout), every rank of the run publishes "
+            "`ddp_hang_abort_timestamp_seconds{culprit_rank, node}` and "
             "exits, instead of idling until the collective timeout (10 to 30 minutes). The "
             "launcher (torchrun `--max-restarts`, Slurm requeue, Kubernetes) restarts the job "
             "from its last checkpoint; the alert fires for "
@@ -625,9 +666,40 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
             "records the action.",
             "Read the verdict: the culprit's file:line says where it was stuck (data loader, "
             "file system, a rank-dependent branch, a collective the others never call). If the "
-            "same rank or node is the culprit again after the restart, drain that node. If the "
-            "job hangs again at the same place, it is a bug in the training code: the restart "
-            "cannot fix it.",
+            "same rank or node is the culprit again after the restart, drain that node "
+            "(`<dump_dir>/<run>-abort.txt` names it for a requeue script). If the job hangs "
+            "again at the same place, it is a bug in the training code: the restart cannot fix "
+            "it, and after `DDP_EXPORTER_ABORT_LIMIT` aborts without progress DDPRestartLoop "
+            "says so.",
+        ),
+        Alert(
+            "DDPRestartLoop",
+            "critical",
+            _looping_runs(cfg),
+            "0s",
+            "Restarting a hung run did not help: the hang action stopped.",
+            (
+                "Run {{ $labels.run }} was aborted on a hang {{ $value }} times in a row without "
+                "getting past the furthest step of its earlier attempts. The last abort exited "
+                "with the give-up code (69 by default, do not requeue) and the hang action no "
+                "longer ends the run: a next hang only alerts and dumps." + restart_history(cfg)
+            ),
+            'Each abort of `instrument(on_hang="abort")` restarts the job from its last '
+            "checkpoint. When the culprit stays broken (the same node's file system or network, a "
+            "data shard that never arrives, a bug at one step), every attempt hangs again at the "
+            "same place. After `DDP_EXPORTER_ABORT_LIMIT` (3) aborts in a row whose attempts did "
+            "not get `DDP_EXPORTER_ABORT_PROGRESS_STEPS` (50) steps past the furthest earlier "
+            "one, the last abort exits with `DDP_EXPORTER_GIVE_UP_EXIT_CODE` and the action "
+            "stops, so that a requeue script and the launcher stop too, instead of paying the "
+            "detection and the restart forever. Fires while the run's monitoring rank reports "
+            f"the streak, and for {cfg.restart_loop_window} after its last report.",
+            "Collectives dashboard: the Restarts and Aborted attempts panels (each aborted attempt's furthest step, culprit rank "
+            "and node); `<dump_dir>/<run>-restarts.json` and `-abort.txt` next to the dumps; "
+            "`ddp-exporter hangs DUMP_DIR` for each attempt's verdict.",
+            "If the same node is the culprit in every attempt, drain it (Slurm `scontrol update "
+            "NodeName=... State=DRAIN`, or requeue with `--exclude`; Kubernetes `kubectl cordon`) "
+            "and resubmit. If the culprits differ but the file:line is the same, it is a bug or "
+            "bad data at that step: fix it before resubmitting; a restart cannot.",
         ),
         Alert(
             "DDPRankStraggler",
