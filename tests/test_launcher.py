@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 from harness import Job
 
