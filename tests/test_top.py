@@ -208,3 +208,22 @@ def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
         for i, table in enumerate(tables[1:], 1):
             assert table[2].startswith("straggler: compute"), (mode, i, table)
             assert not table[0] and not table[1], (mode, i, table)
+
+
+def test_the_table_says_the_attempt_and_the_restart_loop():
+    rows = [_row(0, 5), _row(1, 5)]
+    assert "restarts" not in top.render(top.diagnose(rows))  # a first attempt, no action
+    for r in rows:
+        r.attempt = "3"
+    monitor = rows[0]
+    monitor.abort_streak, monitor.abort_limit = 3.0, 3.0
+    monitor.aborted_attempts = [("1", "1", "bad", 110.0), ("0", "1", "bad", 110.0),
+                                ("2", "", "", 112.0)]  # fmt: skip
+    line = top.render(top.diagnose(rows)).splitlines()[-1]
+    assert line == (
+        "restarts: attempt 3; hang aborts without progress 3 of 3; aborted attempt 0: rank 1 "
+        "on bad, step 110; attempt 1: rank 1 on bad, step 110; attempt 2: every rank stuck, "
+        "step 112; RESTART LOOP: the hang action stopped"
+    )
+    monitor.abort_streak, monitor.aborted_attempts = 0.0, []
+    assert top.restart_line(rows) == "restarts: attempt 3; hang aborts without progress 0 of 3"

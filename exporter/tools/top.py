@@ -33,7 +33,16 @@ from ..mixin.config import DEFAULT, MixinConfig
 from ..ranklist import format_ranks
 from .promapi import instant_query
 
-__all__ = ["ACCUSATIONS", "RankRow", "accuses", "diagnose", "fetch", "fetch_prometheus", "render"]
+__all__ = [
+    "ACCUSATIONS",
+    "RankRow",
+    "accuses",
+    "diagnose",
+    "fetch",
+    "fetch_prometheus",
+    "render",
+    "restart_line",
+]
 
 
 @dataclass
@@ -60,6 +69,13 @@ class RankRow:
     section_deadline: dict[str, float] = field(default_factory=dict)
     #: Unix time the rank ended cleanly (0: it has not).
     finished: float = 0.0
+    #: Which attempt of the run the rank is (torchrun's restart, Slurm's requeue count).
+    attempt: str = ""
+    #: Monitoring rank with on_hang="abort": aborts in a row without progress, their limit
+    #: (-1: not published) and the aborted attempts ``(attempt, culprit rank, node, step)``.
+    abort_streak: float = -1.0
+    abort_limit: float = -1.0
+    aborted_attempts: list[tuple[str, str, str, float]] = field(default_factory=list)
     #: Increases over a window, when the source computed them (Prometheus); None: diagnose()
     #: takes the difference to the previous read.
     window: dict[str, float] | None = None
@@ -160,6 +176,16 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
             row.sections[name] = (row.sections[name][0], v)
     elif n == c.FINISHED.name:
         row.finished = v
+    elif n == c.RANK_INFO.name:
+        row.attempt = labels.get("attempt", row.attempt)
+    elif n == c.HANG_ABORT_STREAK.name:
+        row.abort_streak = v
+    elif n == c.HANG_ABORT_LIMIT.name:
+        row.abort_limit = v
+    elif n == c.HANG_ABORTED_ATTEMPT.name:
+        row.aborted_attempts.append(
+            (labels.get("attempt", ""), labels.get("culprit_rank", ""), labels.get("node", ""), v)
+        )
 
 
 _PROM_NAMES = (
@@ -172,6 +198,10 @@ _PROM_NAMES = (
     c.HOST_MEM_RESIDENT.name,
     c.SECTION_DEADLINE.name,
     c.SECTION_STARTED.name,
+    c.RANK_INFO.name,
+    c.HANG_ABORT_STREAK.name,
+    c.HANG_ABORT_LIMIT.name,
+    c.HANG_ABORTED_ATTEMPT.name,
 )
 
 
@@ -411,4 +441,36 @@ def render(
         lines.append(line)
     if len(rows) > len(shown):
         lines.append(f"... {len(rows) - len(shown)} more ranks (healthiest hidden)")
+    restarts = restart_line(rows)
+    if restarts:
+        lines.append(restarts)
     return "\n".join(lines)
+
+
+def restart_line(rows: list[RankRow]) -> str:
+    """Return the run's restart state in one line (attempt, hang aborts), "" when unremarkable."""
+    attempts = sorted({r.attempt for r in rows if r.attempt}, key=lambda a: (len(a), a))
+    monitor = next((r for r in rows if r.abort_limit >= 0), None)
+    current = attempts[-1] if attempts else "0"
+    if monitor is None and current == "0":
+        return ""
+    parts = [f"restarts: attempt {current}"]
+    if monitor is not None:
+        streak, limit = int(monitor.abort_streak), int(monitor.abort_limit)
+        parts.append(
+            f"hang aborts without progress {streak} of {limit}" if limit else
+            f"hang aborts without progress {streak} (no limit)"
+        )  # fmt: skip
+        earlier = [
+            f"attempt {a}: "
+            + (f"rank {cr} on {node or '?'}" if cr else "every rank stuck")
+            + f", step {step:.0f}"
+            for a, cr, node, step in sorted(
+                monitor.aborted_attempts, key=lambda x: (len(x[0]), x[0])
+            )
+        ]
+        if earlier:
+            parts.append("aborted " + "; ".join(earlier))
+        if 0 < limit <= streak:
+            parts.append("RESTART LOOP: the hang action stopped")
+    return "; ".join(parts)
