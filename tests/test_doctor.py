@@ -167,3 +167,51 @@ def test_version_skew_names_the_rank_and_the_versions():
         want = f"torch differs: rank 1 has 9.9.9, ranks 0,2 have {torch.__version__}"
         assert want in out
         assert f"FAIL rank 1 versions: torch 9.9.9, not {torch.__version__} like ranks 0,2" in out
+
+
+class _StoreWithoutListing:
+    """Stands in for a c10d store of torch < 2.10, which has no ``list_keys`` (injected)."""
+
+    def delete_key(self, key: str) -> bool:
+        return False
+
+
+def test_restart_check_by_launch_form():
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10),
+                          wait_for_workers=False)  # fmt: skip
+    shared = {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_USE_AGENT_STORE": "True",
+              "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "0"}  # fmt: skip
+    abort = {**shared, settings.ON_HANG: "abort"}
+    check = doctor.check_restart
+    assert check({}, store, "2.13.0").status == "-"  # not torchrun
+    assert check({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}, store, "2.13.0").status == "-"
+    own = check({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}, store, "2.13.0")
+    assert own.status == "ok", own
+    assert check(abort, store, "2.13.0").status == "ok"
+    warn = check(shared, store, "2.13.0")
+    assert warn.status == "warn" and not warn.failed and "pytorch/pytorch#167288" in warn.detail
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warn.fix
+    fail = check(abort, _StoreWithoutListing(), "2.9.1")
+    assert fail.failed and "torch 2.9.1" in fail.detail and "--rdzv-backend c10d" in fail.fix
+
+
+@pytest.mark.parametrize(
+    ("env", "status"),
+    [({}, "warn"), ({settings.ON_HANG: "abort"}, "ok")],
+    ids=["restarts-after-a-crash", "hang-action"],
+)
+def test_standalone_with_restarts_flags_the_shared_store(env, status):
+    with Job(2, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1", **env},
+             module="exporter.tools.cli", torchrun=["--standalone", "--max-restarts", "1"]) as job:  # fmt: skip
+        code = job.wait(timeout=180)
+        out = job.text()
+        assert code == 0, out  # a warning is no failure
+        rows = _table(out)
+        assert [rows[r]["restart"] for r in "01"] == [status] * 2, out
+        assert ("WARN ranks 0,1 restart: torchrun may restart this job" in out) is (
+            status == "warn"
+        ), out

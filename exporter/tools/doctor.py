@@ -7,7 +7,9 @@ Run it under the job's own launcher, with the job's environment, so it sees what
 
 Every rank checks what it can alone (required env, ``MASTER_ADDR`` resolves, ``MASTER_PORT``
 accepts a TCP connection, ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` name interfaces that
-exist, a c10d-store round trip) and publishes the results and its Python/torch/CUDA/NCCL
+exist, a c10d-store round trip, whether torchrun's restarts can connect again: ``restart``,
+a warning where a shared store makes a restart after a crash fail, a failure where
+``DDP_EXPORTER_ON_HANG=abort`` could not clear it) and publishes the results and its Python/torch/CUDA/NCCL
 versions through the c10d store at ``MASTER_ADDR:MASTER_PORT``. Facts travel through the store,
 not through collectives, so a rank that never arrives is reported as *missing* instead of
 hanging everyone. When every rank arrived, all run one tiny gloo ``all_reduce``. Rank 0 then
@@ -48,6 +50,7 @@ __all__ = [
     "build_parser",
     "check_env",
     "check_ifnames",
+    "check_restart",
     "compare",
     "local_versions",
     "main",
@@ -55,7 +58,7 @@ __all__ = [
 ]
 
 #: The columns of the table, in order.
-CHECKS = ("env", "addr", "port", "ifname", "store", "gloo", "versions")
+CHECKS = ("env", "addr", "port", "ifname", "store", "gloo", "versions", "restart")
 #: The versions compared across ranks (and the keys the test-only override accepts).
 VERSION_KEYS = settings.VERSION_KEYS
 REQUIRED_ENV = (
@@ -71,7 +74,7 @@ DEFAULT_STEP_TIMEOUT_S = 10.0
 VERDICT_GRACE_S = 3.0
 _POLL_S = 0.1
 
-OK, FAIL, SKIP, NA, MISSING = "ok", "FAIL", "skip", "-", "missing"
+OK, FAIL, SKIP, NA, MISSING, WARN = "ok", "FAIL", "skip", "-", "missing", "warn"
 
 _FIX_LAUNCHER = (
     "run doctor under the job's launcher with the job's environment "
@@ -90,6 +93,11 @@ _FIX_GLOO = (
     "GLOO_SOCKET_IFNAME to the interface of the network the nodes share"
 )
 _FIX_VERSIONS = "install the same Python, torch, CUDA and NCCL on every node (one image or wheel)"
+_FIX_SHARED = (
+    "launch with --rdzv-backend c10d --rdzv-endpoint HOST:PORT and "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (static --master-addr/--master-port rendezvous always "
+    "shares the store)"
+)
 
 
 @dataclass
@@ -252,6 +260,35 @@ def check_ifnames(environ: Mapping[str, str], interfaces: list[str] | None = Non
     return Check(OK if set_any else NA)
 
 
+def check_restart(environ: Mapping[str, str], store: Any, torch_version: str) -> Check:
+    """Check that torchrun's restarts of this job can connect again (``store``: the job's).
+
+    torchrun keeps its agent's store for every attempt unless each attempt gets its own; a
+    restart then reads the previous attempt's process-group keys. The hang action clears them
+    when it ends an attempt, where the store can list its keys; other failures leave them.
+    """
+    from ..sources import launcher
+
+    form = launcher.launch(environ)
+    if not form.torchrun or not form.restarts_left:
+        return Check(NA)
+    if not form.shared_store:
+        return Check(OK, "every attempt gets a store of its own")
+    abort = environ.get(settings.ON_HANG, "").strip().lower() == "abort"
+    blocker = launcher.restart_blocker(form, store, torch_version)
+    if abort and blocker is None:
+        return Check(OK, "shared store; the hang action clears an aborted attempt's keys")
+    if abort:
+        return Check(FAIL, blocker.split("; ")[0], blocker.split("; ", 1)[1])
+    return Check(
+        WARN,
+        f"torchrun may restart this job ({form.restarts_left} restarts left) under its agent's "
+        "store, shared by every attempt: with torch 2.13 a restart after a crash reads the "
+        "previous attempt's keys and cannot connect (pytorch/pytorch#167288)",
+        _FIX_SHARED,
+    )
+
+
 def local_versions(environ: Mapping[str, str]) -> dict[str, str]:
     """Return this rank's Python/torch/CUDA/NCCL versions (``none`` where not built in).
 
@@ -403,10 +440,11 @@ def _ranks(ranks: list[int | None]) -> str:
 
 
 def render(rows: list[Report | int], notes: list[str], missing_fix: str) -> str:
-    """Return the table, one row per rank, then every failure with its fix."""
+    """Return the table, one row per rank, then every failure and warning with its fix."""
     header = ["rank", "host", *CHECKS]
     table = [header]
     problems: list[str] = []
+    warned: dict[tuple[str, str, str], list[int | None]] = {}
     for row in rows:
         if isinstance(row, int):
             table.append([str(row), "?", MISSING] + [""] * (len(CHECKS) - 1))
@@ -417,6 +455,10 @@ def render(rows: list[Report | int], notes: list[str], missing_fix: str) -> str:
         table.append(cells)
         for name, check in row.failures():
             problems.append(f"rank {row.rank} {name}: {check.detail}. Fix: {check.fix}")
+        for name in CHECKS:
+            check = row.checks.get(name)
+            if check is not None and check.status == WARN:
+                warned.setdefault((name, check.detail, check.fix), []).append(row.rank)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     present = [r for r in rows if isinstance(r, Report)]
@@ -426,6 +468,10 @@ def render(rows: list[Report | int], notes: list[str], missing_fix: str) -> str:
         notes = [", ".join(f"{k} {v.get(k)}" for k in VERSION_KEYS) + f" on {every}", *notes]
     lines += notes
     lines += [f"FAIL {p}" for p in problems]
+    lines += [
+        f"WARN {_ranks(ranks)} {name}: {detail}. Fix: {fix}"
+        for (name, detail, fix), ranks in warned.items()
+    ]
     return "\n".join(lines)
 
 
@@ -559,6 +605,10 @@ class _Doctor:
         )
         if checks["store"].failed:
             self.store = None
+            return
+        import torch
+
+        checks["restart"] = check_restart(self.env, self.store, torch.__version__)
 
     def _publish(self, key: str, value: str) -> None:
         self.store.set(self.prefix + key, value)
