@@ -22,7 +22,10 @@ With ``on_hang="abort"`` the monitoring rank also decides, after an episode's du
 the hang has lasted long enough to end the run, and every rank that answered the episode checks
 for that decision until it progresses again (:mod:`exporter.hangs.action`). The run's ledger
 (:mod:`exporter.hangs.restarts`) decides whether the action still acts: the monitoring rank reads
-it at start and keeps it, with the culprits' nodes, when it acts or declines.
+it at start and keeps it, with the culprits' nodes, when it acts or declines. From a quarter
+interval before the action can be due (jobs of up to :data:`FAST_WATCH_MAX_RANKS` ranks), the
+ranks of the episode report, read and look for the decision every :data:`ACTION_POLL_S`, so the
+action comes as soon as it is due and every rank leaves at once.
 
 The watcher is handed what it reads (the rank's identity, store, in-flight state and
 recorder) and, for the action, a callable that publishes it; never the observer.
@@ -57,12 +60,14 @@ from .definition import DEFAULT_POLICY, HangFinding, HangPolicy, SeqState, find_
 from .dumps import episode_dir, makedirs_private, render_dump, replace_private, write_private
 from .restarts import RestartPolicy, RestartState
 
-__all__ = ["FAST_WATCH_MAX_RANKS", "FAULTHANDLER_S", "HangWatcher"]
+__all__ = ["ACTION_POLL_S", "FAST_WATCH_MAX_RANKS", "FAULTHANDLER_S", "HangWatcher"]
 
 #: Largest job whose monitoring rank reads the reports every quarter interval, not every one.
 FAST_WATCH_MAX_RANKS = 256
 #: Seconds the C-level fallback (faulthandler) waits before it dumps every thread's stack.
 FAULTHANDLER_S = 3.0
+#: How often a rank of a hung episode looks for the hang action once it may be due.
+ACTION_POLL_S = 0.1
 
 
 class HangWatcher:
@@ -148,7 +153,9 @@ class HangWatcher:
         #: Node of each rank, from its acks (monitoring rank; culprits are named by node).
         self._nodes: dict[int, str] = {}
         #: ``(episode, progress mark)`` while this rank may be told to leave (action on).
-        self._in_episode: tuple[int, Any] | None = None
+        self._in_episode: tuple[int, Any, dict] | None = None
+        #: When the next full tick is due (ticks in between only look for the action).
+        self._next_tick = 0.0
         # Monitoring rank only.
         self._all_keys_exist = False
         self._seen: list[tuple[bytes, float]] | None = None
@@ -175,8 +182,22 @@ class HangWatcher:
         """Stop the thread (a daemon: it may be stuck on a dead store)."""
         self._loop.close()
 
-    def _tick_once(self) -> None:
+    def _tick_once(self) -> float | None:
         # A dead store raises here: the loop counts it and training goes on.
+        now = time.monotonic()
+        if now < self._next_tick:
+            # Between two ticks, while the hang action may be due any moment: a rank inside
+            # the stalled collective reports its age, the monitoring rank reads the reports,
+            # every rank looks for the decision. The action then comes within ACTION_POLL_S of
+            # the first report that makes it due, and every rank leaves within ACTION_POLL_S.
+            if self._in_episode is not None:
+                if self._self_stuck():
+                    self._store.set(self._report_keys[self.rank], self._report())
+                self._check_action()
+            if self.monitor and self._acting is not None:
+                self._watch()
+            return self._poll_wait(now)
+        self._next_tick = now + self._loop.interval_s
         self._tick += 1
         full = self._tick % 4 == 0
         stuck = self._self_stuck()
@@ -193,6 +214,38 @@ class HangWatcher:
         # sooner); in large jobs once per interval, to bound store traffic.
         if self.monitor and (full or self.world_size <= FAST_WATCH_MAX_RANKS):
             self._watch()
+        return self._poll_wait(now) if self._action_soon() else None
+
+    def _poll_wait(self, now: float) -> float:
+        """Return the wait until the next look for the action (no later than the next tick)."""
+        return max(0.0, min(ACTION_POLL_S, self._next_tick - now))
+
+    def _action_soon(self) -> bool:
+        """Say whether the action on this rank's episode may be decided within a tick.
+
+        Only in jobs of up to FAST_WATCH_MAX_RANKS ranks, and only from a tick before the
+        earliest time the action can be due (complete evidence) to a tick after the latest
+        (incomplete evidence): every ACTION_POLL_S each rank of the episode checks the action
+        key (and reports, when inside the collective) and the monitoring rank reads the
+        reports, a few store calls per second per rank for about 12 s of a hang. A hang the
+        action does not end (a slow start, a declined restart loop) goes back to the usual
+        cadence.
+        """
+        if self.world_size > FAST_WATCH_MAX_RANKS or self._action is None:
+            return False
+        if self._in_episode is not None:
+            request = self._in_episode[2]
+        elif self.monitor and self._acting is not None:
+            request = self._acting["episode"]
+        else:
+            return False
+        # The hang's age by this rank's clock (a hint for polling, never for the decision).
+        age = float(request.get("age", 0.0)) + time.time() - float(request["requested_unix"])
+        timeout = min((s.timeout_s for s in self._last_states if s.timeout_s), default=None)
+        threshold, tick = float(request["threshold"]), self._loop.interval_s
+        earliest = self._action.due_s(threshold, timeout, sure=True)
+        latest = self._action.due_s(threshold, timeout, sure=False)
+        return earliest - tick <= age <= latest + tick
 
     # -- every rank --------------------------------------------------------------------------
     def _latency(self) -> float | None:
@@ -298,7 +351,7 @@ class HangWatcher:
             self.location = (w["file"], str(w["line"]), w["function"])
             self._location_mark = self._progress_mark()
         if self._action is not None and not self.monitor:
-            self._in_episode = (episode, self._progress_mark())
+            self._in_episode = (episode, self._progress_mark(), request)
         return summary
 
     def _capture(self) -> dict:
@@ -323,7 +376,7 @@ class HangWatcher:
 
     def _check_action(self) -> None:
         """Leave with the others once the monitoring rank decided to act on this episode."""
-        episode, mark = self._in_episode
+        episode, mark, _ = self._in_episode
         if self._progress_mark() != mark:
             self._in_episode = None  # this rank progressed: the episode is over for it
             return
