@@ -54,6 +54,9 @@ Variable                        Meaning                                         
 ``DDP_EXPORTER_GIVE_UP_EXIT_CODE``  Exit code of the abort that reaches the limit:       69
                                 "do not requeue" (EX_UNAVAILABLE); 1..255, not the
                                 abort exit code.
+``DDP_EXPORTER_ATTEMPT``        Attempts of the run before this job, for a script      0
+                                that resubmits a run as a new job (added to torchrun's
+                                restart or Slurm's requeue count; see docs/slurm.md).
 ``DDP_EXPORTER_NODE``           ``node`` label: the machine this rank runs on, the     hostname
                                 unit a fleet drains (``ddp-exporter nodes``). On
                                 Kubernetes the node name (downward API
@@ -72,7 +75,8 @@ job), then to ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, di
 concurrent jobs), then to ``local``. An explicit rendezvous id (``torchrun --rdzv-id``) thus
 wins over the Slurm job id; pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way.
 A restarted job keeps its ``run``; the attempt (``ddp_rank_info{attempt}``) is torchrun's
-``TORCHELASTIC_RESTART_COUNT``, else Slurm's ``SLURM_RESTART_COUNT`` (a requeue), else ``0``.
+``TORCHELASTIC_RESTART_COUNT``, else Slurm's ``SLURM_RESTART_COUNT`` (a requeue), else ``0``,
+plus ``DDP_EXPORTER_ATTEMPT``.
 
 The advertised address defaults to the bind address when it names one interface; when bound
 to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
@@ -112,6 +116,7 @@ __all__ = [
     "ADDR",
     "ADVERTISE_ADDR",
     "ALL_INTERFACES",
+    "ATTEMPT",
     "COMM_TIMING",
     "COMM_TIMING_CHOICES",
     "DEFAULT_ABORT_AFTER_S",
@@ -215,6 +220,7 @@ ABORT_EXIT_CODE = "DDP_EXPORTER_ABORT_EXIT_CODE"
 ABORT_LIMIT = "DDP_EXPORTER_ABORT_LIMIT"
 ABORT_PROGRESS_STEPS = "DDP_EXPORTER_ABORT_PROGRESS_STEPS"
 GIVE_UP_EXIT_CODE = "DDP_EXPORTER_GIVE_UP_EXIT_CODE"
+ATTEMPT = "DDP_EXPORTER_ATTEMPT"
 NODE = "DDP_EXPORTER_NODE"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
@@ -534,13 +540,21 @@ def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def attempt(environ: Mapping[str, str] | None = None) -> str:
-    """Return which attempt of its run this process is: torchrun's restart, Slurm's requeue."""
+    """Return which attempt of its run this process is: torchrun's restart, Slurm's requeue.
+
+    ``DDP_EXPORTER_ATTEMPT`` (the attempts before this job, for a script that resubmits a
+    run as a new job) is added. Raises ValueError for a value that is not a count.
+    """
     environ = _environ(environ)
+    raw = environ.get(ATTEMPT, "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"{ATTEMPT}={raw!r}: expected a count of earlier attempts (0, 1, ...)")
+    base = int(raw or 0)
     for name in (TORCHELASTIC_RESTART_COUNT, SLURM_RESTART_COUNT):
         value = environ.get(name, "").strip()
         if value.isdigit():
-            return str(int(value))
-    return "0"
+            return str(base + int(value))
+    return str(base)
 
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:

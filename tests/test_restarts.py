@@ -16,10 +16,11 @@ import socket
 from pathlib import Path
 
 import pytest
-from harness import Job, wait_for
+from harness import Job, Ranks, wait_for
 from promstack import fast_config, require, run_prometheus, static_scrape
 
 import exporter.tools.top as top
+from exporter import settings
 from exporter.hangs import restarts
 from exporter.hangs.restarts import RestartPolicy
 from exporter.tools.localstack import free_port
@@ -160,3 +161,33 @@ def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_p
         ), alert
     assert line.startswith("restarts: attempt 3; hang aborts without progress 4 of 3"), line
     assert line.endswith("RESTART LOOP: the hang action stopped"), line
+
+
+def test_a_resubmitting_script_continues_the_ledger_with_the_attempt_offset(tmp_path: Path):
+    """One process per rank (srun), each "job" a new one: the script passes the attempt on.
+
+    What docs/slurm.md's resubmitting script does: read ``<run>-abort.txt``, resubmit while it
+    says ``requeue=yes``, with ``DDP_EXPORTER_ATTEMPT`` one past the aborted attempt. Limit 2:
+    the second job's abort is the last (69, requeue=no).
+    """
+    assert settings.attempt({settings.ATTEMPT: "2", "SLURM_RESTART_COUNT": "1"}) == "3"
+    with pytest.raises(ValueError, match=settings.ATTEMPT):
+        settings.attempt({settings.ATTEMPT: "-1"})
+    run = "resubmitted"
+    line_file = tmp_path / "dumps" / f"{run}-abort.txt"
+    attempt, seen = 0, []
+    for _ in range(2):
+        env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_ON_HANG": "abort",
+               "DDP_EXPORTER_HEARTBEAT_S": "1", "DDP_EXPORTER_ABORT_LIMIT": "2",
+               "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+               settings.ATTEMPT: str(attempt)}  # fmt: skip
+        cmd = [WORKER, str(tmp_path), "--stuck-always", "2:110", "--steps", "300"]
+        with Ranks(3, cmd, env=env) as job:
+            codes = job.wait(150)
+        line = line_file.read_text()
+        seen.append((codes, line.split()[0]))
+        attempt = int(line.split(" attempt=")[1].split()[0]) + 1
+    assert seen == [({0: 75, 1: 75, 2: 75}, "requeue=yes"), ({0: 69, 1: 69, 2: 69}, "requeue=no")]
+    ledger = restarts.load_chain(str(tmp_path / "dumps"), run, "2")
+    assert [(e["attempt"], e["decision"], e["nodes"]) for e in ledger] == [
+        (0, "abort", [HOST]), (1, "give_up", [HOST])]  # fmt: skip
