@@ -34,8 +34,10 @@ These rules of thumb hold throughout:
   the same `run` (`ddp_rank_info{attempt}`).
 - A hang can end the run (`instrument(on_hang="abort")`): every rank exits with code 75 for the
   launcher to restart the job from its last checkpoint, and **DDPHangAborted** names the
-  culprit and where it was stuck; the run then has 10 minutes (`hang_abort_window`) to come
-  back before it counts as killed.
+  culprit, its node and where it was stuck; the run then has 10 minutes (`hang_abort_window`)
+  to come back before it counts as killed. After 3 aborts in a row without progress the last
+  one exits 69 ("do not requeue"), the action stops and **DDPRestartLoop** names every
+  attempt's culprit.
 
 - A node, not only a rank: every accusation above (straggler, hung rank, rank down) is also
   kept per node for days. **DDPSuspectNode** names a node blamed in several of its last runs
