@@ -703,8 +703,9 @@ class _Doctor:
             f"ddp-exporter doctor: {self.world} rank{'' if self.world == 1 else 's'}, MASTER "
             f"{self.env[settings.MASTER_ADDR]}:{self.env[settings.MASTER_PORT]} ({mode})"
         )
+        warned = " (see WARN above)" if "\nWARN " in f"\n{text}" else ""
         tail = (
-            f"ddp-exporter doctor: {'FAIL' if failed else 'all checks passed'} "
+            f"ddp-exporter doctor: {'FAIL' if failed else 'all checks passed' + warned} "
             f"after {self.dl.elapsed():.1f} s"
         )
         sys.stdout.write(f"{head}\n{text}\n{tail}\n")
