@@ -382,7 +382,8 @@ def restart_history(cfg: MixinConfig = DEFAULT) -> str:
     """Return a description suffix listing each aborted attempt's culprit rank and node.
 
     A template ``query`` reads ``ddp_hang_aborted_attempt_step`` of the alert's run (published
-    by the monitoring rank from the run's ledger) over the restart-loop window.
+    by the monitoring rank from the run's ledger) over the restart-loop window, in attempt order
+    (as text: attempt 10 sorts before 2).
     """
     matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
     metric = f"{catalog.HANG_ABORTED_ATTEMPT.name}{{{', '.join(matchers)}}}"
@@ -391,7 +392,8 @@ def restart_history(cfg: MixinConfig = DEFAULT) -> str:
         f"[{cfg.restart_loop_window}]))"
     )
     return (
-        f"{{{{ with printf `{query}` $labels.run | query }}}} Aborted attempts:"
+        f"{{{{ with printf `{query}` $labels.run | query | sortByLabel `attempt` }}}}"
+        " Aborted attempts:"
         "{{ range . }} attempt {{ .Labels.attempt }}: "
         "{{ if .Labels.culprit_rank }}rank {{ .Labels.culprit_rank }} on node "
         "{{ .Labels.node }}{{ else }}every rank stuck{{ end }}, furthest step "
