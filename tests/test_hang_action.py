@@ -383,39 +383,56 @@ def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_
     assert (action["culprits"], action["exit_code"], action["due_s"]) == ([0], 76, 20.0)
 
 
-def test_healthy_edges_never_abort(tmp_path):
-    """Each edge lasts past the 20 s the action waits with complete evidence; the job finishes.
+EDGES = {
+    # Nobody has completed a step: a rank still building its model (the others wait in the
+    # broadcast of its weights), then a slow start.
+    "start": ["--steps", "60", "--slow-build", "1:22", "--slow-start", "2:22"],
+    # A straggler late enough for a hang dump that then progresses; a declared checkpoint and a
+    # declared evaluation on rank 0 (the others wait for it, excused).
+    "sections": ["--steps", "200", "--straggle", "1:60:15", "--checkpoint-at", "120:22",
+                 "--eval-at", "160:22"],
+}  # fmt: skip
 
-    A rank still building its model and a slow start (nobody has completed a step), a
-    straggler late by 15 s (its hang is dumped, then it progresses), a declared checkpoint and
-    a declared evaluation on rank 0 (the others wait for it, excused).
+
+def test_healthy_edges_never_abort(tmp_path):
+    """Each edge lasts past the 20 s the action waits with complete evidence; the jobs finish.
+
+    Two jobs at once (they idle through their edges), one per kind of edge.
     """
-    env = _env(tmp_path, "edges", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1")
-    args = [str(tmp_path), "--steps", "200",
-            "--slow-build", "1:22",  # the others wait in the broadcast of its weights
-            "--slow-start", "2:22",  # nobody has completed a step: a slow start
-            "--straggle", "1:60:15",  # late enough for a hang dump, then it progresses
-            "--checkpoint-at", "120:22",  # rank 0, declared: the others wait, excused
-            "--eval-at", "160:22"]  # rank 0, declared  # fmt: skip
-    with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
-        assert job.wait(300) == 0, job.output()
-    text = job.text()
-    assert ABORT_LINE not in text and "attempt 1" not in text, text
-    assert "rank 0: long checkpoint at step 120" in text
-    assert "rank 0: long evaluation at step 160" in text
-    assert text.count("finished at step 200") == RANKS, text
-    # The model build, the slow start and the straggler each opened an episode (the action was
-    # armed and judged them); the declared sections opened none. No verdict records an action.
-    episodes = _episodes(tmp_path)
-    behind = []
-    for folder in episodes:
-        with open(os.path.join(folder, "episode.json")) as f:
-            episode = json.load(f)
-        assert "action" not in episode, episode
-        behind.append(episode["behind"])
+    jobs = {}
+    try:
+        for name, extra in EDGES.items():
+            env = _env(tmp_path / name, name, DDP_EXPORTER_ON_HANG="abort",
+                       DDP_EXPORTER_HEARTBEAT_S="1")  # fmt: skip
+            (tmp_path / name).mkdir()
+            args = [str(tmp_path / name), *extra]
+            jobs[name] = Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts())
+        codes = {name: job.wait(300) for name, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            job.stop()
+    behind = {}
+    for name, job in jobs.items():
+        text = job.text()
+        assert codes[name] == 0, text
+        assert ABORT_LINE not in text and "attempt 1" not in text, text
+        steps = 60 if name == "start" else 200
+        assert text.count(f"finished at step {steps}") == RANKS, text
+        # Each edge of a hang opened an episode (the action was armed and judged it); the
+        # declared sections opened none. No verdict records an action, no ledger was written.
+        behind[name] = []
+        for folder in _episodes(tmp_path / name):
+            with open(os.path.join(folder, "episode.json")) as f:
+                episode = json.load(f)
+            assert "action" not in episode, episode
+            behind[name].append(episode["behind"])
+        assert not glob.glob(str(tmp_path / name / "dumps" / "*-restarts.json"))
+    assert "rank 0: long checkpoint at step 120" in jobs["sections"].text()
+    assert "rank 0: long evaluation at step 160" in jobs["sections"].text()
     # Rank 0 sends the weights it broadcasts and may run ahead of rank 2 while rank 1 builds.
-    assert len(behind) == 3 and 1 in behind[0] and behind[1:] == [[2], [1]], behind
-    assert not glob.glob(str(tmp_path / "dumps" / "*-restarts.json"))
+    start = behind["start"]
+    assert len(start) == 2 and 1 in start[0] and start[1] == [2], behind
+    assert behind["sections"] == [[1]], behind
 
 
 def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):

@@ -131,58 +131,69 @@ def _node(i: int, nnodes: int, form: str, port: int) -> list[str]:
             "--master-port", str(port)]  # fmt: skip
 
 
-FORMS = [
-    # form, nodes x ranks per node, culprit, torch's shared-store switch
-    ("standalone", 1, 3, 1, False),  # what people type: the agent's store, shared
-    ("c10d", 1, 3, 1, False),  # shared by default
-    ("c10d-own-store", 1, 3, 1, True),  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-    ("static", 1, 3, 1, False),  # always shared
-    ("static", 2, 2, 3, False),  # two nodes; the culprit on the second
-    ("c10d", 2, 2, 2, False),  # two nodes, c10d rendezvous
-]
+FORMS = {
+    # name: (form, nodes, ranks per node, culprit, TORCH_DISABLE_SHARE_RDZV_TCP_STORE)
+    "standalone": ("standalone", 1, 3, 1, False),  # what people type: the shared agent store
+    "c10d-own-store": ("c10d", 1, 3, 1, True),  # a store per attempt, hosted by rank 0
+    "static": ("static", 1, 3, 1, False),  # always shared
+    "static-2-nodes": ("static", 2, 2, 3, False),  # the culprit on the second node
+    "c10d-2-nodes": ("c10d", 2, 2, 2, False),  # shared by default
+}
 
 
-@pytest.mark.parametrize(
-    ("form", "nnodes", "nproc", "culprit", "own_store"),
-    FORMS,
-    ids=["standalone", "c10d", "c10d-own-store", "static", "static-2-nodes", "c10d-2-nodes"],
-)
-def test_the_job_resumes_and_finishes_under_every_launch_form(
-    tmp_path: Path, form: str, nnodes: int, nproc: int, culprit: int, own_store: bool
-):
-    world = nnodes * nproc
-    port = free_port()
-    args = [str(tmp_path), "--stuck", f"{culprit}:40", "--steps", "100"]
+def _start(tmp_path: Path, name: str) -> list[Job]:
+    """Start every torchrun (node) of one launch form's job; rank ``culprit`` hangs at step 40."""
+    form, nnodes, nproc, culprit, own_store = FORMS[name]
+    port, workdir = free_port(), tmp_path / name
+    workdir.mkdir()
+    args = [str(workdir), "--stuck", f"{culprit}:40", "--steps", "100"]
     jobs: list[Job] = []
-    try:
-        for i in range(nnodes):
-            env = {
-                "OMP_NUM_THREADS": "1",
-                "DDP_EXPORTER_ON_HANG": "abort",
-                "DDP_EXPORTER_HEARTBEAT_S": "1",
-                "DDP_EXPORTER_DUMP_DIR": str(tmp_path / f"dumps-{i}"),
-                "DDP_EXPORTER_NODE": f"node-{i}",
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1" if own_store else "0",
-            }
-            extra = [*_node(i, nnodes, form, port), "--max-restarts", "1"]
-            jobs.append(Job(nproc, args, env=env, module=WORKER, torchrun=extra))
-        codes = [job.wait(240) for job in jobs]
-    finally:
-        for job in jobs:
-            job.stop()
+    for i in range(nnodes):
+        env = {
+            "OMP_NUM_THREADS": "1",
+            "DDP_EXPORTER_ON_HANG": "abort",
+            "DDP_EXPORTER_HEARTBEAT_S": "1",
+            "DDP_EXPORTER_DUMP_DIR": str(workdir / f"dumps-{i}"),
+            "DDP_EXPORTER_NODE": f"node-{i}",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1" if own_store else "0",
+        }
+        extra = [*_node(i, nnodes, form, port), "--max-restarts", "1"]
+        jobs.append(Job(nproc, args, env=env, module=WORKER, torchrun=extra))
+    return jobs
+
+
+def _check(tmp_path: Path, name: str, jobs: list[Job], codes: list[int]) -> None:
+    """Assert that the job of launch form ``name`` aborted once, resumed and finished."""
+    _, nnodes, nproc, culprit, _ = FORMS[name]
+    world = nnodes * nproc
     text = "".join(job.text() for job in jobs)
-    assert codes == [0] * nnodes, text
-    assert "Connection refused" not in text, text
+    assert codes == [0] * nnodes, (name, text)
+    assert "Connection refused" not in text, (name, text)
     lines = [line for line in text.splitlines() if ABORT_LINE in line]
-    assert len(lines) == world, text  # every rank of the first attempt left on the action
+    assert len(lines) == world, (name, text)  # every rank of the first attempt left
     # c10d rendezvous may put any rank on either node: find the culprit's torchrun.
     (host,) = (f"node-{i}" for i, job in enumerate(jobs)
                if f"rank {culprit}: attempt 0 resumed" in job.text())  # fmt: skip
     assert all(f"rank {culprit} (node {host}) never entered" in line for line in lines), lines
     resumed = {int(s) for s in re.findall(r"attempt 1 resumed at step (\d+)", text)}
-    assert resumed == {40}, text  # the checkpoint written just before the hang
-    assert text.count("finished at step 100") == world, text
-    # The monitoring rank's node keeps the run's ledger and the launcher's line.
-    (line,) = (tmp_path / "dumps-0").glob("*-abort.txt")
+    assert resumed == {40}, (name, text)  # the checkpoint written just before the hang
+    assert text.count("finished at step 100") == world, (name, text)
+    # The first node's local rank 0 keeps a copy of the run's ledger and the launcher's line.
+    (line,) = (tmp_path / name / "dumps-0").glob("*-abort.txt")
     assert line.read_text().startswith("requeue=yes exit_code=75 attempt=0 "), line.read_text()
-    assert f"culprit_ranks={culprit} culprit_nodes={host} " in line.read_text()
+    assert f"culprit_ranks={culprit} culprit_nodes={host} " in line.read_text(), name
+
+
+def test_the_job_resumes_and_finishes_under_every_launch_form(tmp_path: Path):
+    """Every launch form's job at once (they idle through the 20 s hang): each resumes."""
+    running: dict[str, list[Job]] = {}
+    try:
+        for name in FORMS:
+            running[name] = _start(tmp_path, name)
+        codes = {name: [job.wait(300) for job in jobs] for name, jobs in running.items()}
+    finally:
+        for jobs in running.values():
+            for job in jobs:
+                job.stop()
+    for name, jobs in running.items():
+        _check(tmp_path, name, jobs, codes[name])
