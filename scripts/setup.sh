@@ -11,13 +11,17 @@ fi
 # The compose-spec JSON schema for validating docker-compose.yml ships inside this old package;
 # --no-deps because its own requirements pin PyYAML below 6.
 "$PY" -c "import compose" 2>/dev/null || "$PY" -m pip install -q --no-deps docker-compose==1.29.2
-# Prometheus and Alertmanager for promtool/amtool and the end-to-end tests (Debian packages).
-if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null; then
+# Prometheus and Alertmanager for promtool/amtool and the end-to-end tests, iproute2, nftables
+# and util-linux for the multi-node lab in network namespaces (tests/lab.py; Debian packages).
+if ! command -v promtool >/dev/null || ! command -v amtool >/dev/null \
+    || ! command -v ip >/dev/null || ! command -v nft >/dev/null || ! command -v tc >/dev/null \
+    || ! command -v unshare >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      prometheus prometheus-alertmanager >/dev/null
+      prometheus prometheus-alertmanager iproute2 nftables util-linux >/dev/null
   else
-    echo "setup: install the Debian packages prometheus and prometheus-alertmanager for the full test suite" >&2
+    echo "setup: install the Debian packages prometheus, prometheus-alertmanager, iproute2," \
+      "nftables and util-linux for the full test suite" >&2
   fi
 fi

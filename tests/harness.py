@@ -185,7 +185,9 @@ class Job(Process):
         env: dict[str, str] | None = None,
         module: str = "exporter.tools.trainer",
         torchrun: list[str] | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
+        """``wrap`` turns the command into the one to start (e.g. on a node of the lab)."""
         self.nproc = nproc
         extra = list(torchrun or [])
         # The static rendezvous by default; a test may choose another (e.g. c10d for restarts,
@@ -197,7 +199,7 @@ class Job(Process):
                *rendezvous, *extra]  # fmt: skip
         cmd += ["-m", module] if not module.endswith(".py") else [module]
         cmd += args
-        super().__init__(cmd, child_env(env), name="torchrun")
+        super().__init__(wrap(cmd) if wrap else cmd, child_env(env), name="torchrun")
 
     def wait_urls(self, timeout: float = 180.0) -> dict[int, str]:
         """Wait until every rank printed its metrics URL (torch imports are slow under load)."""

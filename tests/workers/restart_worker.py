@@ -22,7 +22,7 @@ Prints ``rank R: attempt A resumed at step N``, ``onset UNIX`` (the stuck rank, 
 ``rank 0: attempt A first step at UNIX`` (the first step completed in a restarted attempt) and
 ``rank R: finished at step N``; the hang action prints its own line before every rank exits.
 
-argv: WORKDIR [--steps N] [--every N] [--port P] [--go FILE] [faults]
+argv: WORKDIR [--steps N] [--every N] [--port P] [--addr A] [--go FILE] [faults]
 """
 
 import argparse
@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--addr", default="127.0.0.1", help="metrics bind address")
     p.add_argument("--go", default="", help="wait for this file before training (attempt 0)")
     p.add_argument("--stuck", type=numbers, default=None)
     p.add_argument("--straggle", type=numbers, default=None)
@@ -95,7 +96,7 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         step = state["step"]
     say(f"rank {rank}: attempt {attempt} resumed at step {step}")
-    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr="127.0.0.1",
+    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr=args.addr,
                               start_step=step)  # fmt: skip
     say(f"rank {rank}: metrics at {obs.url}")
     if args.slow_build and first:
