@@ -20,12 +20,21 @@ a rank that never arrived; which peers are published follows the heartbeat's bou
 the store inside ``init_process_group``) the watch says so once in the log and publishes this
 rank's phase only.
 
+Before it connects, the watch tries a plain TCP connection (:mod:`exporter.sources.netcheck`):
+to the launcher's store, or, without one, on every rank but 0, to ``MASTER_ADDR:MASTER_PORT``,
+where rank 0 will host the store. A dropped port, an address nobody answers or a name that does
+not resolve is said once in the log within :data:`STORE_PROBE_S`, with the node it is seen
+from and the fix (the words ``ddp-exporter doctor`` uses), long before a TCPStore client's
+timeout (30 minutes by default) would say "timed out"; a refusal only once it lasts
+:data:`STORE_CONNECT_TIMEOUT_S` (rank 0 may start late).
+
 :func:`exporter.instrument` takes over: the same server, port and registry go on serving, the
 init series stop and the training series appear in their place.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,14 +53,18 @@ from .errors import ErrorCounter
 from .export.collector import family
 from .export.server import MetricsServer
 from .log import log
+from .sources import netcheck
 from .sources.heartbeat import Heartbeat
 
-__all__ = ["InitWatch", "STORE_CONNECT_TIMEOUT_S"]
+__all__ = ["STORE_CONNECT_TIMEOUT_S", "STORE_PROBE_S", "InitWatch"]
 
 #: How long one attempt to reach the launcher's store may take before it is retried (and the
 #: failure logged, once). A reachable store answers in milliseconds.
 STORE_CONNECT_TIMEOUT_S = 30.0
 
+#: How long the plain TCP probe before each attempt may try (refused connections are retried
+#: within it; a dropped port or an address nobody answers shows as such when it ends).
+STORE_PROBE_S = 5.0
 #: How often the watch thread looks whether the process group exists yet.
 _POLL_S = 0.25
 #: How long the watch waits before it tries an unreachable launcher store again.
@@ -85,12 +98,19 @@ class InitWatch:
         self._monitor = self.rank == endpoint.monitor_rank
         self._peer_series = endpoint.peer_series
         self._store_addr = settings.agent_store_address() if endpoint.heartbeat_s > 0 else None
+        # Without a launcher store (srun, one process per rank) rank 0 hosts the store inside
+        # init_process_group; the other ranks still probe MASTER_ADDR:MASTER_PORT to say early
+        # why they could not reach it.
+        self._master = (
+            settings.master_address() if self._store_addr is None and self.rank != 0 else None
+        )
         self._lock = threading.Lock()
         self.phase = "store" if self._store_addr else "process_group"
         self.phase_since = self.started
         self.heartbeat: Heartbeat | None = None
         self.store_attempts = 0  # connection attempts to the launcher's store so far
         self._connect_logged = False
+        self._reached = False  # a TCP connection to the store's port succeeded once
         self._closed = False
         self.handed_over = False
         if self._store_addr is None:
@@ -131,6 +151,10 @@ class InitWatch:
     # -- store check-in (background thread) --------------------------------------------------
     def _tick(self) -> Any:
         """Check in through the launcher's store once, then follow the phase until done."""
+        if self._master is not None and not self._reached:
+            self._probe_master(*self._master)
+            self._refresh()
+            return DONE if self.phase == "done" else (None if self._reached else _RETRY_S)
         if self._store_addr is not None and self.heartbeat is None:
             store = self._connect()
             if store is None:
@@ -150,22 +174,47 @@ class InitWatch:
         assert self._store_addr is not None
         host, port = self._store_addr
         self.store_attempts += 1
+        if not self._reached:
+            # A plain TCP connect first: a TCPStore client retries a dropped or unroutable
+            # address for its whole timeout and then says only "timed out"; this says within
+            # seconds whether the port is dropped, refused or the address unreachable, and why.
+            found = netcheck.probe_tcp(host, port, STORE_PROBE_S)
+            if not found.ok:
+                self._log_unreachable(*netcheck.explain_master(found, socket.gethostname()))
+                return None
+            self._reached = True
         try:
             return dist.TCPStore(
                 host, port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_TIMEOUT_S)
             )
         except Exception as exc:  # noqa: BLE001
-            if not self._connect_logged:
-                self._connect_logged = True
-                log.warning(
-                    "ddp-exporter: init watch cannot reach the launcher's store at %s:%d "
-                    "(%s); this rank stays in init phase 'store' until it can (a firewall "
-                    "blocking MASTER_PORT shows like this). Retrying.",
-                    host,
-                    port,
-                    exc,
-                )
+            self._log_unreachable(f"MASTER_ADDR:MASTER_PORT {host}:{port}: {exc}", "")
             return None
+
+    def _probe_master(self, host: str, port: int) -> None:
+        """Try MASTER_ADDR:MASTER_PORT once (no launcher store); log a failure that lasts."""
+        found = netcheck.probe_tcp(host, port, STORE_PROBE_S)
+        if found.ok:
+            self._reached = True
+        # Refused is normal while rank 0 has not started yet: only a lasting refusal is said.
+        elif found.kind != "refused" or time.time() - self.started > STORE_CONNECT_TIMEOUT_S:
+            detail, fix = netcheck.explain_master(found, socket.gethostname())
+            self._log_unreachable(detail, fix, "rank 0's store")
+
+    def _log_unreachable(self, detail: str, fix: str, what: str = "the launcher's store") -> None:
+        """Say once why this rank cannot reach the store, and the fix."""
+        if self._connect_logged:
+            return
+        self._connect_logged = True
+        log.warning(
+            "ddp-exporter: init watch on %s cannot reach %s: %s; this rank stays in init "
+            "phase '%s' until it can.%s Retrying.",
+            socket.gethostname(),
+            what,
+            detail,
+            self.phase,
+            f" Fix: {fix}." if fix else "",
+        )
 
     def _check_in(self, store: dist.Store) -> None:
         hb = Heartbeat(

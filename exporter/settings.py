@@ -655,6 +655,12 @@ def agent_store_address(environ: Mapping[str, str] | None = None) -> tuple[str, 
     environ = _environ(environ)
     if environ.get(TORCHELASTIC_USE_AGENT_STORE) != "True":
         return None
+    return master_address(environ)
+
+
+def master_address(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """Return ``(MASTER_ADDR, MASTER_PORT)`` when both are set and the port is a number."""
+    environ = _environ(environ)
     addr, port = environ.get(MASTER_ADDR), environ.get(MASTER_PORT)
     if not addr or not port:
         return None

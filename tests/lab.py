@@ -6,14 +6,16 @@ which has ``.254``), its own ``/etc/hosts`` naming every node (``ip netns exec``
 ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts``) and a hostname of its own for every
 process started in it (a UTS namespace of its own, ``unshare --uts``). The test, Prometheus and
 Alertmanager stay in the root namespace and reach every node at its IP. With
-``second_interface`` each node also has ``eth1``, an address in a subnet nobody routes to.
+``second_interface`` each node also has ``eth1``, with an address in a subnet of its own that no
+other node has a route to.
 
 Faults, each on one node: its link down (:meth:`Lab.link`), nftables rules that DROP a TCP port,
 a port range or all traffic (:meth:`Lab.drop`), ``tc tbf`` rate limits both ways
 (:meth:`Lab.rate_limit`; this kernel has no netem).
 
-Everything the lab creates is named with :data:`PREFIX`, so that what a killed earlier run left
-(SIGKILL skips every clean-up) is found and removed when the next lab starts; a lab removes
+Everything the lab creates is named with :data:`PREFIX` and the pid of the process that made it,
+so that what a killed earlier run left (SIGKILL skips every clean-up) is found and removed when
+the next lab starts, while a lab another live process runs is left alone; a lab removes
 everything it created (processes first, then namespaces, links, ``/etc/netns`` folders) when its
 ``with`` block ends, also on failure, and SIGTERM or SIGHUP during it become an exception so that
 the block ends the same way. Only addresses inside the lab's own subnet are contacted.
@@ -22,6 +24,7 @@ the block ends the same way. Only addresses inside the lab's own subnet are cont
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -61,12 +64,29 @@ def available() -> str | None:
     return None
 
 
+def _stale(name: str) -> bool:
+    """Say whether ``name`` is a lab's whose process is gone (labs are named by their pid)."""
+    if not name.startswith(PREFIX):
+        return False
+    digits = "".join(itertools.takewhile(str.isdigit, name[len(PREFIX) :]))
+    if not digits:
+        return True
+    try:
+        os.kill(int(digits), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def clean_leftovers() -> list[str]:
-    """Remove every namespace, link and /etc/netns folder a lab left behind; return their names."""
+    """Remove every namespace, link and /etc/netns folder a lab whose process is gone left
+    behind (a lab still running in another process is left alone); return their names."""
     removed = []
     for line in ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if _stale(name):
             for pid in ip("netns", "pids", name, check=False).stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
@@ -74,12 +94,12 @@ def clean_leftovers() -> list[str]:
             removed.append(name)
     for line in ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(PREFIX):
+        if _stale(name):
             ip("link", "del", name, check=False)
             removed.append(name)
     if os.path.isdir(NETNS_ETC):
         for name in os.listdir(NETNS_ETC):
-            if name.startswith(PREFIX):
+            if _stale(name):
                 shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
                 removed.append(f"{NETNS_ETC}/{name}")
     return removed
@@ -106,8 +126,17 @@ class Lab:
     """``nodes`` machines on one bridge; a context manager that removes all it made."""
 
     def __init__(self, nodes: int, *, second_interface: bool = False, tag: str = "") -> None:
-        self.tag = f"{PREFIX}{tag or os.getpid() % 10000}"
-        self.subnet = 10 + os.getpid() % 200  # the third octet: 10.77.<subnet>.0/24
+        # Named by the pid that owns it, so that a lab left by a killed process is told from
+        # one still running in another (tests and benchmarks may run labs side by side).
+        if len(tag) > 2 or not all(ch.isalpha() for ch in tag):
+            raise ValueError(f"tag must be at most 2 letters (a link name has 15), not {tag!r}")
+        self.tag = f"{PREFIX}{os.getpid()}{tag}"
+        used = ip("-4", "-o", "addr", "show").stdout
+        self.subnet = next(  # the third octet: 10.77.<subnet>.0/24, one no other lab uses
+            s
+            for s in [*range(10 + os.getpid() % 200, 250), *range(10, 250)]
+            if f"10.77.{s}." not in used
+        )
         self.bridge = f"{self.tag}br"
         self.gateway = f"10.77.{self.subnet}.254"
         self.second_interface = second_interface
@@ -157,7 +186,8 @@ class Lab:
                 # pair whose other end stays in the node (this kernel has no dummy links).
                 ip("-n", n.namespace, "link", "add", "eth1", "type", "veth", "peer", "name",
                    "eth1peer")  # fmt: skip
-                ip("-n", n.namespace, "addr", "add", f"10.78.{self.subnet}.{n.index + 1}/24",
+                # Below the lab's 10.77: gloo's peers dial the lower address of a pair.
+                ip("-n", n.namespace, "addr", "add", f"10.{10 + n.index}.{self.subnet}.1/24",
                    "dev", "eth1")  # fmt: skip
                 for dev in ("eth1", "eth1peer"):
                     ip("-n", n.namespace, "link", "set", dev, "up")
@@ -236,19 +266,43 @@ class Lab:
         """Bring ``node``'s link to the bridge down (it falls off the network) or up again."""
         ip("link", "set", self.nodes[node].veth, "up" if up else "down")
 
-    def drop(self, node: int, rule: str) -> None:
-        """DROP what ``rule`` matches (an nft match, e.g. ``tcp dport 29500``) on ``node``, both ways."""
+    def firewall(self, node: int, rules: list[str]) -> None:
+        """Apply nftables ``rules`` (match and verdict, in order) to ``node``'s eth0, both ways."""
         n = self.nodes[node]
         script = (
             "table inet ddpx {\n"
             " chain input { type filter hook input priority 0; policy accept; }\n"
             " chain output { type filter hook output priority 0; policy accept; }\n"
             "}\n"
-            f"add rule inet ddpx input iifname eth0 {rule} drop\n"
-            f"add rule inet ddpx output oifname eth0 {rule} drop\n"
         )
+        for rule in rules:
+            script += f"add rule inet ddpx input iifname eth0 {rule}\n"
+            script += f"add rule inet ddpx output oifname eth0 {rule}\n"
         subprocess.run(["ip", "netns", "exec", n.namespace, "nft", "-f", "-"], input=script,
                        check=True, capture_output=True, text=True, timeout=30)  # fmt: skip
+
+    def open_firewall(self, node: int) -> None:
+        """Remove every nftables rule :meth:`firewall` applied on ``node``."""
+        subprocess.run(["ip", "netns", "exec", self.nodes[node].namespace, "nft", "delete",
+                        "table", "inet", "ddpx"], capture_output=True, timeout=30)  # fmt: skip
+
+    def resolve_as(self, node: int, name: str, address: str) -> None:
+        """Make ``name`` resolve to ``address`` on ``node`` (its /etc/hosts), as a stale DNS would."""
+        path = os.path.join(NETNS_ETC, self.nodes[node].namespace, "hosts")
+        with open(path) as f:
+            lines = [line for line in f.read().splitlines() if name not in line.split()[1:]]
+        with open(path, "w") as f:
+            f.write("\n".join([*lines, f"{address} {name}"]) + "\n")
+
+    def drop(self, node: int, match: str) -> None:
+        """DROP what ``match`` matches on ``node`` (e.g. ``tcp dport 29500``; ``ip protocol
+        != 255``: everything), both ways."""
+        self.firewall(node, [f"{match} drop"])
+
+    def drop_tcp_except(self, node: int, port: int) -> None:
+        """DROP every TCP connection of ``node`` but those to or from ``port`` (its gloo ports)."""
+        self.firewall(node, [f"tcp sport {port} accept", f"tcp dport {port} accept",
+                             "meta l4proto tcp drop"])  # fmt: skip
 
     def rate_limit(self, node: int, mbit: float) -> None:
         """Limit ``node``'s link to ``mbit`` Mbit/s both ways (a degraded NIC or cable)."""

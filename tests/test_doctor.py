@@ -215,3 +215,24 @@ def test_standalone_with_restarts_flags_the_shared_store(env, status):
         assert ("WARN ranks 0,1 restart: torchrun may restart this job" in out) is (
             status == "warn"
         ), out
+
+
+def test_reach_blames_the_rank_most_others_cannot_connect_to():
+    reps = [_report(r, 4, host=f"node{r}") for r in range(4)]
+    for r in reps:
+        r.reach, r.reach_why = f"10.0.0.{r.rank}:4000", "the hostname"
+    reps[2].reach_why = "GLOO_SOCKET_IFNAME=eth1"
+    # Rank 2's address answers nobody; rank 3 alone cannot reach rank 0 (one pair, no blame).
+    failed = {0: {2: "dropped"}, 1: {2: "dropped"}, 2: {0: "dropped", 1: "dropped", 3: "dropped"},
+              3: {2: "unreachable", 0: "refused"}}  # fmt: skip
+    checks, notes = doctor.judge_reach(reps, failed, 4)
+    assert [checks[r].status for r in range(4)] == [doctor.OK, doctor.OK, doctor.FAIL, doctor.FAIL]
+    assert "from ranks 0,1,3 (dropped, unreachable)" in checks[2].detail
+    assert "GLOO_SOCKET_IFNAME on node2" in checks[2].fix
+    assert checks[3].detail == "cannot reach rank 0 on their gloo addresses"
+    assert notes == ["reach: the other ranks cannot connect to rank 2 on node2"]
+    # A rank whose results never came is failed, not blamed; nobody tried it either.
+    checks, notes = doctor.judge_reach(reps, {0: {}, 1: {}, 2: {}}, 4)
+    assert checks[3].status == doctor.FAIL and "no result" in checks[3].detail and notes == []
+    assert doctor.reach_targets(5, 100) == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert doctor.reach_targets(0, 3) == [1, 2]

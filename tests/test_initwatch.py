@@ -105,6 +105,7 @@ def test_beyond_peer_series_only_missing_peers_are_published(agent_env):
 
 def test_unreachable_store_keeps_phase_store_and_says_so_once(agent_env, caplog, monkeypatch):
     monkeypatch.setattr(initwatch, "STORE_CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(initwatch, "STORE_PROBE_S", 0.2)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # nothing listens there: "blocked"
     caplog.set_level(logging.INFO, logger="exporter")
     watch = _watch("p")
@@ -116,6 +117,33 @@ def test_unreachable_store_keeps_phase_store_and_says_so_once(agent_env, caplog,
         said = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
         assert len(said) == 1 and "MASTER_PORT" in said[0], said
         assert value(s, "ddp_exporter_errors_total", where="heartbeat") == 0
+    finally:
+        watch.close()
+
+
+def test_without_agent_store_a_lasting_refusal_of_master_port_is_said_once(
+    agent_env, caplog, monkeypatch
+):
+    """srun-like rank 1: no launcher store; rank 0's MASTER_PORT refuses, past the deadline."""
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setattr(initwatch, "STORE_PROBE_S", 0.2)
+    monkeypatch.setattr(initwatch, "STORE_CONNECT_TIMEOUT_S", 1.0)
+    caplog.set_level(logging.INFO, logger="exporter")
+    watch = _watch("q")
+    try:
+        said = wait_for(
+            lambda: [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()],
+            30,
+            "the refusal said",
+        )
+        # Said only after STORE_CONNECT_TIMEOUT_S: rank 0 may simply not have started yet.
+        assert said[0].startswith("ddp-exporter: init watch on "), said
+        assert "cannot reach rank 0's store: MASTER_ADDR:MASTER_PORT 127.0.0.1:" in said[0]
+        assert "refused connections" in said[0] and "phase 'process_group'" in said[0], said
+        assert "Fix: nothing listens there" in said[0], said
+        assert watch.store_attempts == 0  # no TCPStore client: rank 0 will host the store
     finally:
         watch.close()
 

@@ -52,13 +52,15 @@ __all__ = [
     "check_ifnames",
     "check_restart",
     "compare",
+    "judge_reach",
     "local_versions",
     "main",
+    "reach_targets",
     "render",
 ]
 
 #: The columns of the table, in order.
-CHECKS = ("env", "addr", "port", "ifname", "store", "gloo", "versions", "restart")
+CHECKS = ("env", "addr", "port", "ifname", "store", "reach", "gloo", "versions", "restart")
 #: The versions compared across ranks (and the keys the test-only override accepts).
 VERSION_KEYS = settings.VERSION_KEYS
 REQUIRED_ENV = (
@@ -72,6 +74,11 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_STEP_TIMEOUT_S = 10.0
 #: Rank 0 keeps its store up this long after the verdict so the other ranks can read it.
 VERDICT_GRACE_S = 3.0
+#: Seconds each rank tries to connect to each other rank's gloo address (in parallel).
+REACH_S = 3.0
+#: Largest job in which every rank tries every other; beyond, each its ring neighbours.
+REACH_ALL_MAX_RANKS = 64
+REACH_NEIGHBOURS = 4
 _POLL_S = 0.1
 
 OK, FAIL, SKIP, NA, MISSING, WARN = "ok", "FAIL", "skip", "-", "missing", "warn"
@@ -79,14 +86,6 @@ OK, FAIL, SKIP, NA, MISSING, WARN = "ok", "FAIL", "skip", "-", "missing", "warn"
 _FIX_LAUNCHER = (
     "run doctor under the job's launcher with the job's environment "
     "(torchrun ... -m exporter.doctor, or srun/mpirun python -m exporter.doctor)"
-)
-_FIX_REFUSED = (
-    "nothing listens there: check that rank 0 started and that every rank has rank 0's "
-    "MASTER_ADDR and MASTER_PORT"
-)
-_FIX_DROPPED = (
-    "connections are dropped: open MASTER_PORT between the nodes (firewall, security group) "
-    "or choose a port that is open"
 )
 _FIX_GLOO = (
     "every rank must reach every other rank on any port, not only MASTER_PORT; set "
@@ -125,6 +124,9 @@ class Report:
     pid: int
     versions: dict[str, str]
     checks: dict[str, Check] = field(default_factory=dict)
+    #: ``ip:port`` this rank listens on at the address gloo would advertise, and what chose it.
+    reach: str = ""
+    reach_why: str = ""
 
     def to_json(self) -> str:
         """Serialise for the store."""
@@ -335,24 +337,13 @@ def _check_master_is_here(addr: str, ip: str) -> Check:
 
 def _probe_port(addr: str, port: int, seconds: float) -> Check:
     """Connect to MASTER_ADDR:MASTER_PORT, retrying until ``seconds`` (rank 0 may start late)."""
-    end = time.monotonic() + seconds
-    last: OSError | None = None
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            with socket.create_connection((addr, port), timeout=min(2.0, left)):
-                return Check(OK)
-        except OSError as exc:
-            last = exc
-        time.sleep(min(0.2, max(0.0, end - time.monotonic())))
-    where = f"MASTER_ADDR:MASTER_PORT {addr}:{port}"
-    if isinstance(last, ConnectionRefusedError):
-        return Check(FAIL, f"{where} refused connections for {seconds:.0f} s", _FIX_REFUSED)
-    if isinstance(last, socket.timeout) or last is None:
-        return Check(FAIL, f"{where}: no answer within {seconds:.0f} s", _FIX_DROPPED)
-    return Check(FAIL, f"{where}: {last}", _FIX_DROPPED)
+    from ..sources import netcheck
+
+    found = netcheck.probe_tcp(addr, port, seconds)
+    if found.ok:
+        return Check(OK)
+    detail, fix = netcheck.explain_master(found, socket.gethostname())
+    return Check(FAIL, detail, fix)
 
 
 def _round_trip(store: Any, key: str) -> Check:
@@ -503,6 +494,87 @@ def build_parser(prog: str = "ddp-exporter doctor") -> argparse.ArgumentParser:
     return p
 
 
+def reach_targets(rank: int, world: int) -> list[int]:
+    """Return the ranks ``rank`` tries to connect to: every other, or its ring neighbours."""
+    if world <= REACH_ALL_MAX_RANKS:
+        return [r for r in range(world) if r != rank]
+    near = {(rank + d) % world for d in range(-REACH_NEIGHBOURS, REACH_NEIGHBOURS + 1)}
+    return sorted(near - {rank})
+
+
+def judge_reach(
+    reports: list[Report], failed: dict[int, dict[int, str]], world: int
+) -> tuple[dict[int, Check], list[str]]:
+    """Name the ranks the others cannot reach on their gloo address; return checks and notes.
+
+    ``failed`` maps each rank that tried to ``{peer: how it failed}``. A rank is to blame when
+    more than half of the ranks that tried it failed: a firewall that drops gloo's ports on
+    its node, or a GLOO_SOCKET_IFNAME the other nodes have no route to. The worst-reached
+    rank is blamed first and its own attempts then no longer count (a node that drops
+    everything fails towards everyone), so a rank whose attempts failed only towards ranks to
+    blame is fine.
+    """
+    by_rank = {r.rank: r for r in reports if r.rank is not None}
+    blamed: set[int] = set()
+    against: dict[int, dict[int, str]] = collections.defaultdict(dict)
+    while True:
+        tried: dict[int, int] = collections.Counter()
+        against.clear()
+        for rank in set(failed) - blamed:
+            for peer in reach_targets(rank, world):
+                tried[peer] += 1
+            for peer, kind in failed[rank].items():
+                against[int(peer)][rank] = kind
+        worst = max(
+            (p for p, who in against.items() if p not in blamed and len(who) * 2 > tried[p]),
+            key=lambda p: (len(against[p]) / tried[p], -p),
+            default=None,
+        )
+        if worst is None:
+            break
+        blamed.add(worst)
+    # Recount against every rank that tried, for the detail.
+    against.clear()
+    for rank, peers in failed.items():
+        for peer, kind in peers.items():
+            against[int(peer)][rank] = kind
+    checks: dict[int, Check] = {}
+    notes: list[str] = []
+    for rank in sorted(by_rank):
+        rep = by_rank[rank]
+        if rank not in failed:
+            checks[rank] = Check(FAIL, "no result within the deadline", _FIX_GLOO)
+        elif rank in blamed:
+            who, kinds = against[rank], sorted(set(against[rank].values()))
+            detail = (
+                f"its gloo address {rep.reach} ({rep.reach_why}) on {rep.host} is not reachable "
+                f"from {_ranks(sorted(who))} ({', '.join(kinds)})"
+            )
+            if rep.reach_why.startswith("GLOO_SOCKET_IFNAME"):
+                fix = (
+                    f"set GLOO_SOCKET_IFNAME on {rep.host} to the interface the nodes share "
+                    "(the one routing to MASTER_ADDR), or unset it"
+                )
+            else:
+                fix = (
+                    f"{rep.host} drops connections on ports other than MASTER_PORT: gloo connects "
+                    "on ephemeral ports, so open TCP between the nodes on every port (its "
+                    "firewall, a security group)"
+                )
+            checks[rank] = Check(FAIL, detail, fix)
+        elif set(failed[rank]) - blamed:
+            lost = sorted(set(failed[rank]) - blamed)
+            checks[rank] = Check(
+                FAIL, f"cannot reach {_ranks(lost)} on their gloo addresses", _FIX_GLOO
+            )
+        else:
+            checks[rank] = Check(OK)
+    if blamed:
+        names = ", ".join(f"rank {r} on {by_rank[r].host}" for r in sorted(blamed) if r in by_rank)
+        notes.append(f"reach: the other ranks cannot connect to {names}")
+    return checks, notes
+
+
 class _Doctor:
     """One rank's run: local checks, publish through the store, then compare on rank 0."""
 
@@ -541,6 +613,7 @@ class _Doctor:
         self._connect()
         if self.store is None:
             return self._alone()
+        self._listen()
         try:
             # The counter gives each process its own key: duplicate RANKs do not overwrite.
             n = self.store.add(self.prefix + "arrived", 1)
@@ -551,6 +624,55 @@ class _Doctor:
         return self._rank0() if self.rank == 0 else self._peer()
 
     # -- steps -----------------------------------------------------------------------------
+    def _listen(self) -> None:
+        """Listen where gloo would, so that every other rank can try to connect there."""
+        from ..sources import netcheck
+
+        addr, why = netcheck.gloo_address(self.env)
+        self.report.reach_why = why
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+            sock.bind((addr, 0))
+            sock.listen(64)
+        except OSError as exc:
+            self.report.checks["reach"] = Check(
+                FAIL, f"cannot listen on {addr} ({why}): {exc}", _FIX_GLOO
+            )
+            return
+        self.report.reach = f"{addr}:{sock.getsockname()[1]}"
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                    conn.close()
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, name="ddp-exporter-doctor-reach", daemon=True).start()
+
+    def _reach(self) -> None:
+        """Try every target rank's gloo address at once; publish how each attempt ended."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..sources import netcheck
+
+        assert self.world is not None and self.rank is not None
+        peers = json.loads(self._wait_key("peers", self.dl.end) or "{}")
+
+        def attempt(peer: int) -> tuple[int, str]:
+            where = peers.get(str(peer), "")
+            if not where:
+                return peer, "unresolved"
+            host, _, port = where.rpartition(":")
+            return peer, netcheck.probe_tcp(host, int(port), REACH_S).kind
+
+        targets = reach_targets(self.rank, self.world)
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(targets)))) as pool:
+            results = dict(pool.map(attempt, targets))
+        failed = {str(p): k for p, k in results.items() if k != "ok"}
+        self._publish(f"reach/{self.rank}", json.dumps(failed))
+
     def _connect(self) -> None:
         from torch.distributed import TCPStore
 
@@ -673,20 +795,14 @@ class _Doctor:
         rows, notes = compare(reports, self.world)
         complete = all(isinstance(r, Report) for r in rows) and len(rows) == self.world
         if complete:
+            self._publish("peers", json.dumps({str(r.rank): r.reach for r in reports}))
             self._publish("plan", "go")
-            mine = self._collective(self.world)
-            self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
-            for rep in reports:
-                got = self._wait_key(f"gloo/{rep.rank}", self.dl.end)
-                rep.checks["gloo"] = (
-                    Check(**json.loads(got))
-                    if got
-                    else Check(
-                        FAIL,
-                        f"no all_reduce result within {self.timeout:.0f} s",
-                        _FIX_GLOO,
-                    )
-                )
+            reachable = self._judge_reach(reports, notes)
+            self._publish("gloo", "go" if reachable else "skip")
+            if reachable:
+                self._gloo(reports)
+            else:
+                notes.append("gloo all_reduce skipped: the ranks cannot all reach each other")
         else:
             self._publish("plan", "skip")
             notes.append("gloo all_reduce skipped: it needs every rank, each exactly once")
@@ -719,6 +835,36 @@ class _Doctor:
             time.sleep(_POLL_S)
         return verdict
 
+    def _judge_reach(self, reports: list[Report], notes: list[str]) -> bool:
+        """Collect every rank's reach attempts; set their checks; say whether all reached all."""
+        assert self.world is not None
+        self._reach()
+        failed: dict[int, dict[int, str]] = {}
+        until = min(self.dl.end, time.monotonic() + REACH_S + self.dl.step_s)
+        for rep in reports:
+            got = self._wait_key(f"reach/{rep.rank}", until)
+            if got is not None and rep.rank is not None:
+                failed[rep.rank] = {int(p): k for p, k in json.loads(got).items()}
+        checks, more = judge_reach(reports, failed, self.world)
+        for rep in reports:
+            if rep.rank in checks and not rep.checks.get("reach", Check(OK)).failed:
+                rep.checks["reach"] = checks[rep.rank]
+        notes.extend(more)
+        return all(not rep.checks["reach"].failed for rep in reports)
+
+    def _gloo(self, reports: list[Report]) -> None:
+        """Run the gloo all_reduce with every rank; set each rank's check from its result."""
+        assert self.world is not None
+        mine = self._collective(self.world)
+        self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
+        for rep in reports:
+            got = self._wait_key(f"gloo/{rep.rank}", self.dl.end)
+            rep.checks["gloo"] = (
+                Check(**json.loads(got))
+                if got
+                else Check(FAIL, f"no all_reduce result within {self.timeout:.0f} s", _FIX_GLOO)
+            )
+
     def _gather(self, until: float) -> list[Report]:
         reports: dict[int, Report] = {}
         while True:
@@ -739,9 +885,11 @@ class _Doctor:
         plan = self._wait_key("plan", self.dl.end)
         if plan == "go":
             assert self.world is not None
-            mine = self._collective(self.world)
-            self.report.checks["gloo"] = mine
-            self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
+            self._reach()
+            if self._wait_key("gloo", self.dl.end) == "go":
+                mine = self._collective(self.world)
+                self.report.checks["gloo"] = mine
+                self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
         own = _own_failures(self.report)
         if own:
             print(own, file=sys.stderr, flush=True)

@@ -1,0 +1,172 @@
+"""Tell why one machine cannot reach another: refused, dropped, unreachable, or not even resolved.
+
+Shared by ``ddp-exporter doctor`` and the init watch, so that both name the same fault with the
+same words and the same fix. A TCP connect says a lot by how it fails: ``refused`` (the host
+answered, nothing listens on the port), ``dropped`` (no answer at all until the deadline: a
+firewall that DROPs, or a host that is down), ``unreachable`` (no route, or the address answers
+no ARP: a wrong address), ``unresolved`` (the name does not resolve on this node).
+
+:func:`gloo_address` finds the address gloo would advertise for this rank (its
+``GLOO_SOCKET_IFNAME`` interface's, else the hostname's), which its peers must be able to reach
+on any port: the doctor listens there and has every rank try every other.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import socket
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "KINDS",
+    "Reach",
+    "explain_master",
+    "gloo_address",
+    "interface_address",
+    "probe_tcp",
+    "resolve",
+]
+
+#: How a connection attempt can end.
+KINDS: tuple[str, ...] = ("ok", "refused", "dropped", "unreachable", "unresolved")
+
+_SIOCGIFADDR = 0x8915
+_UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL}
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The outcome of trying to connect to ``host:port`` for a while."""
+
+    host: str
+    port: int
+    #: One of :data:`KINDS`.
+    kind: str
+    #: The address ``host`` resolved to here ("" when it did not).
+    ip: str = ""
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Say whether a connection was made."""
+        return self.kind == "ok"
+
+    def where(self) -> str:
+        """Return ``host:port`` with the address it resolved to, e.g. ``node0:29500 (10.0.0.1)``."""
+        addr = f" ({self.ip})" if self.ip and self.ip != self.host else ""
+        return f"{self.host}:{self.port}{addr}"
+
+
+def resolve(host: str) -> str | None:
+    """Return the first IPv4/IPv6 address ``host`` resolves to here, None when it does not."""
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return None
+
+
+def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Reach:
+    """Try to connect to ``host:port`` until it works or ``seconds`` passed; say how it failed.
+
+    A refused connection is retried (the listener may start late); an unanswered one is the
+    firewall's DROP or a dead host; no route or no ARP answer is an unreachable address.
+    """
+    ip = resolve(host)
+    if ip is None:
+        return Reach(host, port, "unresolved")
+    start = time.monotonic()
+    end = start + seconds
+    kind, error = "dropped", ""
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            # Long enough for a failed ARP resolution (3 s) to say "unreachable", not "dropped".
+            with socket.create_connection((ip, port), timeout=min(4.0, left)):
+                return Reach(host, port, "ok", ip, time.monotonic() - start)
+        except ConnectionRefusedError as exc:
+            kind, error = "refused", str(exc)
+        except TimeoutError as exc:
+            kind, error = "dropped", str(exc) or "timed out"
+        except OSError as exc:
+            if exc.errno in _UNREACHABLE:  # no route, or no ARP answer: retrying will not help
+                return Reach(host, port, "unreachable", ip, time.monotonic() - start, str(exc))
+            kind, error = "dropped", str(exc)
+        time.sleep(min(retry_s, max(0.0, end - time.monotonic())))
+    return Reach(host, port, kind, ip, time.monotonic() - start, error)
+
+
+def interface_address(name: str) -> str | None:
+    """Return the IPv4 address of interface ``name``, None when it has none (or no such one)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = struct.pack("256s", name.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, packed)[20:24])
+    except OSError:
+        return None
+
+
+def gloo_address(environ: Mapping[str, str]) -> tuple[str, str]:
+    """Return ``(address, why)``: where gloo listens on this rank, and what chose it.
+
+    ``GLOO_SOCKET_IFNAME`` (its first interface) when set, else the address the hostname
+    resolves to (gloo's own default), else the interface routing to ``MASTER_ADDR``.
+    """
+    names = [n for n in environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if names:
+        addr = interface_address(names[0])
+        if addr:
+            return addr, f"GLOO_SOCKET_IFNAME={names[0]}"
+    host = socket.gethostname()
+    addr = resolve(host)
+    if addr and not addr.startswith("127.") and addr != "::1":
+        return addr, f"the hostname {host}"
+    master = environ.get("MASTER_ADDR", "")
+    target = resolve(master) if master else None
+    if target:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((target, 9))
+                return s.getsockname()[0], "the interface routing to MASTER_ADDR"
+        except OSError:
+            pass
+    return "127.0.0.1", "loopback (nothing else found)"
+
+
+def explain_master(found: Reach, here: str) -> tuple[str, str]:
+    """Return ``(what happened, the fix)`` for a failed connection to MASTER_ADDR:MASTER_PORT.
+
+    ``here`` is this node's name: the fault is seen from where the rank stands (another node
+    may resolve or reach the master fine).
+    """
+    where = f"MASTER_ADDR:MASTER_PORT {found.where()}"
+    if found.kind == "unresolved":
+        return (
+            f"MASTER_ADDR {found.host} does not resolve on {here}",
+            f"make {found.host} resolve on {here} (DNS, /etc/hosts), or set MASTER_ADDR to "
+            "rank 0's IP address",
+        )
+    if found.kind == "refused":
+        return (
+            f"{where} refused connections for {found.seconds:.0f} s",
+            "nothing listens there: check that rank 0 started and that every rank has rank 0's "
+            "MASTER_ADDR and MASTER_PORT",
+        )
+    if found.kind == "unreachable":
+        return (
+            f"{where} is unreachable from {here} ({found.error}): MASTER_ADDR resolves to "
+            f"{found.ip} here",
+            f"make MASTER_ADDR resolve to rank 0's node on every node (DNS, /etc/hosts on "
+            f"{here}), or set it to rank 0's IP address",
+        )
+    return (
+        f"{where}: no answer within {found.seconds:.0f} s from {here} (connections dropped)",
+        f"open TCP port {found.port} on {found.host} to the other nodes (its firewall, a "
+        "security group), or choose a MASTER_PORT that is open",
+    )
