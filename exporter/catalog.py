@@ -31,6 +31,7 @@ __all__ = [
     "COLLECTIVE_TIMEOUT",
     "HEARTBEAT",
     "PEER_HEARTBEAT_AGE",
+    "STORE_ROUND_TRIP",
     "GPU_MEM_ALLOCATED",
     "GPU_MEM_RESERVED",
     "GPU_MEM_PEAK",
@@ -237,6 +238,14 @@ HEARTBEAT = MetricDef(
     "Unix time of this rank's last training progress (a step, a bucket, a batch).",
     unit="seconds",
 )
+STORE_ROUND_TRIP = MetricDef(
+    "ddp_store_round_trip_seconds",
+    "gauge",
+    "Seconds this rank's last c10d-store heartbeat (one add) took: a round trip to the store's "
+    "node. A degraded or saturated link queues it behind the gradients: the ranks on a node "
+    "whose link is slow show it inflated, the others do not.",
+    unit="seconds",
+)
 PEER_HEARTBEAT_AGE = MetricDef(
     "ddp_peer_heartbeat_age_seconds",
     "gauge",
@@ -389,6 +398,7 @@ METRICS: tuple[MetricDef, ...] = (
     INFLIGHT_AGE,
     COLLECTIVE_TIMEOUT,
     HEARTBEAT,
+    STORE_ROUND_TRIP,
     PEER_HEARTBEAT_AGE,
     GPU_MEM_ALLOCATED,
     GPU_MEM_RESERVED,
@@ -473,12 +483,13 @@ def series_per_rank(
     job_deadline: bool = False,
     total_steps: bool = False,
     hang_action: bool = False,
+    store_heartbeat: bool = True,
 ) -> int:
     """Return how many series one rank exposes by default.
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
-    gauges] + 1 heartbeat + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
+    gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram covers the DDP process group.
@@ -494,6 +505,7 @@ def series_per_rank(
     n += 4 * process_groups
     n += 1  # host RSS, on every rank
     n += 1  # hang dumps; the hang location exists only on a culprit during an episode
+    n += int(store_heartbeat)
     if gpu:
         n += 4
     if monitor:

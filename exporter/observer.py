@@ -147,7 +147,8 @@ class Observer:
             run=self.run, rank=self.rank, errors=self.errors, info=self.info_labels,
             recorder=self.recorder, inflight=self.inflight, job_clock=self.job_clock,
             peer_ages=peers, memory=memory_source, hangs=self.hangs,
-            finished=lambda: self.end.unix))  # fmt: skip
+            store_round_trip=(lambda hb=self.heartbeat: hb.round_trip_s) if self.heartbeat
+            else None, finished=lambda: self.end.unix))  # fmt: skip
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None

@@ -77,6 +77,8 @@ class RankSources:
     job_clock: JobClock
     #: The monitoring rank's ``(peer, heartbeat age)`` pairs to publish.
     peer_ages: Callable[[], list[tuple[int, float]]] | None = None
+    #: Returns the last store heartbeat's round trip in seconds (None before the first).
+    store_round_trip: Callable[[], float | None] | None = None
     memory: MemorySource | None = None
     hangs: HangStatus | None = None
     sections: SectionRegistry = field(default=REGISTRY)
@@ -167,6 +169,9 @@ class DDPCollector(Collector):
                 fams[c.COLLECTIVE_TIMEOUT.name].add_metric(labels, s.timeout_s)
 
     def _liveness(self, fams: dict, base: list[str]) -> None:
+        trip = self._src.store_round_trip() if self._src.store_round_trip else None
+        if trip is not None:
+            fams[c.STORE_ROUND_TRIP.name].add_metric(base, trip)
         ages = self._src.peer_ages
         if ages is None:
             return

@@ -80,6 +80,13 @@ class MixinConfig:
     straggler_ratio: float = 1.5
     #: ... and exceeds the median by at least this many seconds per step (ignores tiny phases).
     straggler_min_excess_seconds: float = 0.02
+    #: A rank's link is slow (DDPRankStraggler cause=link) when its median c10d-store round
+    #: trip exceeds this multiple of the run's median ...
+    link_rtt_ratio: float = 5.0
+    #: ... and this many seconds (a loopback or LAN round trip is well under a millisecond) ...
+    link_min_rtt_seconds: float = 0.01
+    #: ... while more than this share of its step is exposed communication (the job waits).
+    link_comm_share: float = 0.3
     #: Share of a rank's step spent waiting for data that makes it input-bound.
     input_bound_share: float = 0.4
     #: In-flight age above this multiple of the run's normal collective latency is a stall ...

@@ -43,7 +43,7 @@ from .config import MixinConfig, duration_seconds
 __all__ = ["CAUSES", "FleetRecorded", "fleet_group", "fleet_recorded", "suspect_node_alert"]
 
 #: What a node can be blamed for.
-CAUSES: tuple[str, ...] = ("compute", "data", "hang", "abort", "down")
+CAUSES: tuple[str, ...] = ("compute", "data", "link", "hang", "abort", "down")
 
 
 @dataclass(frozen=True)

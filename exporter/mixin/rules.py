@@ -111,6 +111,9 @@ class Recorded:
     inflight_ratio_run: str
     heartbeat_age: str
     peer_heartbeat_age: str
+    store_rtt_rank: str
+    store_rtt_run: str
+    store_rtt_ratio: str
     gpu_reserved_ratio: str
     errors_rate: str
     in_section: str
@@ -148,6 +151,9 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         inflight_ratio_run=f"run_pg:{inflight}:ratio_timeout",
         heartbeat_age=f"run_rank:{catalog.HEARTBEAT.name}:age",
         peer_heartbeat_age=f"run_rank:{catalog.PEER_HEARTBEAT_AGE.name}:max",
+        store_rtt_rank=f"run_rank:{catalog.STORE_ROUND_TRIP.name}:median_over_time{w}",
+        store_rtt_run=f"run:{catalog.STORE_ROUND_TRIP.name}:median_median_over_time{w}",
+        store_rtt_ratio=f"run_rank:{catalog.STORE_ROUND_TRIP.name}:ratio_median_over_time{w}",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
         errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
         in_section=f"run_rank:{catalog.SECTION_STARTED.name}:within_deadline",
@@ -269,6 +275,18 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
                 "max by (run, rank) (\n  label_replace("
                 f'{sel(catalog.PEER_HEARTBEAT_AGE)}, "rank", "$1", "peer_rank", "(.*)")\n)'
             ),
+        },
+        {
+            # The median over time drops the odd slow beat; a queue on a slow link is steady.
+            "record": r.store_rtt_rank,
+            "expr": (
+                f"max by (run, rank) (quantile_over_time(0.5, {sel(catalog.STORE_ROUND_TRIP)}[{w}]))"
+            ),
+        },
+        {"record": r.store_rtt_run, "expr": f"quantile by (run) (0.5, {r.store_rtt_rank})"},
+        {
+            "record": r.store_rtt_ratio,
+            "expr": f"{r.store_rtt_rank}\n/ on (run) group_left ()\n({r.store_rtt_run} > 0)",
         },
         {
             "record": r.gpu_reserved_ratio,
@@ -712,24 +730,50 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
                 "    and on (run, rank, phase)\n"
                 f"    ({r.phase_mean} - on (run, phase) group_left {r.phase_median}"
                 f" > {cfg.straggler_min_excess_seconds:g}),\n"
-                '    "cause", "$1", "phase", "(.*)"\n  )\n)'
+                '    "cause", "$1", "phase", "(.*)"\n  )\n)\n'
+                # A slow link slows every rank alike: no rank's compute stands out, but the
+                # store round trips of the ranks behind that link do (exporter.sources.heartbeat).
+                "or\nmax by (run, rank, cause) (\n  label_replace(\n"
+                f"    ({r.store_rtt_ratio} > {cfg.link_rtt_ratio:g})\n"
+                f"    and on (run, rank) ({r.store_rtt_rank} > {cfg.link_min_rtt_seconds:g})\n"
+                f'    and on (run, rank) ({r.phase_share}{{phase="comm_wait"}}'
+                f" > {cfg.link_comm_share:g}),\n"
+                '    "cause", "link", "", ""\n  )\n)'
             ),
             cfg.straggler_for,
             "One rank is slower than its peers and holds the whole job back.",
             (
+                '{{ if eq $labels.cause "link" }}'
+                f"{where.capitalize()}'s round trips to the c10d store take "
+                '{{ $value | printf "%.0f" }}x the run\'s median while every rank waits on '
+                "communication: the network link of its node is slow (a degraded NIC or cable, "
+                "or a saturated link), and the whole job runs at its pace."
+                "{{ else }}"
                 f'{where.capitalize()} spends {{{{ $value | printf "%.2f" }}}}x the run\'s median '
                 "{{ $labels.cause }} time per step. Its peers wait for it inside the gradient "
-                "allreduce, so they, not it, show long collective latency."
+                "allreduce, so they, not it, show long collective latency.{{ end }}"
             ),
             "In DDP every step ends in an allreduce, so the slowest rank sets the pace. The slow "
             "rank is the one with more compute (cause=compute) or data-loading (cause=data) time "
             "per step than the median rank. Its collective latency is the SHORTEST: the healthy "
-            "ranks wait for it inside the allreduce, so never blame by collective latency.",
+            "ranks wait for it inside the allreduce, so never blame by collective latency. A "
+            "slow network link slows every rank alike, so no rank's compute stands out: "
+            "cause=link names the ranks whose c10d-store round trips (one per heartbeat) take "
+            f"over {cfg.link_rtt_ratio:g}x the run's median and over "
+            f"{cfg.link_min_rtt_seconds * 1000:g} ms while over "
+            f"{cfg.link_comm_share:.0%} of their step is exposed communication: their "
+            "packets queue behind the gradients on that link. It cannot name a slow link on "
+            "the node that hosts the store (every other node's round trips are then inflated) "
+            "or on half of the nodes or more; `ddp-exporter doctor --links` can.",
             "Stragglers dashboard: phase split per rank (the straggler's compute or data bar is "
             "taller; the others' comm_wait is taller). Overview: straggler score per rank.",
             "cause=compute: check that GPU for thermal or power throttling, ECC errors, a "
             "co-located process, a slower device model, or uneven work (batch sizes). cause=data: "
-            "check that host's CPU load, disk and network, and the DataLoader's num_workers.",
+            "check that host's CPU load, disk and network, and the DataLoader's num_workers. "
+            "cause=link: run `ddp-exporter doctor --links` (between jobs, or on the suspect "
+            "node and a healthy one), check the NIC's negotiated speed, errors and cable "
+            "(`ethtool`, `ip -s link`), and other traffic on that node; drain it if it stays "
+            "slow.",
         ),
         Alert(
             "DDPInputBound",

@@ -60,13 +60,18 @@ class Heartbeat:
         self._seen: list[tuple[bytes, float]] | None = None
         self._done: frozenset[int] = frozenset()
         self._paused = threading.Event()  # set: stop beating (tests simulate a frozen rank)
+        #: Seconds the last beat (one ``add``) took; None before the first.
+        self.round_trip_s: float | None = None
         self._loop = BackgroundLoop(
             "ddp-exporter-heartbeat", self._tick, interval_s, errors=errors, where="heartbeat"
         )
 
     def start(self) -> Heartbeat:
         """Beat once synchronously (peers see this rank at once), then in the background."""
-        if self._store.add(self._key, 1) >= END_MARK:
+        start = time.perf_counter()
+        count = self._store.add(self._key, 1)
+        self.round_trip_s = time.perf_counter() - start
+        if count >= END_MARK:
             # An earlier instrument() of this process ended cleanly: this one runs again.
             self._store.add(self._key, -END_MARK)
         if self.monitor:
@@ -77,7 +82,11 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
+        start = time.perf_counter()
         self._store.add(self._key, 1)
+        # Free to measure, and the one per-rank timing a slow link on this node inflates
+        # (the collectives' own latency is the same on every rank: they wait for each other).
+        self.round_trip_s = time.perf_counter() - start
 
     def poll(self) -> None:
         """Read every peer's counter once (the monitoring rank's thread does so each interval)."""
