@@ -236,3 +236,30 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
     assert checks[3].status == doctor.FAIL and "no result" in checks[3].detail and notes == []
     assert doctor.reach_targets(5, 100) == [1, 2, 3, 4, 6, 7, 8, 9]
     assert doctor.reach_targets(0, 3) == [1, 2]
+
+
+def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link():
+    from exporter.tools import links
+
+    for n in range(2, 9):
+        rounds = links.rounds(n)
+        pairs = [p for r in rounds for p in r]
+        assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)], n
+        for r in rounds:
+            used = [x for p in r for x in p]
+            assert len(used) == len(set(used)), (n, r)  # one pair per node per round
+    fast, slow = 2e9, 2.4e6
+    pairs = [links.Pair("n0", "n1", fast, 3e-4), links.Pair("n0", "n2", slow, 3e-4),
+             links.Pair("n1", "n2", slow, 3e-4), links.Pair("n0", "n3", fast, 3e-4),
+             links.Pair("n1", "n3", fast, 3e-4), links.Pair("n2", "n3", slow, 3e-4)]  # fmt: skip
+    judged = links.judge(pairs)
+    assert (
+        list(judged) == ["n2"]
+        and "2.4 MB/s, 833x below the median node's 2.00 GB/s" in judged["n2"]
+    )
+    assert links.judge(pairs[:1]) == {}  # two nodes: no third to tell which end is slow
+    # Uneven but healthy links (within RATIO of each other) blame nobody.
+    assert links.judge([links.Pair("a", "b", 1e9, 0), links.Pair("a", "c", 5e8, 0),
+                        links.Pair("b", "c", 4e8, 0)]) == {}  # fmt: skip
+    assert links.render(pairs[:2], 4)[1].split() == ["n0", "<->", "n2", "2.4", "MB/s", "rtt",
+                                                     "0.30", "ms"]  # fmt: skip

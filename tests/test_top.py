@@ -70,6 +70,30 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     assert verdicts[1].startswith("HUNG") and not verdicts[0] + verdicts[2], verdicts
 
 
+def _linked(rank, steps, rtt, comm=0.7, node=""):
+    """A rank of a job slowed by a link: every rank waits ``comm`` s per step in the allreduce."""
+    r = _row(rank, steps // 10, steps=steps)
+    r.phase_sum["comm_wait"] = steps * comm
+    r.store_rtt, r.node = rtt, node
+    return r
+
+
+def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits():
+    def read(steps, rtt2, comm=0.7, host_rtt=0.0002):
+        return [_linked(0, steps, host_rtt, comm), _linked(1, steps, 0.0003, comm),
+                _linked(2, steps, rtt2, comm, node="n2"), _linked(3, steps, 0.0003, comm)]  # fmt: skip
+
+    first, second = _reads(read(100, 0.09), read(200, 0.094))
+    assert not any(first.values()), first
+    assert second[2].startswith("straggler: link: store round trip 94 ms vs median 0.3 ms")
+    assert "of its node on n2 is slow" in second[2] and not second[0] + second[1] + second[3]
+    # Healthy: the store's own node answers fastest; one slow beat is not a verdict.
+    assert not any(_reads(read(100, 0.0003, host_rtt=0.00005), read(200, 0.0004))[1].values())
+    assert not any(_reads(read(100, 0.09), read(200, 0.0003))[1].values())
+    # A busy link the job does not wait on (little exposed communication) is not blamed.
+    assert not any(_reads(read(100, 0.09, comm=0.01), read(200, 0.09, comm=0.01))[1].values())
+
+
 def test_down_needs_two_failed_reads_and_survives_in_the_table():
     up = [_row(0, 1), _row(1, 1)]
     down = [_row(0, 1, steps=110), top.RankRow("t1", up=False)]

@@ -41,6 +41,7 @@ from typing import Any
 
 from .. import settings, storekeys
 from ..ranklist import format_ranks
+from . import links
 
 __all__ = [
     "CHECKS",
@@ -141,7 +142,8 @@ class Report:
 
     def failures(self) -> list[tuple[str, Check]]:
         """Return the failed checks, in column order."""
-        return [(n, self.checks[n]) for n in CHECKS if n in self.checks and self.checks[n].failed]
+        order = [*CHECKS, *(n for n in self.checks if n not in CHECKS)]
+        return [(n, self.checks[n]) for n in order if n in self.checks and self.checks[n].failed]
 
 
 class _Deadline:
@@ -430,23 +432,28 @@ def _ranks(ranks: list[int | None]) -> str:
     return format_ranks(ranks, noun=True)
 
 
-def render(rows: list[Report | int], notes: list[str], missing_fix: str) -> str:
+def render(
+    rows: list[Report | int],
+    notes: list[str],
+    missing_fix: str,
+    columns: tuple[str, ...] = CHECKS,
+) -> str:
     """Return the table, one row per rank, then every failure and warning with its fix."""
-    header = ["rank", "host", *CHECKS]
+    header = ["rank", "host", *columns]
     table = [header]
     problems: list[str] = []
     warned: dict[tuple[str, str, str], list[int | None]] = {}
     for row in rows:
         if isinstance(row, int):
-            table.append([str(row), "?", MISSING] + [""] * (len(CHECKS) - 1))
+            table.append([str(row), "?", MISSING] + [""] * (len(columns) - 1))
             problems.append(f"rank {row} missing: {missing_fix}")
             continue
         cells = [str(row.rank), row.host]
-        cells += [row.checks.get(n, Check(NA)).status for n in CHECKS]
+        cells += [row.checks.get(n, Check(NA)).status for n in columns]
         table.append(cells)
         for name, check in row.failures():
             problems.append(f"rank {row.rank} {name}: {check.detail}. Fix: {check.fix}")
-        for name in CHECKS:
+        for name in columns:
             check = row.checks.get(name)
             if check is not None and check.status == WARN:
                 warned.setdefault((name, check.detail, check.fix), []).append(row.rank)
@@ -490,6 +497,18 @@ def build_parser(prog: str = "ddp-exporter doctor") -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_STEP_TIMEOUT_S,
         help="seconds for each network step: port, store, collective (default %(default)s)",
+    )
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="also measure every pair of nodes over gloo and name a node whose link is slow "
+        "(give --timeout room: a few seconds per round on a slow link)",
+    )
+    p.add_argument(
+        "--links-mib",
+        type=float,
+        default=links.DEFAULT_MIB,
+        help="MiB each way per pair of nodes with --links (default %(default)s)",
     )
     return p
 
@@ -578,8 +597,13 @@ def judge_reach(
 class _Doctor:
     """One rank's run: local checks, publish through the store, then compare on rank 0."""
 
-    def __init__(self, environ: Mapping[str, str], timeout: float, step: float) -> None:
+    def __init__(
+        self, environ: Mapping[str, str], timeout: float, step: float, links_mib: float = 0.0
+    ) -> None:
         self.env = environ
+        #: MiB each way per pair of nodes for the links check; 0: not asked for.
+        self.links_mib = links_mib
+        self.columns = CHECKS + (("links",) if links_mib > 0 else ())
         self.dl = _Deadline(timeout, step)
         self.timeout = timeout
         self.rank = settings.int_or_none(environ, settings.RANK)
@@ -596,7 +620,7 @@ class _Doctor:
             pid=os.getpid(),
             versions=local_versions(environ),
         )
-        for name in CHECKS:
+        for name in self.columns:
             self.report.checks[name] = Check(SKIP)
         self.report.checks["versions"] = Check(OK)
 
@@ -769,12 +793,67 @@ class _Doctor:
         t0 = time.monotonic()
         finished, value = _bounded(run, seconds + 1)
         if finished and value == world * (world + 1) / 2:
+            took = time.monotonic() - t0
+            if self.links_mib > 0:
+                self._links(dist)
             _bounded(dist.destroy_process_group, 2.0)
-            return Check(OK, f"all_reduce in {(time.monotonic() - t0) * 1e3:.0f} ms")
+            return Check(OK, f"all_reduce in {took * 1e3:.0f} ms")
         if finished:
             return Check(FAIL, f"all_reduce returned {value}", _FIX_GLOO)
         first = str(value).splitlines()[0] if str(value) else type(value).__name__
         return Check(FAIL, f"gloo all_reduce: {first}", _FIX_GLOO)
+
+    def _links(self, dist: Any) -> None:
+        """Measure the links between nodes in the live group; publish this rank's pairs."""
+
+        def run() -> list[links.Pair]:
+            hosts: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(hosts, socket.gethostname())
+            return links.measure(dist, dist.get_rank(), hosts, self.links_mib)
+
+        finished, value = _bounded(run, self.dl.left())
+        if finished and isinstance(value, list):
+            self._publish(f"links/{self.rank}", json.dumps([asdict(p) for p in value]))
+        else:
+            first = str(value).splitlines()[0] if str(value) else "no result in time"
+            self._publish(f"links/{self.rank}", json.dumps({"error": first}))
+
+    def _judge_links(self, reports: list[Report], notes: list[str]) -> None:
+        """Collect every rank's measured pairs; name the node whose links are slow."""
+        pairs: list[links.Pair] = []
+        errors: dict[int, str] = {}
+        for rep in reports:
+            got = self._wait_key(f"links/{rep.rank}", self.dl.end)
+            found = json.loads(got) if got else {"error": f"no result within {self.timeout:.0f} s"}
+            if isinstance(found, dict):
+                errors[rep.rank] = found["error"]  # type: ignore[index]
+            else:
+                pairs += [links.Pair(**p) for p in found]
+        slow = links.judge(pairs)
+        first_on: dict[str, int] = {}
+        for rep in sorted(reports, key=lambda r: r.rank or 0):
+            first_on.setdefault(rep.host, rep.rank)  # type: ignore[arg-type]
+        for rep in reports:
+            if rep.rank in errors:
+                rep.checks["links"] = Check(FAIL, f"links: {errors[rep.rank]}", _FIX_GLOO)
+            elif rep.host in slow and first_on[rep.host] == rep.rank:
+                rep.checks["links"] = Check(
+                    FAIL,
+                    f"{rep.host}: {slow[rep.host]}",
+                    f"check {rep.host}'s NIC (negotiated speed, errors: ethtool, ip -s link), its "
+                    "cable and switch port, and other traffic on it; drain it until it is fixed",
+                )
+            else:
+                rep.checks["links"] = Check(OK)
+        if pairs:
+            notes.extend(links.render(pairs, self.links_mib))
+        if len({r.host for r in reports}) == 2:
+            notes.append(
+                "links: 2 nodes, one pair: no third node to tell which end is slow (run with a "
+                "healthy third node to name it)"
+            )
+        elif len({r.host for r in reports}) < 2:
+            notes.append("links: one node: no link between nodes to measure")
 
     # -- roles -------------------------------------------------------------------------------
     def _alone(self) -> int:
@@ -800,7 +879,7 @@ class _Doctor:
             reachable = self._judge_reach(reports, notes)
             self._publish("gloo", "go" if reachable else "skip")
             if reachable:
-                self._gloo(reports)
+                self._gloo(reports, notes)
             else:
                 notes.append("gloo all_reduce skipped: the ranks cannot all reach each other")
         else:
@@ -811,7 +890,7 @@ class _Doctor:
             "(launcher logs) and read its own doctor output (a rank that cannot reach "
             "MASTER_ADDR:MASTER_PORT reports only there)"
         )
-        text = render(rows, notes, missing)
+        text = render(rows, notes, missing, self.columns)
         failed = any(isinstance(r, int) or r.failures() for r in rows)
         verdict = 1 if failed else 0
         mode = "torchrun agent store" if self.agent_store else "store hosted by rank 0"
@@ -852,7 +931,7 @@ class _Doctor:
         notes.extend(more)
         return all(not rep.checks["reach"].failed for rep in reports)
 
-    def _gloo(self, reports: list[Report]) -> None:
+    def _gloo(self, reports: list[Report], notes: list[str]) -> None:
         """Run the gloo all_reduce with every rank; set each rank's check from its result."""
         assert self.world is not None
         mine = self._collective(self.world)
@@ -864,6 +943,8 @@ class _Doctor:
                 if got
                 else Check(FAIL, f"no all_reduce result within {self.timeout:.0f} s", _FIX_GLOO)
             )
+        if self.links_mib > 0 and not mine.failed:
+            self._judge_links(reports, notes)
 
     def _gather(self, until: float) -> list[Report]:
         reports: dict[int, Report] = {}
@@ -915,9 +996,13 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.step_timeout <= 0:
         parser.error("--timeout and --step-timeout must be positive")
+    if args.links_mib <= 0:
+        parser.error("--links-mib must be positive")
     environ = os.environ if environ is None else environ
     try:
-        doctor = _Doctor(environ, args.timeout, args.step_timeout)
+        doctor = _Doctor(
+            environ, args.timeout, args.step_timeout, args.links_mib if args.links else 0.0
+        )
     except ValueError as exc:
         parser.error(str(exc))
     try:

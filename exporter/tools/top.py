@@ -63,6 +63,10 @@ class RankRow:
     pg_age: dict[str, float] = field(default_factory=dict)
     pg_timeout: dict[str, float] = field(default_factory=dict)
     heartbeat: float = 0.0
+    #: The last store heartbeat's round trip, seconds (-1: not published).
+    store_rtt: float = -1.0
+    #: The machine the rank runs on (``ddp_rank_info``'s node).
+    node: str = ""
     memory: float = 0.0
     #: Declared sections running on the rank: name -> (Unix start, deadline seconds).
     sections: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -164,6 +168,8 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.pg_timeout[labels.get("pg", "")] = v
     elif n == c.HEARTBEAT.name:
         row.heartbeat = v
+    elif n == c.STORE_ROUND_TRIP.name:
+        row.store_rtt = v
     elif n == c.GPU_MEM_ALLOCATED.name or (n == c.HOST_MEM_RESIDENT.name and not row.memory):
         row.memory = v
     elif n == c.SECTION_STARTED.name:
@@ -178,6 +184,7 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.finished = v
     elif n == c.RANK_INFO.name:
         row.attempt = labels.get("attempt", row.attempt)
+        row.node = labels.get("node", row.node)
     elif n == c.HANG_ABORT_STREAK.name:
         row.abort_streak = v
     elif n == c.HANG_ABORT_LIMIT.name:
@@ -194,6 +201,7 @@ _PROM_NAMES = (
     c.INFLIGHT_AGE.name,
     c.COLLECTIVE_TIMEOUT.name,
     c.HEARTBEAT.name,
+    c.STORE_ROUND_TRIP.name,
     c.GPU_MEM_ALLOCATED.name,
     c.HOST_MEM_RESIDENT.name,
     c.SECTION_DEADLINE.name,
@@ -208,7 +216,7 @@ _PROM_NAMES = (
 def fetch_prometheus(
     url: str, run: str, timeout: float = 5.0, window: str = DEFAULT.rate_window
 ) -> list[RankRow]:
-    """Read one run's ranks from Prometheus with four queries (any number of ranks).
+    """Read one run's ranks from Prometheus with five queries (any number of ranks).
 
     Per-step figures come from the increase over ``window`` (the alerts' rate window by
     default), so each table stands on its own whatever the scrape and refresh intervals.
@@ -242,6 +250,10 @@ def fetch_prometheus(
         assert window_row is not None
         key = _counter_key(lab["counter"], lab)
         window_row[key] = float(s["value"][1])
+    # The store round trip's median over the window, as the rules take it: one beat is noisy.
+    trip = f"{c.STORE_ROUND_TRIP.name}{{{run_sel}}}"
+    for s in query(f"max by (rank) (quantile_over_time(0.5, {trip}[{window}]))"):
+        row_of(s["metric"]).store_rtt = float(s["value"][1])
     for s in query(f"up{{{run_sel}}}"):
         row_of(s["metric"]).up = float(s["value"][1]) == 1.0
     # A clean end is in the rank's final scrapes only: look back over the window.
@@ -364,6 +376,25 @@ def diagnose(
                 if not r.suspect:
                     r.suspect = f"straggler:{key}"
                     r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+
+    # A slow link slows every rank alike; the store round trips of the ranks behind it stand
+    # out (the same test as DDPRankStraggler cause=link, on this read's last heartbeat).
+    trips = [r.store_rtt for r in live if r.store_rtt >= 0]
+    med = statistics.median(trips) if trips else 0.0
+    for r in live:
+        total = sum(r.phases.values())
+        waits = total > 0 and r.phases.get("comm_wait", 0.0) / total > config.link_comm_share
+        rtt = r.store_rtt
+        if (
+            med > 0 and waits and not r.suspect and rtt > config.link_rtt_ratio * med
+            and rtt > config.link_min_rtt_seconds
+        ):  # fmt: skip
+            r.suspect = "straggler:link"
+            where = f" on {r.node}" if r.node else ""
+            r.note = (
+                f"link: store round trip {rtt * 1e3:.0f} ms vs median {med * 1e3:.1f} ms: the "
+                f"network link of its node{where} is slow"
+            )
 
     top_seq = {}
     for s in states:

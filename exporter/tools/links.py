@@ -1,0 +1,131 @@
+"""Measure the links between a job's nodes pairwise over its backend, and name the slow one.
+
+``ddp-exporter doctor --links`` runs :func:`measure` inside the doctor's gloo group: one rank
+per node (the lowest rank on each host) exchanges ``mib`` MiB each way with every other node's,
+one pair at a time per node (a round-robin schedule: every node is in at most one pair per
+round, so a fast pair never shares a NIC with another transfer), after a few one-element ping
+pongs for the round trip. Every rank takes part in the barrier that ends each round, so the
+rounds stay in step. The anchors: Meta GCM's ``check-nccl --pairwise``, NCCL tests.
+
+:func:`judge` names a node whose *best* link is ``ratio`` times slower than the median node's
+best: a degraded NIC or cable on that node slows every pair it is in, while a healthy node has
+at least one fast pair. With two nodes there is no third to compare with: the pair's figures
+are printed and nobody is blamed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULT_MIB", "RATIO", "Pair", "judge", "measure", "render", "rounds"]
+
+#: MiB each way per pair: long enough to fill a queue, short enough for a 20 Mbit/s link.
+DEFAULT_MIB = 4.0
+#: A node is slow when its best link is this many times slower than the median node's best.
+RATIO = 3.0
+_PINGS = 5
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One measured link: its two nodes, its bandwidth (bytes/s, both ways) and round trip."""
+
+    a: str
+    b: str
+    bytes_per_s: float
+    rtt_s: float
+
+
+def rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Return a round-robin schedule of every pair of ``n`` items, each in one pair per round."""
+    items: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
+    m = len(items)
+    out = []
+    for _ in range(m - 1):
+        pairs = [(items[i], items[m - 1 - i]) for i in range(m // 2)]
+        out.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
+        items = [items[0], items[-1], *items[1:-1]]  # the circle method: rotate all but the first
+    return out
+
+
+def measure(dist: Any, rank: int, hosts: Sequence[str], mib: float = DEFAULT_MIB) -> list[Pair]:
+    """Measure every pair of nodes in the current process group; return this rank's pairs.
+
+    ``hosts`` is every rank's host, by rank (the same list on every rank). Only the lower rank
+    of a pair returns it; every rank must call this (it joins each round's barrier).
+    """
+    import torch
+
+    reps: dict[str, int] = {}
+    for r, host in enumerate(hosts):
+        reps.setdefault(host, r)
+    nodes = list(reps)
+    big = torch.ones(max(1, int(mib * 2**20) // 4), dtype=torch.float32)
+    small = torch.zeros(1)
+    mine: list[Pair] = []
+    for pairs in rounds(len(nodes)):
+        for i, j in pairs:
+            lo, hi = reps[nodes[i]], reps[nodes[j]]
+            if rank not in (lo, hi):
+                continue
+            peer = hi if rank == lo else lo
+            trips = []
+            for _ in range(_PINGS):
+                t0 = time.perf_counter()
+                if rank == lo:
+                    dist.send(small, peer)
+                    dist.recv(small, peer)
+                else:
+                    dist.recv(small, peer)
+                    dist.send(small, peer)
+                trips.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            if rank == lo:
+                dist.send(big, peer)
+                dist.recv(big, peer)
+            else:
+                dist.recv(big, peer)
+                dist.send(big, peer)
+            took = time.perf_counter() - t0
+            if rank == lo:
+                moved = 2 * big.numel() * big.element_size()
+                mine.append(Pair(nodes[i], nodes[j], moved / took, statistics.median(trips)))
+        dist.barrier()
+    return mine
+
+
+def judge(pairs: Sequence[Pair], ratio: float = RATIO) -> dict[str, str]:
+    """Return ``{node: why}`` for each node whose best link is ``ratio`` x below the median's."""
+    best: dict[str, float] = {}
+    for p in pairs:
+        for node in (p.a, p.b):
+            best[node] = max(best.get(node, 0.0), p.bytes_per_s)
+    if len(best) < 3:
+        return {}
+    median = statistics.median(best.values())
+    return {
+        node: (
+            f"its best link moves {_rate(bw)}, {median / bw:.0f}x below the median node's "
+            f"{_rate(median)}"
+        )
+        for node, bw in sorted(best.items())
+        if bw * ratio < median
+    }
+
+
+def render(pairs: Sequence[Pair], mib: float) -> list[str]:
+    """Return one line per pair, slowest first, under a heading."""
+    lines = [f"links (one rank per node, {mib:g} MiB each way over gloo, slowest first):"]
+    width = max((len(p.a) + len(p.b) for p in pairs), default=0) + 5
+    for p in sorted(pairs, key=lambda p: p.bytes_per_s):
+        name = f"{p.a} <-> {p.b}"
+        lines.append(f"  {name:<{width}} {_rate(p.bytes_per_s):>12}  rtt {p.rtt_s * 1e3:.2f} ms")
+    return lines
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e6:.1f} MB/s" if bytes_per_s < 1e9 else f"{bytes_per_s / 1e9:.2f} GB/s"
