@@ -4,20 +4,31 @@ One lab of 3 nodes (each with a second interface no other node routes to); ``ddp
 doctor`` runs once per node, as a user would before a job, first healthy, then under each
 fault: the master port DROPPED by node 0's firewall, node 2's firewall dropping every port
 but MASTER_PORT (gloo's), ``GLOO_SOCKET_IFNAME`` naming node 1's unrouted interface, and
-``MASTER_ADDR`` resolving on node 1 to an address nobody answers. Each drill asserts the
-node, the port or interface and the fix named, and that no healthy node is blamed. How fast
-(against the default timeouts) is measured by benchmarks/netfaults.py, not here.
+``MASTER_ADDR`` resolving on node 1 to an address nobody answers. The init watch of ranks
+launched one process per rank names the two it can see (it probes ``MASTER_ADDR:MASTER_PORT``),
+and a node that loses all its traffic mid-training is named by the alerts while the reachable
+ranks' stacks are dumped. Each drill asserts the node, the port or interface and the fix named,
+and that no healthy node is blamed. How fast (against the default timeouts) is measured by
+benchmarks/netfaults.py, not here.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 from harness import wait_for
 from lab import Lab, lab
+from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 
 MASTER_PORT = 29500
+WORKER = os.path.join("tests", "workers", "restart_worker.py")
+PORT = 19400
 DOCTOR = [sys.executable, "-m", "exporter.doctor", "--timeout", "30", "--step-timeout", "8"]
 
 
@@ -142,3 +153,46 @@ def test_the_init_watch_names_a_dropped_master_port_and_a_stale_master_address()
         assert "/etc/hosts on lab-node-1" in line, line
         # Node 2 resolves it right: by the time node 1 said so, its probe had succeeded.
         assert "cannot reach" not in procs[2].text(), procs[2].text()
+
+
+def _sd(url: str) -> list[dict]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: Path):
+    """Node 2 loses all traffic while training: rank 2 is named, ranks 0 and 1 dump, nobody
+    else is blamed."""
+    require("prometheus")
+    dumps = tmp_path / "dumps"  # one shared folder, as on a shared file system
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "part", "DDP_EXPORTER_HEARTBEAT_S": "1",
+           "DDP_EXPORTER_DUMP_DIR": str(dumps)}  # fmt: skip
+    args = [str(tmp_path), "--steps", "100000", "--port", str(PORT), "--addr", "0.0.0.0"]
+    with lab(3) as the_lab:
+        jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env) for i in range(3)]
+        sd_url = f"http://{the_lab.nodes[0].ip}:{PORT}/sd"
+        wait_for(lambda: len(_sd(sd_url)) == 3, 120, "3 targets in /sd")
+        prom_dir = tmp_path / "prom"
+        with run_prometheus(prom_dir, fast_config(prom_dir, sd_scrape(sd_url))) as prom:
+            wait_for(lambda: len(prom.targets_up()) == 3, 60, "every rank scraped")
+            wait_for(lambda: len(prom.query('ddp_steps_total{run="part"} > 20')) == 3, 60,
+                     "every rank training")  # fmt: skip
+            the_lab.drop(2, "meta l4proto != 255")  # every packet, both ways
+            cut = time.monotonic()
+            down = wait_for(lambda: [a for a in firing(prom, "part")
+                                     if a["alertname"] == "DDPRankDown"], 90, "DDPRankDown")  # fmt: skip
+            named = time.monotonic() - cut
+            assert {a.get("rank") for a in down} == {"2"}, down
+            # The reachable ranks wait in the allreduce: a hang episode, their stacks dumped.
+            verdict = wait_for(lambda: sorted(dumps.glob("part-hang-*/verdict.txt")), 90,
+                               "the episode's verdict")[0]  # fmt: skip
+            folder = verdict.parent
+            assert (folder / "rank-0.json").exists() and (folder / "rank-1.json").exists()
+            assert not (folder / "rank-2.json").exists()
+            text = verdict.read_text()
+            accused = {(a["alertname"], a.get("rank")) for a in firing(prom, "part")
+                       if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
+            assert {rank for _, rank in accused} <= {"2"}, accused
+            assert all(j.poll() is None for j in jobs[:2])  # the reachable nodes wait
+    assert "rank 2" in text and "rank 0 " not in text.split("\n")[0], text
+    assert named < 90, named
