@@ -63,6 +63,10 @@ def test_culprits_first_then_waiting_then_groups():
         "(step 7, phase data)"
     )
     assert v.culprits[1].startswith("rank 6 did not answer the dump request")
+    # With the silent rank's node known (from its start ack), the verdict names it.
+    named = hangs.verdict({**_episode(), "nodes": {"6": "n6"}}, _six_ranks())
+    assert named.culprits[1].startswith("rank 6 (node n6) did not answer the dump request")
+    assert "cut off from the store's (network, firewall)" in named.culprits[1]
     assert v.missing == [6]
     assert v.located == [
         {

@@ -26,6 +26,9 @@ from harness import wait_for
 from lab import Lab, lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 
+from exporter.mixin.config import FAST
+from exporter.mixin.fleet import fleet_recorded
+
 MASTER_PORT = 29500
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
 PORT = 19400
@@ -193,6 +196,12 @@ def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: 
             accused = {(a["alertname"], a.get("rank")) for a in firing(prom, "part")
                        if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
             assert {rank for _, rank in accused} <= {"2"}, accused
+            # The fleet counts it against lab-node-2 only, by its real hostname.
+            blamed = fleet_recorded(FAST).blamed
+            records = wait_for(lambda: prom.query(f'{blamed}{{run="part"}}'), 30, "fleet blame")
+            assert {s["metric"]["node"] for s in records} == {"lab-node-2"}, records
             assert all(j.poll() is None for j in jobs[:2])  # the reachable nodes wait
-    assert "rank 2" in text and "rank 0 " not in text.split("\n")[0], text
+    # The silent rank is named with its node, and being cut off is among the reasons given.
+    assert "rank 2 (node lab-node-2) " in text and "cut off from the store's" in text, text
+    assert "rank 0 (node" not in text and "rank 1 (node" not in text, text
     assert named < 90, named

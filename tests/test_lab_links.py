@@ -23,6 +23,7 @@ from lab import lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 
 from exporter.mixin.config import FAST
+from exporter.mixin.fleet import fleet_recorded
 from exporter.tools import top
 
 WORKER = os.path.join("tests", "workers", "link_worker.py")
@@ -62,6 +63,12 @@ def test_a_slow_link_is_named_at_run_time_and_no_healthy_node_is_blamed(tmp_path
                      "DDPRankStraggler cause=link for rank 2")  # fmt: skip
             took = time.monotonic() - slowed
             assert _accused(prom, "link") == {("DDPRankStraggler", "2", "link")}
+            # The fleet counts it against the node, by its real hostname, as cause link.
+            blamed = fleet_recorded(FAST).blamed
+            records = wait_for(lambda: prom.query(f'{blamed}{{run="link"}}'), 30, "fleet blame")
+            assert {(s["metric"]["node"], s["metric"]["cause"]) for s in records} == {
+                ("lab-node-2", "link")
+            }, records
             # top, from the same Prometheus: two reads, the same verdict, the node named.
             url = prom.url
             first = top.diagnose(

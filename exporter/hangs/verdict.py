@@ -115,6 +115,16 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         missing=missing,
         action=_action(episode.get("action")),
     )
+    nodes = {int(r): str(n) for r, n in (episode.get("nodes") or {}).items()}
+
+    def on(r: int) -> str:
+        return f" (node {nodes[r]})" if r in nodes else ""
+
+    silent = (
+        "did not answer the dump request: frozen (SIGSTOP, debugger), dead, its node cut off "
+        "from the store's (network, firewall), or a thread holds the GIL"
+    )
+
     for r in behind:
         s = answered.get(r)
         was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
@@ -126,8 +136,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             continue
         if s is None:
             v.culprits.append(
-                f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was} and did not answer the "
-                "dump request: frozen (SIGSTOP, debugger), dead, or a thread holds the GIL"
+                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} (pg {pg}){was} and {silent}"
             )
             continue
         where = s.get("where") or (s.get("frames") or [None])[-1]
@@ -149,10 +158,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             )
     for r in missing:
         if r not in behind and not local_only:
-            v.culprits.append(
-                f"rank {r} did not answer the dump request: frozen (SIGSTOP, debugger), dead, or "
-                "a thread holds the GIL"
-            )
+            v.culprits.append(f"rank {r}{on(r)} {silent}")
     if kind == "symmetric" and not v.culprits:
         v.culprits.append(
             f"no rank is behind: every rank is inside {op} #{_seq(seq)} (pg {pg}) and none "

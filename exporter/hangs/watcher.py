@@ -616,6 +616,12 @@ class HangWatcher:
             world_size=self.world_size,
             answered=sorted(acks),
             missing=[r for r in range(self.world_size) if r not in acks],
+            # The silent ranks' nodes (from their start acks): a partitioned node is named.
+            nodes={
+                str(r): self._nodes[r]
+                for r in range(self.world_size)
+                if r not in acks and r in self._nodes
+            },  # fmt: skip
             last_enqueued=last_seq,
             complete_unix=time.time(),
         )
