@@ -247,11 +247,20 @@ class Lab:
         env: dict[str, str] | None = None,
         master_port: int | None = None,
         extra: list[str] | None = None,
+        rdzv: str = "static",
     ) -> Job:
-        """Start torchrun on ``node`` with static rendezvous on node 0 (one per node)."""
+        """Start torchrun on ``node``, one per node, meeting on node 0: ``static`` rendezvous
+        (``--master-addr/--node-rank``) or ``c10d`` (``--rdzv-endpoint``, node ranks assigned)."""
         port = master_port or 29500
-        rendezvous = ["--nnodes", str(len(self.nodes)), "--node-rank", str(node),
-                      "--master-addr", self.nodes[0].name, "--master-port", str(port)]  # fmt: skip
+        if rdzv == "c10d":
+            rendezvous = ["--nnodes", str(len(self.nodes)), "--rdzv-backend", "c10d",
+                          "--rdzv-endpoint", f"{self.nodes[0].name}:{port}",
+                          "--rdzv-id", self.tag]  # fmt: skip
+        elif rdzv == "static":
+            rendezvous = ["--nnodes", str(len(self.nodes)), "--node-rank", str(node),
+                          "--master-addr", self.nodes[0].name, "--master-port", str(port)]  # fmt: skip
+        else:
+            raise ValueError(f"rdzv must be 'static' or 'c10d', not {rdzv!r}")
         job = Job(nproc, args, env=env, module=module, torchrun=[*rendezvous, *(extra or [])],
                   wrap=lambda cmd: self.command(node, cmd))  # fmt: skip
         self._procs.append(job)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import threading
 from contextlib import redirect_stdout
@@ -98,11 +99,13 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
         assert episode["kind"] == "behind" and episode["behind"] == [1, 2], text
         assert episode["missing"] == [2], text
         culprit = (
-            f"rank 1 never entered all_reduce #{seq} (pg 0); it is at "
+            f"rank 1 (node {socket.gethostname()}) never entered all_reduce #{seq} (pg 0); it is at "
             f"hang_worker.py:{stuck} in load_batch"
         )
         assert culprit in text
-        assert re.search(rf"rank 2 never entered all_reduce #{seq} .*did not answer", text)
+        assert re.search(
+            rf"rank 2 \(node [^)]+\) never entered all_reduce #{seq} .*did not answer", text
+        )
         assert text.index(culprit) < text.index("STACKS")
         # The monitoring rank logged the same verdict.
         wait_for(lambda: culprit in _all(job), 10, "the verdict in the log")

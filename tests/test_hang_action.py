@@ -342,7 +342,9 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
     assert (action["decision"], action["streak"], action["nodes"]) == ("abort", 1, [HOST])
     with open(os.path.join(folder, "verdict.txt")) as f:
         verdict = f.read()
-    assert "ACTION: aborted" in verdict and "rank 1 never entered all_reduce" in verdict
+    assert (
+        "ACTION: aborted" in verdict and f"rank 1 (node {HOST}) never entered all_reduce" in verdict
+    )
 
     # The launcher's line and the run's ledger are next to the dumps.
     with open(os.path.join(tmp_path, "dumps", f"{run}-abort.txt")) as f:

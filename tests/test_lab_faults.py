@@ -28,6 +28,7 @@ from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 
 from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
+from exporter.tools import top
 
 MASTER_PORT = 29500
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
@@ -163,6 +164,18 @@ def _sd(url: str) -> list[dict]:
         return json.loads(resp.read())
 
 
+def _sd_url(the_lab: Lab) -> str | None:
+    """Return the /sd URL of whichever node runs rank 0 (the others answer 404), or None."""
+    for n in the_lab.nodes:
+        url = f"http://{n.ip}:{PORT}/sd"
+        try:
+            _sd(url)
+            return url
+        except OSError:
+            continue
+    return None
+
+
 def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: Path):
     """Node 2 loses all traffic while training: rank 2 is named, ranks 0 and 1 dump, nobody
     else is blamed."""
@@ -172,36 +185,53 @@ def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: 
            "DDP_EXPORTER_DUMP_DIR": str(dumps)}  # fmt: skip
     args = [str(tmp_path), "--steps", "100000", "--port", str(PORT), "--addr", "0.0.0.0"]
     with lab(3) as the_lab:
-        jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env) for i in range(3)]
-        sd_url = f"http://{the_lab.nodes[0].ip}:{PORT}/sd"
+        # c10d rendezvous: torchrun assigns the node ranks; the monitoring rank (0) and its
+        # /sd may land on any node.
+        jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env, rdzv="c10d")
+                for i in range(3)]  # fmt: skip
+        sd_url = wait_for(lambda: _sd_url(the_lab), 120, "the monitoring rank's /sd")
         wait_for(lambda: len(_sd(sd_url)) == 3, 120, "3 targets in /sd")
         prom_dir = tmp_path / "prom"
         with run_prometheus(prom_dir, fast_config(prom_dir, sd_scrape(sd_url))) as prom:
             wait_for(lambda: len(prom.targets_up()) == 3, 60, "every rank scraped")
             wait_for(lambda: len(prom.query('ddp_steps_total{run="part"} > 20')) == 3, 60,
                      "every rank training")  # fmt: skip
-            the_lab.drop(2, "meta l4proto != 255")  # every packet, both ways
+            # Cut off a node that hosts neither rank 0 (the monitoring rank) nor the store.
+            node_of = {int(s["metric"]["rank"]): s["metric"]["node"]
+                       for s in prom.query('ddp_rank_info{run="part"}')}  # fmt: skip
+            cut_rank = next(r for r, n in sorted(node_of.items())
+                            if r != 0 and n != the_lab.nodes[0].name)  # fmt: skip
+            cut_node = node_of[cut_rank]
+            live = sorted(set(node_of) - {cut_rank})
+            the_lab.drop(int(cut_node.rsplit("-", 1)[1]), "meta l4proto != 255")  # all, both ways
             cut = time.monotonic()
             down = wait_for(lambda: [a for a in firing(prom, "part")
                                      if a["alertname"] == "DDPRankDown"], 90, "DDPRankDown")  # fmt: skip
             named = time.monotonic() - cut
-            assert {a.get("rank") for a in down} == {"2"}, down
+            assert {a.get("rank") for a in down} == {str(cut_rank)}, down
             # The reachable ranks wait in the allreduce: a hang episode, their stacks dumped.
             verdict = wait_for(lambda: sorted(dumps.glob("part-hang-*/verdict.txt")), 90,
                                "the episode's verdict")[0]  # fmt: skip
             folder = verdict.parent
-            assert (folder / "rank-0.json").exists() and (folder / "rank-1.json").exists()
-            assert not (folder / "rank-2.json").exists()
+            assert all((folder / f"rank-{r}.json").exists() for r in live), list(folder.iterdir())
+            assert not (folder / f"rank-{cut_rank}.json").exists()
             text = verdict.read_text()
             accused = {(a["alertname"], a.get("rank")) for a in firing(prom, "part")
                        if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
-            assert {rank for _, rank in accused} <= {"2"}, accused
-            # The fleet counts it against lab-node-2 only, by its real hostname.
+            assert {rank for _, rank in accused} <= {str(cut_rank)}, accused
+            # The fleet counts it against that node only, by its real hostname.
             blamed = fleet_recorded(FAST).blamed
             records = wait_for(lambda: prom.query(f'{blamed}{{run="part"}}'), 30, "fleet blame")
-            assert {s["metric"]["node"] for s in records} == {"lab-node-2"}, records
-            assert all(j.poll() is None for j in jobs[:2])  # the reachable nodes wait
+            assert {s["metric"]["node"] for s in records} == {cut_node}, records
+            # top, from the same Prometheus, says DOWN with the node.
+            first = top.diagnose(top.fetch_prometheus(prom.url, "part", window=FAST.rate_window))
+            rows = top.diagnose(top.fetch_prometheus(prom.url, "part", window=FAST.rate_window),
+                                {r.target: r for r in first})  # fmt: skip
+            verdicts = {r.rank: r.verdict for r in rows}
+            assert verdicts[cut_rank].startswith("DOWN"), verdicts
+            assert verdicts[cut_rank].endswith(f"(node {cut_node})"), verdicts
+            assert all(j.poll() is None for j in jobs)  # nobody gives up before the timeout
     # The silent rank is named with its node, and being cut off is among the reasons given.
-    assert "rank 2 (node lab-node-2) " in text and "cut off from the store's" in text, text
-    assert "rank 0 (node" not in text and "rank 1 (node" not in text, text
+    assert f"rank {cut_rank} (node {cut_node}) " in text and "cut off from the store's" in text
+    assert not any(f"rank {r} (node" in text for r in live), text
     assert named < 90, named

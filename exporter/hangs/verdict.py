@@ -141,7 +141,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             continue
         where = s.get("where") or (s.get("frames") or [None])[-1]
         v.culprits.append(
-            f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}); it is at {_at(where)} "
+            f"rank {r}{on(r)} never entered {op} #{_seq(seq)} (pg {pg}); it is at {_at(where)} "
             f"(step {s.get('step')}, phase {s.get('phase')})"
         )
         if where:

@@ -616,12 +616,13 @@ class HangWatcher:
             world_size=self.world_size,
             answered=sorted(acks),
             missing=[r for r in range(self.world_size) if r not in acks],
-            # The silent ranks' nodes (from their start acks): a partitioned node is named.
+            # The nodes of the ranks a verdict may name (behind, or silent: a partitioned
+            # node), from their acks; as many as those ranks, not the job.
             nodes={
                 str(r): self._nodes[r]
                 for r in range(self.world_size)
-                if r not in acks and r in self._nodes
-            },  # fmt: skip
+                if (r not in acks or r in ep["request"]["behind"]) and r in self._nodes
+            },
             last_enqueued=last_seq,
             complete_unix=time.time(),
         )

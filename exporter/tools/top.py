@@ -216,7 +216,7 @@ _PROM_NAMES = (
 def fetch_prometheus(
     url: str, run: str, timeout: float = 5.0, window: str = DEFAULT.rate_window
 ) -> list[RankRow]:
-    """Read one run's ranks from Prometheus with five queries (any number of ranks).
+    """Read one run's ranks from Prometheus with six queries (any number of ranks).
 
     Per-step figures come from the increase over ``window`` (the alerts' rate window by
     default), so each table stands on its own whatever the scrape and refresh intervals.
@@ -256,6 +256,10 @@ def fetch_prometheus(
         row_of(s["metric"]).store_rtt = float(s["value"][1])
     for s in query(f"up{{{run_sel}}}"):
         row_of(s["metric"]).up = float(s["value"][1]) == 1.0
+    # A rank that went down has no fresh series: its node from its last info over the window.
+    for s in query(f"last_over_time({c.RANK_INFO.name}{{{run_sel}}}[{window}])"):
+        row = row_of(s["metric"])
+        row.node = row.node or s["metric"].get("node", "")
     # A clean end is in the rank's final scrapes only: look back over the window.
     for s in query(f"last_over_time({c.FINISHED.name}{{{run_sel}}}[{window}])"):
         row_of(s["metric"]).finished = float(s["value"][1])
@@ -314,6 +318,8 @@ def diagnose(
         p = previous.get(r.target)
         if r.rank < 0 and p is not None:
             r.rank = p.rank  # a rank that went down keeps its number
+        if not r.node and p is not None:
+            r.node = p.node  # a rank that went down keeps its node
         if not r.finished and p is not None and p.finished:
             r.finished = p.finished  # its clean end was in its last read before it left
         inc = _increases(r, p)
@@ -390,10 +396,9 @@ def diagnose(
             and rtt > config.link_min_rtt_seconds
         ):  # fmt: skip
             r.suspect = "straggler:link"
-            where = f" on {r.node}" if r.node else ""
             r.note = (
                 f"link: store round trip {rtt * 1e3:.0f} ms vs median {med * 1e3:.1f} ms: the "
-                f"network link of its node{where} is slow"
+                "network link of its node is slow"
             )
 
     top_seq = {}
@@ -423,6 +428,8 @@ def diagnose(
             r.verdict = f"STUCK: {r.note}"
         else:
             r.verdict = f"straggler: {r.note}"
+        if r.node and accuses(r):
+            r.verdict += f" (node {r.node})"
     return rows
 
 
