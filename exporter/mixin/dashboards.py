@@ -367,7 +367,27 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                 ),
                 description=(
                     "Time per step a rank waits in gradient collectives. High on every rank "
-                    "but one: that one is the straggler."
+                    "but one: that one is the straggler. High on every rank alike: the "
+                    "network (a slow link: see the store round trips)."
+                ),
+                unit="s",
+                width=24,
+            ),
+            PanelSpec(
+                f"Store round trip, {TOP_RANKS} slowest ranks vs run median (a slow link)",
+                (
+                    Target(
+                        f"topk by (run) ({TOP_RANKS}, {_rec(r.store_rtt_rank)})",
+                        "rank {{rank}}",
+                    ),
+                    Target(f'{r.store_rtt_run}{{run=~"$run"}}', "median {{run}}"),
+                ),
+                description=(
+                    "Median over the rate window of each rank's c10d-store heartbeat round trip "
+                    "(one add per heartbeat). When the whole job waits on communication, the "
+                    "ranks far above the run's median sit behind a slow network link: "
+                    f"DDPRankStraggler cause=link above {cfg.link_rtt_ratio:g}x the median and "
+                    f"{cfg.link_min_rtt_seconds * 1000:g} ms."
                 ),
                 unit="s",
                 width=24,

@@ -76,26 +76,26 @@ def measure(dist: Any, rank: int, hosts: Sequence[str], mib: float = DEFAULT_MIB
             trips = []
             for _ in range(_PINGS):
                 t0 = time.perf_counter()
-                if rank == lo:
-                    dist.send(small, peer)
-                    dist.recv(small, peer)
-                else:
-                    dist.recv(small, peer)
-                    dist.send(small, peer)
+                _exchange(dist, rank == lo, peer, small)
                 trips.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            if rank == lo:
-                dist.send(big, peer)
-                dist.recv(big, peer)
-            else:
-                dist.recv(big, peer)
-                dist.send(big, peer)
+            _exchange(dist, rank == lo, peer, big)
             took = time.perf_counter() - t0
             if rank == lo:
                 moved = 2 * big.numel() * big.element_size()
                 mine.append(Pair(nodes[i], nodes[j], moved / took, statistics.median(trips)))
         dist.barrier()
     return mine
+
+
+def _exchange(dist: Any, first: bool, peer: int, tensor: Any) -> None:
+    """Send ``tensor`` to ``peer`` and receive it back (``first``), or receive then send."""
+    if first:
+        dist.send(tensor, peer)
+        dist.recv(tensor, peer)
+    else:
+        dist.recv(tensor, peer)
+        dist.send(tensor, peer)
 
 
 def judge(pairs: Sequence[Pair], ratio: float = RATIO) -> dict[str, str]:
