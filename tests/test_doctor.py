@@ -231,6 +231,14 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
     assert "GLOO_SOCKET_IFNAME on node2" in checks[2].fix
     assert checks[3].detail == "cannot reach rank 0 on their gloo addresses"
     assert notes == ["reach: the other ranks cannot connect to rank 2 on node2"]
+    # A hostname that resolves to loopback (Debian's 127.0.1.1): gloo advertises it.
+    reps[2].reach, reps[2].reach_why = "127.0.1.1:4000", "the hostname node2"
+    checks, _ = doctor.judge_reach(reps, failed, 4)
+    assert "advertises a loopback address (the hostname node2)" in checks[2].fix
+    assert doctor.netcheck.gloo_address({"GLOO_SOCKET_IFNAME": "lo"}) == (
+        "127.0.0.1",
+        "GLOO_SOCKET_IFNAME=lo",
+    )
     # A rank whose results never came is failed, not blamed; nobody tried it either.
     checks, notes = doctor.judge_reach(reps, {0: {}, 1: {}, 2: {}}, 4)
     assert checks[3].status == doctor.FAIL and "no result" in checks[3].detail and notes == []

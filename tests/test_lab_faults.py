@@ -3,7 +3,8 @@
 One lab of 3 nodes (each with a second interface no other node routes to); ``ddp-exporter
 doctor`` runs once per node, as a user would before a job, first healthy, then under each
 fault: the master port DROPPED by node 0's firewall, node 2's firewall dropping every port
-but MASTER_PORT (gloo's), ``GLOO_SOCKET_IFNAME`` naming node 1's unrouted interface, and
+but MASTER_PORT (gloo's), node 2's hostname resolving to loopback (gloo then advertises
+127.0.1.1), ``GLOO_SOCKET_IFNAME`` naming node 1's unrouted interface, and
 ``MASTER_ADDR`` resolving on node 1 to an address nobody answers. The init watch of ranks
 launched one process per rank names the two it can see (it probes ``MASTER_ADDR:MASTER_PORT``),
 and a node that loses all its traffic mid-training is named by the alerts while the reachable
@@ -78,6 +79,15 @@ def test_the_doctor_names_each_network_fault_and_no_healthy_node():
         assert "FAIL rank 2 reach:" in text and "from ranks 0,1 (dropped)" in text, text
         assert "lab-node-2 drops connections on ports other than MASTER_PORT" in text, text
         assert "FAIL rank 0" not in text and "FAIL rank 1" not in text, text
+
+        # Node 2's hostname resolves to loopback (Debian's 127.0.1.1): gloo advertises it.
+        the_lab.resolve_as(2, "lab-node-2", "127.0.1.1")
+        codes, text = _doctor(the_lab)
+        the_lab.resolve_as(2, "lab-node-2", the_lab.nodes[2].ip)
+        assert codes[0] == 1, text
+        assert [_row(text, r)["reach"] for r in range(3)] == ["ok", "ok", "FAIL"], text
+        assert "its gloo address 127.0.1.1:" in text and "(the hostname lab-node-2)" in text
+        assert "gloo on lab-node-2 advertises a loopback address" in text, text
 
         # GLOO_SOCKET_IFNAME on node 1 names eth1, which no other node has a route to.
         codes, text = _doctor(the_lab, {1: {"GLOO_SOCKET_IFNAME": "eth1"}})

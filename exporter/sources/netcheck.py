@@ -27,6 +27,7 @@ __all__ = [
     "explain_master",
     "gloo_address",
     "interface_address",
+    "is_loopback",
     "probe_tcp",
     "resolve",
 ]
@@ -115,8 +116,10 @@ def interface_address(name: str) -> str | None:
 def gloo_address(environ: Mapping[str, str]) -> tuple[str, str]:
     """Return ``(address, why)``: where gloo listens on this rank, and what chose it.
 
-    ``GLOO_SOCKET_IFNAME`` (its first interface) when set, else the address the hostname
-    resolves to (gloo's own default), else the interface routing to ``MASTER_ADDR``.
+    As gloo's default device does: ``GLOO_SOCKET_IFNAME`` (its first interface) when set, else
+    the address the hostname resolves to, even a loopback one (Debian's ``127.0.1.1``: the
+    other nodes cannot reach it, a classic cause of ``connectFullMesh`` failures), else
+    loopback.
     """
     names = [n for n in environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
     if names:
@@ -125,18 +128,14 @@ def gloo_address(environ: Mapping[str, str]) -> tuple[str, str]:
             return addr, f"GLOO_SOCKET_IFNAME={names[0]}"
     host = socket.gethostname()
     addr = resolve(host)
-    if addr and not addr.startswith("127.") and addr != "::1":
+    if addr:
         return addr, f"the hostname {host}"
-    master = environ.get("MASTER_ADDR", "")
-    target = resolve(master) if master else None
-    if target:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((target, 9))
-                return s.getsockname()[0], "the interface routing to MASTER_ADDR"
-        except OSError:
-            pass
-    return "127.0.0.1", "loopback (nothing else found)"
+    return "127.0.0.1", f"loopback (the hostname {host} does not resolve)"
+
+
+def is_loopback(addr: str) -> bool:
+    """Say whether ``addr`` is a loopback address (127.0.0.0/8 or ::1)."""
+    return addr.startswith("127.") or addr == "::1"
 
 
 def explain_master(found: Reach, here: str) -> tuple[str, str]:

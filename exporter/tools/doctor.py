@@ -41,6 +41,7 @@ from typing import Any
 
 from .. import settings, storekeys
 from ..ranklist import format_ranks
+from ..sources import netcheck
 from . import links
 
 __all__ = [
@@ -339,8 +340,6 @@ def _check_master_is_here(addr: str, ip: str) -> Check:
 
 def _probe_port(addr: str, port: int, seconds: float) -> Check:
     """Connect to MASTER_ADDR:MASTER_PORT, retrying until ``seconds`` (rank 0 may start late)."""
-    from ..sources import netcheck
-
     found = netcheck.probe_tcp(addr, port, seconds)
     if found.ok:
         return Check(OK)
@@ -569,7 +568,13 @@ def judge_reach(
                 f"its gloo address {rep.reach} ({rep.reach_why}) on {rep.host} is not reachable "
                 f"from {_ranks(sorted(who))} ({', '.join(kinds)})"
             )
-            if rep.reach_why.startswith("GLOO_SOCKET_IFNAME"):
+            if netcheck.is_loopback(rep.reach.rpartition(":")[0]):
+                fix = (
+                    f"gloo on {rep.host} advertises a loopback address ({rep.reach_why}): map "
+                    f"the hostname to {rep.host}'s network address (/etc/hosts) or set "
+                    "GLOO_SOCKET_IFNAME to the interface the nodes share"
+                )
+            elif rep.reach_why.startswith("GLOO_SOCKET_IFNAME"):
                 fix = (
                     f"set GLOO_SOCKET_IFNAME on {rep.host} to the interface the nodes share "
                     "(the one routing to MASTER_ADDR), or unset it"
@@ -650,8 +655,6 @@ class _Doctor:
     # -- steps -----------------------------------------------------------------------------
     def _listen(self) -> None:
         """Listen where gloo would, so that every other rank can try to connect there."""
-        from ..sources import netcheck
-
         addr, why = netcheck.gloo_address(self.env)
         self.report.reach_why = why
         try:
@@ -678,8 +681,6 @@ class _Doctor:
     def _reach(self) -> None:
         """Try every target rank's gloo address at once; publish how each attempt ended."""
         from concurrent.futures import ThreadPoolExecutor
-
-        from ..sources import netcheck
 
         assert self.world is not None and self.rank is not None
         peers = json.loads(self._wait_key("peers", self.dl.end) or "{}")
