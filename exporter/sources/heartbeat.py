@@ -68,10 +68,7 @@ class Heartbeat:
 
     def start(self) -> Heartbeat:
         """Beat once synchronously (peers see this rank at once), then in the background."""
-        start = time.perf_counter()
-        count = self._store.add(self._key, 1)
-        self.round_trip_s = time.perf_counter() - start
-        if count >= END_MARK:
+        if self._beat() >= END_MARK:
             # An earlier instrument() of this process ended cleanly: this one runs again.
             self._store.add(self._key, -END_MARK)
         if self.monitor:
@@ -81,12 +78,14 @@ class Heartbeat:
         self._loop.start()
         return self
 
-    def _beat(self) -> None:
+    def _beat(self) -> int:
+        """Bump this rank's counter (one round trip, timed); return its new value."""
         start = time.perf_counter()
-        self._store.add(self._key, 1)
+        count = self._store.add(self._key, 1)
         # Free to measure, and the one per-rank timing a slow link on this node inflates
         # (the collectives' own latency is the same on every rank: they wait for each other).
         self.round_trip_s = time.perf_counter() - start
+        return count
 
     def poll(self) -> None:
         """Read every peer's counter once (the monitoring rank's thread does so each interval)."""
