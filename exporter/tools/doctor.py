@@ -533,16 +533,20 @@ def judge_reach(
     blame is fine.
     """
     by_rank = {r.rank: r for r in reports if r.rank is not None}
-    blamed: set[int] = set()
-    against: dict[int, dict[int, str]] = collections.defaultdict(dict)
-    while True:
-        tried: dict[int, int] = collections.Counter()
-        against.clear()
-        for rank in set(failed) - blamed:
-            for peer in reach_targets(rank, world):
-                tried[peer] += 1
+
+    def failed_against(triers: set[int]) -> dict[int, dict[int, str]]:
+        """Return ``{peer: {rank that failed to reach it: how}}`` over ``triers``' attempts."""
+        out: dict[int, dict[int, str]] = collections.defaultdict(dict)
+        for rank in triers:
             for peer, kind in failed[rank].items():
-                against[int(peer)][rank] = kind
+                out[int(peer)][rank] = kind
+        return out
+
+    blamed: set[int] = set()
+    while True:
+        triers = set(failed) - blamed
+        tried = collections.Counter(p for rank in triers for p in reach_targets(rank, world))
+        against = failed_against(triers)
         worst = max(
             (p for p, who in against.items() if p not in blamed and len(who) * 2 > tried[p]),
             key=lambda p: (len(against[p]) / tried[p], -p),
@@ -551,11 +555,7 @@ def judge_reach(
         if worst is None:
             break
         blamed.add(worst)
-    # Recount against every rank that tried, for the detail.
-    against.clear()
-    for rank, peers in failed.items():
-        for peer, kind in peers.items():
-            against[int(peer)][rank] = kind
+    against = failed_against(set(failed))  # every rank that tried, for the detail
     checks: dict[int, Check] = {}
     notes: list[str] = []
     for rank in sorted(by_rank):
