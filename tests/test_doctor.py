@@ -265,6 +265,7 @@ def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link()
         list(judged) == ["n2"]
         and "2.4 MB/s, 833x below the median node's 2.00 GB/s" in judged["n2"]
     )
+    assert links.representatives(["a", "b", "a", "c"]) == {"a": 0, "b": 1, "c": 3}
     assert links.judge(pairs[:1]) == {}  # two nodes: no third to tell which end is slow
     # Uneven but healthy links (within RATIO of each other) blame nobody.
     assert links.judge([links.Pair("a", "b", 1e9, 0), links.Pair("a", "c", 5e8, 0),

@@ -831,9 +831,10 @@ class _Doctor:
             else:
                 pairs += [links.Pair(**p) for p in found]
         slow = links.judge(pairs)
-        first_on: dict[str, int] = {}
-        for rep in sorted(reports, key=lambda r: r.rank or 0):
-            first_on.setdefault(rep.host, rep.rank)  # type: ignore[arg-type]
+        # The ranks that measured for their node (every rank reported: the gloo group ran).
+        first_on = links.representatives(
+            [r.host for r in sorted(reports, key=lambda r: r.rank or 0)]
+        )
         for rep in reports:
             if rep.rank in errors:
                 rep.checks["links"] = Check(FAIL, f"links: {errors[rep.rank]}", _FIX_GLOO)

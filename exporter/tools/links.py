@@ -21,7 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_MIB", "RATIO", "Pair", "judge", "measure", "render", "rounds"]
+__all__ = [
+    "DEFAULT_MIB",
+    "RATIO",
+    "Pair",
+    "judge",
+    "measure",
+    "render",
+    "representatives",
+    "rounds",
+]
 
 #: MiB each way per pair: long enough to fill a queue, short enough for a 20 Mbit/s link.
 DEFAULT_MIB = 4.0
@@ -52,6 +61,14 @@ def rounds(n: int) -> list[list[tuple[int, int]]]:
     return out
 
 
+def representatives(hosts: Sequence[str]) -> dict[str, int]:
+    """Return ``{host: the lowest rank on it}``, hosts in order of that rank (``hosts`` by rank)."""
+    reps: dict[str, int] = {}
+    for rank, host in enumerate(hosts):
+        reps.setdefault(host, rank)
+    return reps
+
+
 def measure(dist: Any, rank: int, hosts: Sequence[str], mib: float = DEFAULT_MIB) -> list[Pair]:
     """Measure every pair of nodes in the current process group; return this rank's pairs.
 
@@ -60,9 +77,7 @@ def measure(dist: Any, rank: int, hosts: Sequence[str], mib: float = DEFAULT_MIB
     """
     import torch
 
-    reps: dict[str, int] = {}
-    for r, host in enumerate(hosts):
-        reps.setdefault(host, r)
+    reps = representatives(hosts)
     nodes = list(reps)
     big = torch.ones(max(1, int(mib * 2**20) // 4), dtype=torch.float32)
     small = torch.zeros(1)
