@@ -201,7 +201,6 @@ _PROM_NAMES = (
     c.INFLIGHT_AGE.name,
     c.COLLECTIVE_TIMEOUT.name,
     c.HEARTBEAT.name,
-    c.STORE_ROUND_TRIP.name,
     c.GPU_MEM_ALLOCATED.name,
     c.HOST_MEM_RESIDENT.name,
     c.SECTION_DEADLINE.name,
