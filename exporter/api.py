@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from . import settings
 from .initwatch import InitWatch
+from .log import log
 from .observer import Observer
-from .sources import launcher
+from .sources import launcher, parallelism
 from .sources.memory import MemorySource
 from .sources.walltime import resolve_job_clock
 
@@ -38,13 +38,9 @@ def _group() -> tuple[int, int] | None:
     return None
 
 
-def _check_types(model: object, dataloader: object, optimizer: object) -> None:
-    if not isinstance(model, DistributedDataParallel):
-        raise TypeError(
-            "exporter.instrument(model): expected a torch.nn.parallel.DistributedDataParallel "
-            f"model, got {type(model).__module__}.{type(model).__qualname__}; wrap the model "
-            "with DistributedDataParallel(model) first"
-        )
+def _check_types(model: object, dataloader: object, optimizer: object) -> str:
+    """Check the arguments' types; return the model's parallelism (raises TypeError)."""
+    kind = parallelism.kind_of(model)
     if dataloader is not None and not isinstance(dataloader, torch.utils.data.DataLoader):
         raise TypeError(
             "exporter.instrument(dataloader=...): expected a torch.utils.data.DataLoader, got "
@@ -55,10 +51,11 @@ def _check_types(model: object, dataloader: object, optimizer: object) -> None:
             "exporter.instrument(optimizer=...): expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__qualname__}"
         )
+    return kind
 
 
 def instrument(
-    model: DistributedDataParallel,
+    model: torch.nn.Module | None = None,
     *,
     dataloader: torch.utils.data.DataLoader | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -81,7 +78,13 @@ def instrument(
     start_step: int | None = None,
     comm_timing: str | None = None,
 ) -> Observer:
-    """Instrument a DDP model (and optionally its DataLoader and optimizer); serve metrics.
+    """Instrument a training job (its model, DataLoader and optimizer); serve metrics.
+
+    ``model``: a ``DistributedDataParallel`` model, an FSDP2 (``fully_shard``) or classic FSDP
+    model, another ``torch.nn.Module`` of a distributed job, or None (a loop of collectives: steps
+    then come from ``dataloader``, ``optimizer`` or ``with exporter.step():``). Without DDP every
+    ``torch.distributed`` collective is timed where it is called
+    (:mod:`exporter.sources.collectives`; ``ddp_rank_info{parallelism}`` says which kind).
 
     Each rank serves ``/metrics`` on ``port + LOCAL_RANK`` (``port=0``: a free port; see
     ``Observer.port``). Settings not given fall back to the environment (:mod:`exporter.settings`)
@@ -114,7 +117,24 @@ def instrument(
                 stacklevel=2,
             )
             return _active
-        _check_types(model, dataloader, optimizer)
+        kind = _check_types(model, dataloader, optimizer)
+        if _group() is None:
+            raise ValueError(
+                "exporter.instrument(): no process group; call "
+                "torch.distributed.init_process_group() first"
+            )
+        if kind != "ddp" and comm_timing not in (None, "auto"):
+            raise ValueError(
+                f"exporter.instrument(comm_timing={comm_timing!r}) chooses how DDP's gradient "
+                f"communication is timed; this model's parallelism is {kind!r}, whose "
+                "collectives are timed where they are called: leave comm_timing out"
+            )
+        if kind != "ddp" and dataloader is None and optimizer is None:
+            log.info(
+                "ddp-exporter: no DataLoader or optimizer given for a %s job: steps are counted "
+                "only inside `with exporter.step():`",
+                kind,
+            )
         endpoint = settings.endpoint(
             "instrument",
             port=port,

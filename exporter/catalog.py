@@ -17,6 +17,8 @@ __all__ = [
     "MetricDef",
     "METRICS",
     "PHASES",
+    "PARALLELISMS",
+    "COLLECTIVE_OPS",
     "STEP_BUCKETS",
     "ERROR_WHERE",
     "RANK_INFO",
@@ -66,6 +68,22 @@ BASE_LABELS: tuple[str, ...] = ("run", "rank")
 
 #: Step phases; they add up to the step duration.
 PHASES: tuple[str, ...] = ("data", "compute", "comm_wait", "optimizer")
+
+#: Kinds of parallelism a rank reports (``ddp_rank_info{parallelism}``): a DDP model, FSDP2
+#: (``fully_shard``), classic FSDP, another module of a distributed job, or no model.
+PARALLELISMS: tuple[str, ...] = ("ddp", "fsdp2", "fsdp", "module", "none")
+
+#: Values of the ``op`` label of the collective series: DDP's gradient buckets are
+#: ``allreduce``; without DDP every ``torch.distributed`` collective is timed under its kind.
+COLLECTIVE_OPS: tuple[str, ...] = (
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "alltoall",
+    "barrier",
+)
 
 #: Places where an exporter error can happen (bounded label set of ddp_exporter_errors_total).
 ERROR_WHERE: tuple[str, ...] = (
@@ -158,6 +176,7 @@ RANK_INFO = MetricDef(
         "exporter_version",
         "inflight_source",
         "comm_timing",
+        "parallelism",
         "python_version",
         "cuda_version",
         "nccl_version",
@@ -191,9 +210,11 @@ STEP_PHASE = MetricDef(
 COLLECTIVE_DURATION = MetricDef(
     "ddp_collective_duration_seconds",
     "histogram",
-    "Latency of DDP's gradient communication on this rank: one bucket's collective from launch "
+    "Latency of collectives on this rank. DDP: one gradient bucket's collective from launch "
     "to completion (comm_timing hook), or one iteration's, first bucket launched to last "
-    "completed (comm_timing reducer; see ddp_rank_info). "
+    "completed (comm_timing reducer); other parallelism (FSDP2, FSDP, no model): each "
+    "torch.distributed collective from call to completion, per kind (comm_timing collectives; "
+    "see ddp_rank_info). "
     "A straggler shows the SHORTEST latency: its peers wait for it inside the collective.",
     ("op", "pg"),
     unit="seconds",
@@ -202,7 +223,8 @@ COLLECTIVE_DURATION = MetricDef(
 COLLECTIVE_BYTES = MetricDef(
     "ddp_collective_bytes_total",
     "counter",
-    "Payload bytes of DDP gradient bucket collectives launched by this rank.",
+    "Payload bytes of collectives launched by this rank: DDP's gradient buckets, or the input "
+    "tensors of torch.distributed collectives (other parallelism).",
     ("op", "pg"),
     unit="bytes",
 )

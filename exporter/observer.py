@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
-from torch.nn.parallel import DistributedDataParallel
 
 from . import settings, storekeys
 from .errors import ErrorCounter
@@ -26,6 +25,7 @@ from .hangs.action import policies
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources import ending, launcher
+from .sources.collectives import CollectiveTiming
 from .sources.commhook import (
     CommHookInstrumentor,
     CommHookWrapper,
@@ -36,6 +36,7 @@ from .sources.flight import InFlight, pg_timeout_seconds
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.memory import MemorySource, cuda_memory_source
+from .sources.parallelism import kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.reducer import ReducerTiming, choose_timing
 from .sources.sections import REGISTRY as SECTIONS
@@ -54,7 +55,7 @@ class Observer:
 
     def __init__(
         self,
-        model: DistributedDataParallel,
+        model: torch.nn.Module | None,
         *,
         identity: settings.Identity,
         endpoint: settings.Endpoint,
@@ -81,30 +82,48 @@ class Observer:
         self._closed = False
         self.end = ending.End()
         self._final_scrape_s = final_scrape_s
+        #: ``ddp``, ``fsdp2``, ``fsdp``, ``module`` or ``none`` (exporter.sources.parallelism).
+        self.parallelism = kind_of(model)
+        ddp = self.parallelism == "ddp"
+        # Without DDP nothing ends a step by itself but the optimizer, the DataLoader or
+        # exporter.step().
         self.recorder = Recorder("optimizer" if optimizer is not None else "dataloader"
-                                 if dataloader is not None else "comm_hook")  # fmt: skip
-        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        self.backend = dist.get_backend(model.process_group) if dist.is_initialized() else "none"
+                                 if dataloader is not None else "comm_hook" if ddp
+                                 else "explicit")  # fmt: skip
+        params = model.parameters() if model is not None else iter(())
+        self.device = next((p.device for p in params), torch.device("cpu"))
+        pg = model.process_group if ddp else None
+        self.backend = dist.get_backend(pg) if dist.is_initialized() else "none"
         # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
-        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder)
-        pg = model.process_group
-        stats = self.recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
-                                               pg_timeout_seconds(pg))  # fmt: skip
+        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder,
+                                 before_first_collective=not ddp)  # fmt: skip
         cuda = self.device.type == "cuda"  # CUDA events time the hook off the training thread
-        self.comm_timing = choose_timing(comm_timing, model, self.inflight.name, self.recorder.mode)
-        hooked = self.comm_timing == "hook"
-        self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda and hooked else None
-        #: The timing comm hook; None when DDP's reducer times its own allreduce.
-        self.hook = CommHookWrapper(self.recorder, self.errors, stats, allreduce_mean_hook, pg,
-                                    self._cuda) if hooked else None  # fmt: skip
-        self._comm = CommHookInstrumentor(model, self.hook) if hooked else ReducerTiming(
-            model, self.errors)  # fmt: skip
-        if not self._comm.instrument():
-            self.comm_timing = "none"  # a hook registered before the wrapper: not timed
-        elif not hooked:
-            self.recorder.time_comm_with(self._comm.read, stats)
+        self.hook: CommHookWrapper | None = None
+        self._cuda: CudaEventResolver | None = None
+        if ddp:
+            stats = self.recorder.collective_stats("allreduce", getattr(pg, "group_name", "0")
+                                                   or "0", pg_timeout_seconds(pg))  # fmt: skip
+            self.comm_timing = choose_timing(comm_timing, model, self.inflight.name,
+                                             self.recorder.mode)  # fmt: skip
+            hooked = self.comm_timing == "hook"
+            self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda and hooked else None
+            #: The timing comm hook; None when DDP's reducer times its own allreduce.
+            self.hook = CommHookWrapper(self.recorder, self.errors, stats, allreduce_mean_hook,
+                                        pg, self._cuda) if hooked else None  # fmt: skip
+            self._comm = CommHookInstrumentor(model, self.hook) if hooked else ReducerTiming(
+                model, self.errors)  # fmt: skip
+            if not self._comm.instrument():
+                self.comm_timing = "none"  # a hook registered before the wrapper: not timed
+            elif not hooked:
+                self.recorder.time_comm_with(self._comm.read, stats)
+        else:
+            # FSDP2, FSDP, a plain loop: every torch.distributed collective, timed where called.
+            self._comm = CollectiveTiming(self.recorder, self.errors, timed=not cuda)
+            self.comm_timing = "collectives" if self._comm.instrument() else "none"
+            self.recorder.time_comm_by_waits()
         # The first forward opens the first step, whatever source closes steps.
-        self._forward_handle = model.register_forward_pre_hook(self._forward_pre)
+        self._forward_handle = (model.register_forward_pre_hook(self._forward_pre)
+                                if model is not None else None)  # fmt: skip
         rec, err = self.recorder, self.errors
         self._loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, rec, err)
         self._optim = None if optimizer is None else OptimizerInstrumentor(optimizer, rec, err)
@@ -176,7 +195,8 @@ class Observer:
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         # Once a step is open one stays open (each boundary opens the next): drop the hook.
-        self._forward_handle.remove()
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
         try:
             self.recorder.open_step()
         except Exception as exc:  # noqa: BLE001
@@ -196,7 +216,12 @@ class Observer:
     def info_labels(self) -> dict[str, str]:
         """Return the static facts published as ``ddp_rank_info``."""
         return rank_info(
-            self.identity, self.backend, self.device.type, self.inflight.name, self.comm_timing
+            self.identity,
+            self.backend,
+            self.device.type,
+            self.inflight.name,
+            self.comm_timing,
+            self.parallelism,
         )
 
     def timed_batches(self, iterator: Iterator) -> Iterator:
@@ -211,6 +236,15 @@ class Observer:
             self.recorder.optimizer_begin()
         except Exception as exc:  # noqa: BLE001
             self.errors.record("optimizer", exc)
+
+    @property
+    def comm_instrumentor(self) -> Any:
+        """Return what times communication (DDP's reducer, the comm hook, or the collectives).
+
+        Its ``instrument()``/``uninstrument()`` are idempotent; the overhead benchmark toggles
+        the collectives' wrappers around the blocks of its uninstrumented FSDP2 models.
+        """
+        return self._comm
 
     @property
     def url(self) -> str | None:
@@ -252,7 +286,8 @@ class Observer:
             return
         self._closed = True
         self._comm.uninstrument()
-        self._forward_handle.remove()
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
         SECTIONS.unlisten(self._sections)
         for part in (self._loader, self._optim):
             if part is not None:

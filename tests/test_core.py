@@ -13,9 +13,37 @@ import exporter.settings
 from exporter.sources.commhook import CommHookWrapper
 
 
-def test_rejects_a_model_that_is_not_ddp(world1):
-    with pytest.raises(TypeError, match=r"instrument\(model\).*DistributedDataParallel"):
-        exporter.instrument(torch.nn.Linear(2, 2))
+def test_rejects_what_it_cannot_watch_in_one_error(world1):
+    for bad in (object(), "model", lambda x: x):
+        with pytest.raises(TypeError, match=r"instrument\(model\): expected a Distributed"
+                           r"DataParallel, FSDP2 .*torch.nn.Module, or None"):  # fmt: skip
+            exporter.instrument(bad)
+    with pytest.raises(ValueError, match=r"comm_timing='hook'\) chooses how DDP"):
+        exporter.instrument(torch.nn.Linear(2, 2), comm_timing="hook")
+    assert exporter.active() is None
+
+
+def test_a_plain_module_or_no_model_is_watched(world1):
+    """Not DDP: the torch.distributed collectives are wrapped, and restored exactly on close."""
+    import torch.distributed as dist
+
+    before = (dist.all_reduce, dist.all_gather_single, dist.Work.wait)
+    for model in (torch.nn.Linear(2, 2), None):
+        obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
+        assert obs.parallelism == ("module" if model is not None else "none")
+        assert dist.all_reduce is not before[0] and dist.Work.wait is not before[2]
+        with exporter.step():
+            dist.all_reduce(torch.ones(4))
+            dist.all_gather_single(torch.empty(2), torch.ones(2), async_op=True).wait()
+        s = parse(scrape_text(obs.url))
+        (labels,) = [lab for lab, _ in s["ddp_rank_info"]]
+        assert labels["parallelism"] == obs.parallelism and labels["comm_timing"] == "collectives"
+        assert value(s, "ddp_collective_bytes_total", op="allreduce", pg="0") == 16
+        assert value(s, "ddp_collective_bytes_total", op="allgather", pg="0") == 8
+        assert value(s, "ddp_collective_duration_seconds_count", op="allgather", pg="0") == 1
+        assert value(s, "ddp_steps_total") == 1
+        obs.close()
+        assert (dist.all_reduce, dist.all_gather_single, dist.Work.wait) == before
 
 
 def test_rejects_bad_arguments_by_name(ddp):

@@ -1,6 +1,8 @@
 """Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo).
 
-Both timing modes: the default (DDP's reducer times its own allreduce) and the timing hook.
+Both timing modes: the default (DDP's reducer times its own allreduce) and the timing hook;
+and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps: loss,
+gradient shards and parameter shards.
 """
 
 import json
@@ -15,6 +17,7 @@ def test_gradients_bit_identical(tmp_path):
     results = json.loads(out.read_text())
     for rank, per_rank in enumerate(results):
         for name, r in per_rank.items():
+            assert r.get("losses", True), f"rank {rank} {name}: losses differ"
             assert r["grads"], f"rank {rank} {name}: gradients differ"
             assert r["params"], f"rank {rank} {name}: parameters differ"
             assert r["steps"] == 6, (rank, name, r)
@@ -29,3 +32,7 @@ def test_gradients_bit_identical(tmp_path):
         for name in ("builtin", "fp16_after", "fp16_before"):
             r = per_rank[f"{name}/auto"]
             assert r["timing"] == "reducer" and r["buckets"] == 6, (rank, name, r)
+        # FSDP2: every all-gather and gradient reduction timed, by kind.
+        r = per_rank["fsdp2/collectives"]
+        assert r["timing"] == "collectives" and r["buckets"] > 6 * 3, (rank, r)
+        assert {"allgather", "reduce_scatter"} <= set(r["ops"]), (rank, r)

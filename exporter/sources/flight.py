@@ -231,6 +231,14 @@ class FlightRecorderSource:
         self._names: dict[tuple[int, str], str] = {}
 
     @property
+    def readable(self) -> bool:
+        """Say whether a Flight Recorder of this torch can be read (it may report no group yet)."""
+        try:
+            return any(isinstance(read_trace(fn, collectives=False), dict) for fn in self._dumps)
+        except Exception:  # noqa: BLE001 - private API
+            return False
+
+    @property
     def available(self) -> bool:
         """Say whether a Flight Recorder of this torch reports a process group (usable)."""
         if not self._dumps:
@@ -318,13 +326,22 @@ class InFlight:
         *,
         flight_recorder: bool = True,
         source: Any = None,
+        before_first_collective: bool = False,
     ) -> None:
+        """``before_first_collective``: no collective ran yet (FSDP2 and loops without DDP,
+        whose every collective the bookkeeping counts), so a readable Flight Recorder that
+        reports no group yet is taken on probation: once the bookkeeping has seen a collective
+        the recorder did not, it is off (``TORCH_FR_BUFFER_SIZE=0``) and the bookkeeping is
+        used from then on."""
         self._recorder = recorder
         self._errors = errors
+        self._probation = False
         if source is None and flight_recorder:
             fr = FlightRecorderSource(errors)
             if fr.available:
                 source = fr
+            elif before_first_collective and fr.readable:
+                source, self._probation = fr, True
             else:
                 log.info(
                     "ddp-exporter: torch %s has no usable Flight Recorder; in-flight state "
@@ -350,7 +367,20 @@ class InFlight:
     def read(self) -> list[PGState]:
         """Return one state per process group; on a Flight Recorder error, fall back and retry."""
         try:
-            return self.source.read()
+            states = self.source.read()
         except Exception as exc:  # noqa: BLE001 - a private API: fall back once
             self.fail(exc)
             return self.source.read()
+        if self._probation:
+            if states:
+                self._probation = False  # it records: keep it
+            else:
+                book = HookBookkeepingSource(self._recorder)
+                seen = book.read()
+                if seen:
+                    self._probation = False
+                    log.info("ddp-exporter: the Flight Recorder records no collective (off?); "
+                             "in-flight state comes from the exporter's own bookkeeping")  # fmt: skip
+                    self.source = book
+                    return seen
+        return states

@@ -123,6 +123,9 @@ class Recorder:
         # Hook-free timing: read DDP's reducer timers as each step closes (time_comm_with).
         self._comm_reader: Callable[[], Any] | None = None
         self._comm_stats: CollectiveStats | None = None
+        # Without DDP: a step's comm_wait is the time the training thread sat in collectives
+        # (collective_finished / comm_blocked), not a bucket's launch-to-completion.
+        self._exposed_from_waits = False
         self._reset_step(None)
 
     # -- step state ------------------------------------------------------------------------
@@ -134,6 +137,7 @@ class Recorder:
         self._last_launch = 0.0
         self._last_done = 0.0
         self._opt_t0 = 0.0
+        self._blocked = 0.0
 
     def _finish_step(self, now: float, reading: Any = None) -> None:
         """Close the current step at ``now`` and open the next; caller holds the lock.
@@ -156,6 +160,8 @@ class Recorder:
             data, opt = self._data, self._opt
             if reading is not None:
                 comm = reading.exposed_s
+            elif self._exposed_from_waits:
+                comm = self._blocked
             else:
                 comm = self._last_done - self._last_launch if self._last_launch else 0.0
             rest = duration - data - opt
@@ -186,6 +192,11 @@ class Recorder:
         with self.lock:
             self._comm_reader = reader
             self._comm_stats = stats
+
+    def time_comm_by_waits(self) -> None:
+        """Take each step's comm_wait from :meth:`comm_blocked` (collectives without DDP)."""
+        with self.lock:
+            self._exposed_from_waits = True
 
     def _read_comm(self) -> Any:
         reader = self._comm_reader
@@ -294,6 +305,45 @@ class Recorder:
             self.last_progress = now
         return now
 
+    def collective_launched(self, stats: CollectiveStats, nbytes: int) -> float:
+        """Record the call of one ``torch.distributed`` collective; return its start time.
+
+        Unlike a DDP bucket it opens no step: a collective outside training (a barrier before
+        the first step, a metric's all_reduce in evaluation) is no training activity.
+        """
+        now = self.clock()
+        with self.lock:
+            stats.enqueued += 1
+            stats.bytes += nbytes
+            stats.pending.append(now)
+        return now
+
+    def collective_finished(self, stats: CollectiveStats, t0: float, timed: bool = True) -> None:
+        """Record the completion of a collective called at ``t0`` (any thread).
+
+        ``timed``: observe its latency (False where completion is not seen on the host: a CUDA
+        collective's future completes when it is enqueued; or the call raised).
+        """
+        now = self.clock()
+        with self.lock:
+            if timed:
+                self._collective_done(stats, t0, now - t0, now)
+            else:
+                stats.completed += 1
+                try:
+                    stats.pending.remove(t0)
+                except ValueError:
+                    pass
+
+    def comm_blocked(self, seconds: float) -> None:
+        """Add ``seconds`` the training thread waited for a collective to this step's comm_wait.
+
+        Not inside a section that interrupts training: that time is out of the step already.
+        """
+        with self.lock:
+            if self._paused is None:
+                self._blocked += seconds
+
     def bucket_done(self, stats: CollectiveStats, t0: float, is_last: bool) -> None:
         """Record the completion of a collective launched at ``t0`` (wall-clock timing)."""
         now = self.clock()
@@ -366,14 +416,21 @@ class Recorder:
         return total, count
 
     def inflight(self) -> list[tuple[str, int, int, float]]:
-        """Return comm-hook bookkeeping per pg: ``(pg, enqueued, completed, oldest age s)``."""
+        """Return the bookkeeping per pg: ``(pg, enqueued, completed, oldest age s)``.
+
+        A group's collectives of every kind (all-gathers and reductions of FSDP2) share one
+        sequence, as the Flight Recorder numbers them.
+        """
         now = self.clock()
         with self.lock:
-            out = []
+            out: dict[str, list] = {}
             for st in self.collectives:
                 age = now - st.pending[0] if st.pending else 0.0
-                out.append((st.pg, st.enqueued, st.completed, age))
-            return out
+                row = out.setdefault(st.pg, [st.pg, 0, 0, 0.0])
+                row[1] += st.enqueued
+                row[2] += st.completed
+                row[3] = max(row[3], age)
+            return [tuple(row) for row in out.values()]
 
 
 class ThreadSections:

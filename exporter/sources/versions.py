@@ -38,12 +38,19 @@ def versions() -> dict[str, str]:
 
 
 def rank_info(
-    identity: Identity, backend: str, device: str, inflight: str, comm_timing: str
+    identity: Identity,
+    backend: str,
+    device: str,
+    inflight: str,
+    comm_timing: str,
+    parallelism: str = "ddp",
 ) -> dict[str, str]:
     """Return the labels of ``ddp_rank_info``: who the rank is, where, with what versions.
 
     ``inflight`` and ``comm_timing`` name the sources in use: ``flight_recorder`` or
-    ``comm_hook``; ``reducer``, ``hook`` or ``none`` (a hook registered before the exporter's).
+    ``comm_hook``; ``reducer``, ``hook``, ``collectives`` (no DDP: the ``torch.distributed``
+    collectives are timed) or ``none`` (a hook registered before the exporter's).
+    ``parallelism``: the model's kind (:mod:`exporter.sources.parallelism`).
     """
     return {
         "local_rank": str(identity.local_rank),
@@ -55,6 +62,7 @@ def rank_info(
         "exporter_version": __version__,
         "inflight_source": inflight,
         "comm_timing": comm_timing,
+        "parallelism": parallelism,
         **versions(),
         "attempt": identity.attempt,
     }

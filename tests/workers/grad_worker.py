@@ -1,4 +1,4 @@
-"""Train plain and instrumented DDP side by side and report whether gradients match bit for bit.
+"""Train plain and instrumented DDP (and FSDP2) and report whether gradients match bit for bit.
 
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
 ``cuda`` as argv[2] the models train on the GPU over gloo (tests/gpu), where the exporter times
@@ -77,6 +77,61 @@ def scenario(name: str, timing: str, rank: int) -> dict:
     }
 
 
+def make_fsdp2() -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(1234)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 3),
+    ).to(DEVICE)
+    for layer in (net[0], net[2], net[4]):
+        fully_shard(layer)
+    return fully_shard(net)
+
+
+def train_fsdp2(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int) -> tuple:
+    g = torch.Generator().manual_seed(100 + rank)
+    grads, losses = [], []
+    for _ in range(STEPS):
+        x = torch.randn(16, 32, generator=g).to(DEVICE)
+        y = torch.randn(16, 3, generator=g).to(DEVICE)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads.append([p.grad.to_local().clone() for p in model.parameters()])  # this rank's shard
+        opt.step()
+    return grads, losses
+
+
+def fsdp2_scenario(rank: int) -> dict:
+    """FSDP2 with and without the exporter; the plain model trains before instrument() wraps
+    the torch.distributed collectives, so it really runs without the exporter."""
+    plain = make_fsdp2()
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    gp, lp = train_fsdp2(plain, opt_p, rank)
+    inst = make_fsdp2()
+    opt_i = torch.optim.SGD(inst.parameters(), lr=0.1, momentum=0.9)
+    obs = exporter.instrument(inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0)
+    gi, li = train_fsdp2(inst, opt_i, rank)
+    snap = obs.recorder.snapshot()
+    obs.close()
+    local = [p.to_local() for p in plain.parameters()], [p.to_local() for p in inst.parameters()]
+    return {
+        "grads": all(torch.equal(a, b) for sa, sb in zip(gp, gi) for a, b in zip(sa, sb)),
+        "params": all(torch.equal(a, b) for a, b in zip(*local)),
+        "losses": all(torch.equal(a, b) for a, b in zip(lp, li)),
+        "steps": snap.steps,
+        "buckets": sum(c[4] for c in snap.collectives),
+        "ops": sorted({c[0] for c in snap.collectives if c[4]}),
+        "timing": obs.comm_timing,
+    }
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -89,6 +144,7 @@ def main() -> None:
         for timing in timings
         for name in ("builtin", "fp16_after", "fp16_before")
     }
+    out["fsdp2/collectives"] = fsdp2_scenario(rank)
     write_all_ranks(sys.argv[1], out)
     leave()
 

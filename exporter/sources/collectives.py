@@ -1,0 +1,242 @@
+"""Time the ``torch.distributed`` collectives of a job that has no DDP (FSDP2, FSDP, a plain loop).
+
+DDP's gradient communication is timed by DDP's reducer or a comm hook
+(:mod:`exporter.sources.reducer`, :mod:`exporter.sources.commhook`); FSDP2, classic FSDP and a
+hand-written loop call ``torch.distributed`` directly (FSDP2: ``all_gather_single`` with
+``async_op=True`` and a later ``Work.wait()``; on gloo its gradient reduction is an
+``all_reduce``). The Flight Recorder sees those collectives but, on gloo, records neither when
+they started nor when they finished (checked on torch 2.13: ``state`` stays ``scheduled``), and
+NCCL's completion hook refuses gloo. So :class:`CollectiveTiming` wraps, OpenTelemetry style,
+the public collectives of the ``torch.distributed`` namespace (the name every caller looks up;
+``distributed_c10d``'s own globals stay untouched, so one collective calling another is counted
+once) and ``Work.wait``:
+
+* latency: call to completion: a synchronous call's return, an asynchronous one's future
+  (``Work.get_future().add_done_callback``, run on the backend's thread);
+* bytes: the payload this rank sends (the input tensor);
+* comm_wait: the time the *training thread* spends inside ``Work.wait()`` (torch's synchronous
+  collectives wait with it too; where it cannot be wrapped, inside the synchronous call):
+  communication it had to wait for (a straggler's peers wait there; the
+  straggler itself does not, so blame by compute stays right);
+* in-flight bookkeeping for the fallback when no Flight Recorder is usable.
+
+On a CUDA device the latency is not observed (an NCCL future completes when the collective is
+enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are.
+Cost: about 2 µs per collective on the calling thread (``benchmarks/overhead.py``, fsdp2 arm).
+:meth:`CollectiveTiming.uninstrument` restores exactly the objects it replaced, unless someone
+replaced them again since (then it leaves theirs and forgets its own).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import catalog
+from ..errors import ErrorCounter
+from .flight import pg_timeout_seconds
+from .recorder import CollectiveStats, Recorder
+
+__all__ = ["COLLECTIVES", "CollectiveTiming"]
+
+#: torch.distributed function -> (``op`` label, the argument carrying the payload this rank
+#: sends, None: none). Point-to-point calls are not here: their peers differ per call.
+COLLECTIVES: dict[str, tuple[str, str | None]] = {
+    "all_reduce": ("allreduce", "tensor"),
+    "all_gather": ("allgather", "tensor"),
+    "all_gather_into_tensor": ("allgather", "input_tensor"),
+    "all_gather_single": ("allgather", "input_tensor"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "broadcast": ("broadcast", "tensor"),
+    "reduce": ("reduce", "tensor"),
+    "all_to_all": ("alltoall", "input_tensor_list"),
+    "all_to_all_single": ("alltoall", "input"),
+    "barrier": ("barrier", None),
+}
+assert {op for op, _ in COLLECTIVES.values()} <= set(catalog.COLLECTIVE_OPS)
+
+
+def _nbytes(payload: Any) -> int:
+    if isinstance(payload, torch.Tensor):
+        return payload.numel() * payload.element_size()
+    if isinstance(payload, (list, tuple)):
+        return sum(_nbytes(t) for t in payload)
+    return 0
+
+
+class _Spec:
+    """Where one function's payload and group arguments sit, found once from its signature."""
+
+    __slots__ = ("op", "payload", "payload_at", "group_at")
+
+    def __init__(self, fn: Callable, op: str, payload: str | None) -> None:
+        names = list(inspect.signature(fn).parameters)
+        self.op = op
+        self.payload = payload
+        self.payload_at = names.index(payload) if payload in names else -1
+        self.group_at = names.index("group") if "group" in names else -1
+
+    def arg(self, args: tuple, kwargs: dict, name: str | None, at: int) -> Any:
+        if name is not None and name in kwargs:
+            return kwargs[name]
+        return args[at] if 0 <= at < len(args) else None
+
+
+class CollectiveTiming:
+    """Wrap the ``torch.distributed`` collectives and ``Work.wait`` for one recorder.
+
+    ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
+    ``timed``: observe latencies (False on CUDA, see the module docstring).
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        errors: ErrorCounter,
+        *,
+        training_thread: int | None = None,
+        timed: bool = True,
+        namespace: Any = dist,
+        work_class: Any = None,
+    ) -> None:
+        self._rec = recorder
+        self._errors = errors
+        self._thread = training_thread if training_thread is not None else (
+            threading.main_thread().ident)  # fmt: skip
+        self._timed = timed
+        self._ns = namespace
+        self._work = work_class if work_class is not None else getattr(dist, "Work", None)
+        self._patched: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
+        self._wait: tuple[Any, Any] | None = None
+        # Process group -> (op -> stats): a group's name is read once, not per call.
+        self._stats: dict[Any, dict[str, CollectiveStats]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def instrumented(self) -> bool:
+        """Say whether the wrappers are in place."""
+        return bool(self._patched)
+
+    def instrument(self) -> bool:
+        """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
+        if self._patched:
+            return True
+        for name, (op, payload) in COLLECTIVES.items():
+            fn = getattr(self._ns, name, None)
+            if not callable(fn):
+                continue  # an older torch without this collective
+            try:
+                spec = _Spec(fn, op, payload)
+            except (TypeError, ValueError):
+                continue  # no signature to read: leave it alone
+            wrapper = self._wrap(fn, spec)
+            setattr(self._ns, name, wrapper)
+            self._patched[name] = (fn, wrapper)
+        wait = getattr(self._work, "wait", None) if self._work is not None else None
+        if self._patched and callable(wait):
+            waiter = self._wrap_wait(wait)
+            try:
+                self._work.wait = waiter
+                self._wait = (wait, waiter)
+            except (AttributeError, TypeError):
+                self._wait = None  # an immutable Work type: asynchronous waits go unseen
+        return bool(self._patched)
+
+    def uninstrument(self) -> None:
+        """Restore every replaced object that still holds this instance's wrapper; idempotent."""
+        for name, (original, wrapper) in self._patched.items():
+            if getattr(self._ns, name, None) is wrapper:
+                setattr(self._ns, name, original)
+        self._patched.clear()
+        if self._wait is not None:
+            original, waiter = self._wait
+            if self._work.__dict__.get("wait") is waiter:
+                self._work.wait = original
+            self._wait = None
+
+    # -- wrappers ------------------------------------------------------------------------------
+    def _stats_for(self, group: Any, op: str) -> CollectiveStats:
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        per_op = self._stats.get(group)
+        if per_op is None or op not in per_op:
+            with self._lock:
+                name = str(getattr(group, "group_name", "") or "0")
+                stats = self._rec.collective_stats(op, name, pg_timeout_seconds(group))
+                self._stats.setdefault(group, {})[op] = stats
+            per_op = self._stats[group]
+        return per_op[op]
+
+    def _wrap(self, fn: Callable, spec: _Spec) -> Callable:
+        rec, errors, timed = self._rec, self._errors, self._timed
+        training = self._thread
+
+        world = getattr(dist.distributed_c10d, "_world", None)  # private: feature-detected
+
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if getattr(world, "pg_coalesce_state", None):
+                # Inside a coalescing manager a call only queues its op (the manager issues one
+                # coalesced collective at its exit): nothing to time, nothing in flight.
+                return fn(*args, **kwargs)
+            try:
+                group = spec.arg(args, kwargs, "group", spec.group_at)
+                stats = self._stats_for(group, spec.op)
+                nbytes = _nbytes(spec.arg(args, kwargs, spec.payload, spec.payload_at))
+                t0 = rec.collective_launched(stats, nbytes)
+            except Exception as exc:  # noqa: BLE001 - never in the way of the collective
+                errors.record("comm_timing", exc)
+                return fn(*args, **kwargs)
+            try:
+                work = fn(*args, **kwargs)
+            except BaseException:
+                rec.collective_finished(stats, t0, timed=False)
+                raise
+            try:
+                if work is None:  # synchronous: completed on return
+                    rec.collective_finished(stats, t0, timed)
+                    # torch waits for a synchronous collective with Work.wait(), which is timed
+                    # already where it could be wrapped.
+                    if timed and self._wait is None and threading.get_ident() == training:
+                        rec.comm_blocked(rec.clock() - t0)
+                else:
+                    work.get_future().add_done_callback(
+                        functools.partial(self._done, stats, t0))  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - a Work without a future: not in flight
+                rec.collective_finished(stats, t0, timed=False)
+                errors.record("comm_timing", exc)
+            return work
+
+        return collective
+
+    def _done(self, stats: CollectiveStats, t0: float, _future: Any) -> None:
+        try:
+            self._rec.collective_finished(stats, t0, self._timed)
+        except Exception as exc:  # noqa: BLE001 - runs on the backend's thread
+            self._errors.record("comm_timing", exc)
+
+    def _wrap_wait(self, wait: Callable) -> Callable:
+        rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
+
+        @functools.wraps(wait)
+        def timed_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if not timed or threading.get_ident() != training:
+                return wait(work, *args, **kwargs)
+            t0 = rec.clock()
+            try:
+                return wait(work, *args, **kwargs)
+            finally:
+                try:
+                    rec.comm_blocked(rec.clock() - t0)
+                except Exception as exc:  # noqa: BLE001
+                    errors.record("comm_timing", exc)
+
+        return timed_wait
