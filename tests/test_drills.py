@@ -1,6 +1,7 @@
 """Fault drills: a real job, a real Prometheus (1 s scrapes, FAST rules), a real Alertmanager
 and a webhook receiver here. Each fault, on two different ranks, must page naming that rank,
-and no alert may blame a healthy rank. ``ddp-exporter top`` reads the same job throughout,
+and no alert may blame a healthy rank: on rank 1 of a DDP job and on rank 2 of an FSDP2 job
+(``fully_shard``), which must get the same answers from the same rules. ``ddp-exporter top`` reads the same job throughout,
 from the ranks' endpoints and from Prometheus, and must agree: it names the faulty rank with
 the matching verdict and never accuses a healthy one. Ranks are launched one process each (as a
 scheduler like srun does): under torchrun the agent tears the whole job down when one rank
@@ -63,6 +64,10 @@ def for_run(st: LocalStack, run: str) -> list[tuple[float, dict]]:
     return [(t, a) for t, a in st.alerts if a["labels"].get("run") == run]
 
 
+#: The job's parallelism for a fault on each rank: both kinds see every fault.
+PARALLEL = {1: "ddp", 2: "fsdp2"}
+
+
 def start_ranks(run: str, sd, args: list[str]) -> Ranks:
     """Start the demo trainer one process per rank (env:// rendezvous, like srun)."""
     cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
@@ -71,10 +76,10 @@ def start_ranks(run: str, sd, args: list[str]) -> Ranks:
     return Ranks(RANKS, cmd, env={"OMP_NUM_THREADS": "1"})
 
 
-def stop_ranks(ranks: Ranks, sd) -> None:
-    """Stop every rank (a frozen one too) and withdraw their file_sd targets."""
+def stop_ranks(ranks: Ranks, sd, run: str) -> None:
+    """Stop every rank (a frozen one too) and withdraw the run's file_sd targets."""
     ranks.stop()
-    for f in sd.glob("*.json"):
+    for f in sd.glob(f"{run}-rank-*.json"):
         f.unlink()
 
 
@@ -131,7 +136,8 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
     st, sd = stack
     run = f"drill-{fault}-{fault_rank}"
     names, bound = EXPECTED[fault]
-    ranks = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank)])
+    ranks = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank),
+                                  "--parallel", PARALLEL[fault_rank]])  # fmt: skip
     watch = None
     try:
         watch = TopWatch(st, ranks, run)
@@ -161,34 +167,44 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
     finally:
         if watch is not None:
             watch.stop()
-        stop_ranks(ranks, sd)
+        stop_ranks(ranks, sd, run)
 
 
 HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "120"))
 
 
 def test_healthy_run_delivers_no_alert(stack):
+    """A DDP and an FSDP2 job, side by side: no alert, and ``top`` names nobody in either."""
     st, sd = stack
-    run = "drill-healthy"
-    ranks = start_ranks(run, sd, ["--fault", "none"])
-    watch = None
+    runs = {kind: f"drill-healthy-{kind}" for kind in ("ddp", "fsdp2")}
+    jobs: dict[str, Ranks] = {}
+    watches: dict[str, TopWatch] = {}
     try:
-        watch = TopWatch(st, ranks, run)
+        for kind, run in runs.items():
+            jobs[kind] = start_ranks(run, sd, ["--fault", "none", "--parallel", kind])
+        for kind, run in runs.items():
+            watches[kind] = TopWatch(st, jobs[kind], run)
         deadline = time.monotonic() + HEALTHY_SECONDS
         while time.monotonic() < deadline:
-            pending = st.query(f'ALERTS{{run="{run}"}}')
-            assert not pending, [s["metric"] for s in pending]
-            assert not for_run(st, run)
+            for run in runs.values():
+                pending = st.query(f'ALERTS{{run="{run}"}}')
+                assert not pending, [s["metric"] for s in pending]
+                assert not for_run(st, run)
             time.sleep(1.0)
-        up = st.query(f'up{{run="{run}"}} == 1')
-        assert len(up) == RANKS, up  # it really was scraped all along
-        watch.stop()
-        reads = {m: len(t) for m, t in watch.reader.tables.items()}
-        assert min(reads.values()) >= HEALTHY_SECONDS / 4, reads
-        verdicts = [v for t in watch.reader.tables.values() for x in t for v in x.values() if v]
-        assert not verdicts, verdicts  # not even a job-wide STUCK
-        print(f"\ntop: {reads} reads of the healthy run, no verdict")
-    finally:
-        if watch is not None:
+        for kind, run in runs.items():
+            up = st.query(f'up{{run="{run}"}} == 1')
+            assert len(up) == RANKS, up  # it really was scraped all along
+            info = st.query(f'count(ddp_rank_info{{run="{run}", parallelism="{kind}"}})')
+            assert info and float(info[0]["value"][1]) == RANKS, info
+            watch = watches[kind]
             watch.stop()
-        stop_ranks(ranks, sd)
+            reads = {m: len(t) for m, t in watch.reader.tables.items()}
+            assert min(reads.values()) >= HEALTHY_SECONDS / 4, reads
+            verdicts = [v for t in watch.reader.tables.values() for x in t for v in x.values() if v]
+            assert not verdicts, verdicts  # not even a job-wide STUCK
+            print(f"\ntop ({kind}): {reads} reads of the healthy run, no verdict")
+    finally:
+        for watch in watches.values():
+            watch.stop()
+        for kind, ranks in jobs.items():
+            stop_ranks(ranks, sd, runs[kind])

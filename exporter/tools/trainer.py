@@ -11,6 +11,8 @@ Faults (on ``--fault-rank``, ``--fault-after`` seconds into training):
 rank; ``freeze`` SIGSTOPs it. Compute faults are emulated with sleeps so that a 2-core
 machine still shows a clean signal.
 
+``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard``) instead of DDP; ``hsdp``
+shards it within groups of ``--shard-size`` ranks and replicates it across them (a 2-D mesh).
 ``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), still over gloo, which
 reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu).
 """
@@ -21,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -35,7 +38,10 @@ import exporter
 from exporter.settings import is_all_interfaces
 from exporter.tools.demo import FAULTS, say
 
-__all__ = ["main", "parse_args", "run"]
+__all__ = ["PARALLEL", "build_model", "main", "parse_args", "run"]
+
+#: The data parallelism the trainer can use (``--parallel``).
+PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "hsdp")
 
 
 class _Synthetic(Dataset):
@@ -78,6 +84,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (gloo)"
     )
+    p.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default="ddp",
+        help="ddp; fsdp2 (fully_shard per layer and at the root); hsdp: fsdp2 on a 2-D mesh, "
+        "sharded within groups of --shard-size ranks, replicated across them",
+    )
+    p.add_argument("--shard-size", type=int, default=2, help="hsdp: ranks per shard group")
     return p.parse_args(argv)
 
 
@@ -86,10 +100,12 @@ def _write_file_sd(directory: str, obs: exporter.Observer, host: str) -> None:
     target = [
         {"targets": [f"{host}:{obs.port}"], "labels": {"run": obs.run, "rank": str(obs.rank)}}
     ]
-    tmp = os.path.join(directory, f".rank-{obs.rank}.json.tmp")
+    # One file per (run, rank): jobs of several runs can share the folder.
+    name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', obs.run)}-rank-{obs.rank}.json"
+    tmp = os.path.join(directory, f".{name}.tmp")
     with open(tmp, "w") as f:
         json.dump(target, f)
-    os.replace(tmp, os.path.join(directory, f"rank-{obs.rank}.json"))
+    os.replace(tmp, os.path.join(directory, name))
 
 
 def _load_batch_that_never_returns() -> None:
@@ -136,6 +152,28 @@ def _device(kind: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def build_model(parallel: str, device: torch.device, shard_size: int = 2) -> torch.nn.Module:
+    """Return the trainer's small model, the same on every rank, wrapped for ``parallel``."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)
+    ).to(device)
+    if parallel == "ddp":
+        return DDP(layers)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = None
+    if parallel == "hsdp":
+        world = dist.get_world_size()
+        mesh = init_device_mesh(
+            device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard")
+        )
+    for layer in (layers[0], layers[2]):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(layers, mesh=mesh)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until the duration or step limit, injecting the chosen fault."""
     args = parse_args(argv)
@@ -145,12 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.fault_rank < world and args.fault != "none":
         print(f"--fault-rank {args.fault_rank} out of range for {world} ranks", file=sys.stderr)
         return 2
-    torch.manual_seed(0)
-    model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to(
-            device
-        )
-    )
+    if args.parallel == "hsdp" and (args.shard_size < 1 or world % args.shard_size):
+        print(f"--shard-size {args.shard_size} does not divide {world} ranks", file=sys.stderr)
+        return 2
+    model = build_model(args.parallel, device, args.shard_size)
     delay = [0.0]
     data = _Synthetic(4096, 64, seed=rank, delay=delay)
     loader = DataLoader(data, batch_size=8, shuffle=False)
