@@ -2,6 +2,7 @@ import atexit
 import datetime
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -18,6 +19,18 @@ if "DDP_EXPORTER_DUMP_DIR" not in os.environ:
 
 # Nothing a test starts may outlive the session: these hooks tag and then check every process.
 from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: E402, F401
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A session ended by SIGTERM or SIGHUP (a CI timeout, a closed terminal) unwinds like Ctrl-C:
+# every test's context managers stop what they started, and the session's end reaps the rest.
+# Without this the default action kills pytest alone and its jobs' ranks live on.
+for _sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_sig) in (signal.SIG_DFL, None):
+        signal.signal(_sig, _interrupted)
 
 
 @pytest.fixture(scope="session")
