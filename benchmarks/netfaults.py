@@ -74,7 +74,9 @@ def _run(lab: Lab, env_of: dict, cmd: Callable[[int], list[str]]) -> list:
             "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(len(lab.nodes)),
             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
     return [
-        lab.process(n.index, cmd(n.index), {**base, "RANK": str(n.index), **env_of.get(n.index, {})})
+        lab.process(
+            n.index, cmd(n.index), {**base, "RANK": str(n.index), **env_of.get(n.index, {})}
+        )
         for n in lab.nodes
     ]
 
