@@ -284,18 +284,25 @@ def test_abort_communicators_is_a_no_op_without_nccl(ddp):
 
 
 # -- whole jobs ------------------------------------------------------------------------------------
-def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
+#: The collective the healthy ranks wait in when rank 1 never starts its step: DDP's gradient
+#: allreduce, or FSDP2's all-gather of the first layer's weights in the forward.
+WAITED_IN = {"ddp": "all_reduce", "fsdp2": "all_gather"}
+
+
+@pytest.mark.parametrize("parallel", list(WAITED_IN))
+def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     """The defaults (heartbeat 5 s, abort after 20 s) and the launch command people type.
 
     ``torchrun --standalone --max-restarts 1``: the agent's store is shared by both attempts;
     the abort clears the first attempt's keys so that the second connects. Rank 1 is stuck in
-    user code at step 100.
+    user code at step 100. The same for a DDP and an FSDP2 job (each rank of the FSDP2 job
+    checkpoints its own shards).
     """
     require("prometheus")
-    run = "restart"
+    run = "restart" if parallel == "ddp" else f"restart-{parallel}"
     go = tmp_path / "go"
     args = [str(tmp_path), "--stuck", "1:100", "--steps", "250", "--port", str(free_port()),
-            "--go", str(go)]  # fmt: skip
+            "--go", str(go), "--parallel", parallel]  # fmt: skip
     env = _env(tmp_path, run, DDP_EXPORTER_ON_HANG="abort")
     with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
         urls = job.wait_urls()
@@ -342,9 +349,8 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path):
     assert (action["decision"], action["streak"], action["nodes"]) == ("abort", 1, [HOST])
     with open(os.path.join(folder, "verdict.txt")) as f:
         verdict = f.read()
-    assert (
-        "ACTION: aborted" in verdict and f"rank 1 (node {HOST}) never entered all_reduce" in verdict
-    )
+    assert "ACTION: aborted" in verdict, verdict
+    assert f"rank 1 (node {HOST}) never entered {WAITED_IN[parallel]}" in verdict, verdict
 
     # The launcher's line and the run's ledger are next to the dumps.
     with open(os.path.join(tmp_path, "dumps", f"{run}-abort.txt")) as f:
@@ -394,12 +400,16 @@ EDGES = {
     "sections": ["--steps", "200", "--straggle", "1:60:15", "--checkpoint-at", "120:22",
                  "--eval-at", "160:22"],
 }  # fmt: skip
+# The same edges in an FSDP2 job: rank 0's long checkpoint writes its shards, the others
+# wait for it in the next all-gather.
+EDGES["sections-fsdp2"] = [*EDGES["sections"], "--parallel", "fsdp2"]
 
 
 def test_healthy_edges_never_abort(tmp_path):
     """Each edge lasts past the 20 s the action waits with complete evidence; the jobs finish.
 
-    Two jobs at once (they idle through their edges), one per kind of edge.
+    Three jobs at once (they idle through their edges): one per kind of edge, and the
+    sections again under FSDP2.
     """
     jobs = {}
     try:
@@ -429,12 +439,13 @@ def test_healthy_edges_never_abort(tmp_path):
             assert "action" not in episode, episode
             behind[name].append(episode["behind"])
         assert not glob.glob(str(tmp_path / name / "dumps" / "*-restarts.json"))
-    assert "rank 0: long checkpoint at step 120" in jobs["sections"].text()
-    assert "rank 0: long evaluation at step 160" in jobs["sections"].text()
+    for name in ("sections", "sections-fsdp2"):
+        assert "rank 0: long checkpoint at step 120" in jobs[name].text()
+        assert "rank 0: long evaluation at step 160" in jobs[name].text()
     # Rank 0 sends the weights it broadcasts and may run ahead of rank 2 while rank 1 builds.
     start = behind["start"]
     assert len(start) == 2 and 1 in start[0] and start[1] == [2], behind
-    assert behind["sections"] == [[1]], behind
+    assert behind["sections"] == behind["sections-fsdp2"] == [[1]], behind
 
 
 def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):

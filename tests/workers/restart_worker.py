@@ -14,6 +14,10 @@ group's timeout is 30 minutes. Faults, each in torchrun's first attempt only:
 ``--slow-build RANK:S``       RANK is S seconds late building its model: the others already
                               instrumented wait in the broadcast of its weights, before any step
 
+``--parallel fsdp2|hsdp`` trains an FSDP2 (``fully_shard``) model instead of DDP, ``hsdp`` on a
+2-D mesh (sharded within pairs of ranks, replicated across them); every rank then checkpoints
+its own shards.
+
 ``--stuck-always RANK:STEP`` blocks RANK before STEP in every attempt (a culprit that stays
 broken: the restart loop). Every attempt tells the exporter the step it resumed at
 (``instrument(start_step=...)``), as the Lightning and Hugging Face callbacks do.
@@ -55,12 +59,47 @@ def wait_for_data(seconds: float) -> None:
     time.sleep(seconds)  # stuck here
 
 
-def save(path: str, model: DDP, opt: torch.optim.Optimizer, step: int, seconds: float) -> None:
+def weights(model: torch.nn.Module) -> dict:
+    """Return what this rank checkpoints: DDP's full weights, or its FSDP2 shards."""
+    if isinstance(model, DDP):
+        return model.module.state_dict()
+    return {k: v.to_local().clone() for k, v in model.state_dict().items()}
+
+
+def load(model: torch.nn.Module, state: dict) -> None:
+    if isinstance(model, DDP):
+        model.module.load_state_dict(state)
+        return
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.to_local().copy_(state[k])
+
+
+def save(
+    path: str, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, seconds: float
+) -> None:
     with exporter.deadline("checkpoint", seconds=600):
         tmp = path + ".tmp"
-        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+        torch.save({"model": weights(model), "opt": opt.state_dict(), "step": step}, tmp)
         time.sleep(seconds)  # a slow shared file system
         os.replace(tmp, path)
+
+
+def build(parallel: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    if parallel == "ddp":
+        return DDP(net)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = None
+    if parallel == "hsdp":  # shard within pairs of ranks, replicate across the pairs
+        world = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
+    for layer in (net[0], net[2]):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
 
 
 def main() -> None:
@@ -78,21 +117,22 @@ def main() -> None:
     p.add_argument("--slow-build", type=numbers, default=None)
     p.add_argument("--eval-at", type=numbers, default=None)
     p.add_argument("--stuck-always", type=numbers, default=None)
+    p.add_argument("--parallel", choices=("ddp", "fsdp2", "hsdp"), default="ddp")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     first = attempt == 0
-    torch.manual_seed(0)
-    model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    )
+    model = build(args.parallel)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    path = os.path.join(args.workdir, "checkpoint.pt")
+    # DDP: rank 0 saves the full weights; FSDP2: every rank saves its own shards.
+    sharded = args.parallel != "ddp"
+    name = f"checkpoint-rank{rank}.pt" if sharded else "checkpoint.pt"
+    path = os.path.join(args.workdir, name)
     step = 0
     if os.path.exists(path):
         state = torch.load(path, map_location="cpu")
-        model.module.load_state_dict(state["model"])
+        load(model, state["model"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
     say(f"rank {rank}: attempt {attempt} resumed at step {step}")
@@ -134,7 +174,7 @@ def main() -> None:
         if rank == 0 and attempt > 0 and not reported:
             reported = True
             say(f"rank 0: attempt {attempt} first step at {time.time()}")
-        if rank == 0 and step % args.every == 0:
+        if (rank == 0 or sharded) and step % args.every == 0:
             save(path, model, opt, step, 0.0)
         time.sleep(STEP_S)
     say(f"rank {rank}: finished at step {step}")
