@@ -49,3 +49,26 @@ def test_nobody_behind_and_not_all_in_sections_is_waiting_then_symmetric():
 
 def test_a_lag_without_a_stall_means_nothing():
     assert find_hangs(_group((0, 10, 1.0, False), (1, 8, 0, False))) == []
+
+
+def test_a_2d_mesh_names_the_culprit_not_the_rank_it_holds_up():
+    """HSDP: shard groups "3" = {0, 1}, "4" = {2, 3}; replicate groups "1" = {0, 2}, "2" = {1, 3}.
+
+    Rank 1 stops in user code. Rank 0 waits for it in the shard group and so never enters the
+    replicate group's next collective, where rank 2 waits for rank 0: rank 0 is a victim.
+    """
+    states = [
+        SeqState(0, "3", 241, 30.0, 1800.0, False),
+        SeqState(1, "3", 240, 0.0, 1800.0, False),
+        SeqState(0, "1", 80, 0.0, 1800.0, False),
+        SeqState(2, "1", 81, 30.0, 1800.0, False),
+        SeqState(1, "2", 80, 0.0, 1800.0, False),
+        SeqState(3, "2", 81, 30.0, 1800.0, False),
+        SeqState(2, "4", 245, 0.0, 1800.0, False),
+        SeqState(3, "4", 245, 0.0, 1800.0, False),
+    ]
+    found = {f.pg: f for f in find_hangs(states, 0.01, DEFAULT_POLICY)}
+    assert set(found) == {"1", "2", "3"}
+    assert (found["3"].kind, found["3"].behind, found["3"].waiting) == ("behind", (1,), (0,))
+    assert (found["2"].kind, found["2"].behind, found["2"].waiting) == ("behind", (1,), (3,))
+    assert (found["1"].kind, found["1"].behind, found["1"].waiting) == ("waiting", (), (2,))

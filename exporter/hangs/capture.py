@@ -149,7 +149,10 @@ def summarize(rank: int, dump: dict) -> dict:
     frames = training["frames"][-ACK_FRAMES:] if training else []
     slim = [{k: f[k] for k in ("file", "line", "function")} for f in frames]
     fr = dump.get("flight_recorder", {})
-    inflight = [{k: e[k] for k in ("op", "seq", "pg")} for e in (fr.get("inflight") or [])[:8]]
+    inflight = [
+        {"op": e["op"], "seq": e["seq"], "pg": e["pg"], "pg_desc": e.get("pg_desc", "")}
+        for e in (fr.get("inflight") or [])[:8]
+    ]
     return {
         "rank": rank,
         "step": dump.get("step"),

@@ -10,9 +10,11 @@ collective latency. While that holds, every rank whose last enqueued sequence nu
 the group's maximum is *behind*: it never entered the collective the others wait in (the hung
 rank). Ranks are read milliseconds apart, so on a live job sequence numbers differ by one or two
 all the time; without an in-flight age past the threshold, a lag means nothing. A rank that is
-itself stuck inside a collective past the threshold is waiting, not behind: either its reading
-is older than the others' (it has since left the collective they all passed), or every rank is
-stuck in collectives and the one that launched fewer is no culprit.
+itself stuck inside a collective past the threshold, in this group or any other, is waiting,
+not behind: either its reading is older than the others' (it has since left the collective they
+all passed), or every rank is stuck in collectives and the one that launched fewer is no
+culprit, or (a 2-D mesh) it waits in one group for the culprit and so never enters the next
+collective of its other group.
 
 When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
 every rank has sat in the same collective for longer than :meth:`HangPolicy.symmetric_seconds`
@@ -127,15 +129,19 @@ def find_hangs(
     groups: dict[str, list[SeqState]] = {}
     for s in states:
         groups.setdefault(s.pg, []).append(s)
+    stall = policy.stall_seconds(normal_latency)
+    # A rank stuck inside a collective of any group waits; it is behind nowhere. In a 2-D mesh
+    # (HSDP) the rank that waits in its shard group for the culprit never enters the next
+    # collective of its replicate group, whose other ranks then wait for it: a victim.
+    stuck = {s.rank for s in states if s.inflight_age > stall}
     out = []
     for pg in sorted(groups):
         ranks = groups[pg]
-        stall = policy.stall_seconds(normal_latency)
         age = max(s.inflight_age for s in ranks)
         if age <= stall:
             continue
         top = max(s.last_enqueued for s in ranks)
-        late = [s for s in ranks if s.last_enqueued < top and s.inflight_age <= stall]
+        late = [s for s in ranks if s.last_enqueued < top and s.rank not in stuck]
         behind = tuple(sorted(s.rank for s in late if not s.in_section))
         excused = tuple(sorted(s.rank for s in late if s.in_section))
         waiting = tuple(sorted(s.rank for s in ranks if s.inflight_age > stall))

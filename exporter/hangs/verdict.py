@@ -80,6 +80,10 @@ def _action(action: dict | None) -> str | None:
     )
 
 
+#: Process group descriptions that say nothing more than the group's number.
+_PLAIN_DESCS = frozenset({"default_pg", "undefined"})
+
+
 def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
     """Build the verdict of ``episode`` (the monitoring rank's request) from rank summaries.
 
@@ -100,10 +104,19 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             at_seq.setdefault((str(e["pg"]), int(e["seq"])), {}).setdefault(e["op"], []).append(r)
     ops_here = at_seq.get((pg, int(seq)), {})
     op = "/".join(sorted(ops_here)) if ops_here else "collective"
+    # What the group is, where torch says (a DeviceMesh dimension: "mesh_shard").
+    descs = {str(e["pg"]): str(e.get("pg_desc") or "")
+             for s in answered.values() for e in s.get("inflight", [])}  # fmt: skip
+
+    def group(p: str) -> str:
+        desc = descs.get(p, "")
+        return f"pg {p} {desc}" if desc and desc not in _PLAIN_DESCS else f"pg {p}"
+
+    named = group(pg)
     v = Verdict(
         header=(
             f"hang episode {episode.get('episode')} in run {episode.get('run')}: "
-            f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in pg {pg} at "
+            f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in {named} at "
             f"{op} #{_seq(seq)}, oldest in flight {episode.get('age', 0):.1f}s "
             f"(threshold {episode.get('threshold', 0):.1f}s); "
             + (
@@ -130,18 +143,18 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
         if s is None and local_only:
             v.culprits.append(
-                f"rank {r} never entered {op} #{_seq(seq)} (pg {pg}){was}; its dump is not in "
+                f"rank {r} never entered {op} #{_seq(seq)} ({named}){was}; its dump is not in "
                 "this folder (another node's disk)"
             )
             continue
         if s is None:
             v.culprits.append(
-                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} (pg {pg}){was} and {silent}"
+                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}){was} and {silent}"
             )
             continue
         where = s.get("where") or (s.get("frames") or [None])[-1]
         v.culprits.append(
-            f"rank {r}{on(r)} never entered {op} #{_seq(seq)} (pg {pg}); it is at {_at(where)} "
+            f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}); it is at {_at(where)} "
             f"(step {s.get('step')}, phase {s.get('phase')})"
         )
         if where:
@@ -161,7 +174,7 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             v.culprits.append(f"rank {r}{on(r)} {silent}")
     if kind == "symmetric" and not v.culprits:
         v.culprits.append(
-            f"no rank is behind: every rank is inside {op} #{_seq(seq)} (pg {pg}) and none "
+            f"no rank is behind: every rank is inside {op} #{_seq(seq)} ({named}) and none "
             "completes (network or NCCL trouble, or mismatched collectives below)"
         )
     for (mpg, mseq), ops in sorted(at_seq.items()):
@@ -184,7 +197,19 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         waiting.setdefault(key, []).append(r)
     for (what, at), rs in waiting.items():
         verb = "waits" if len(rs) == 1 else "wait"
-        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} (pg {pg}), called at {at}")
+        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({named}), called at {at}")
+    # Ranks held up in another group (a 2-D mesh: the replicate group waits for a rank that
+    # waits here): not culprits, and worth a line so that nobody goes looking there.
+    elsewhere: dict[tuple, list[int]] = {}
+    for r, s in sorted(answered.items()):
+        if r in behind or r in inside:
+            continue
+        for e in s.get("inflight", [])[:1]:
+            key = (f"{e['op']} #{e['seq']}", group(str(e["pg"])))
+            elsewhere.setdefault(key, []).append(r)
+    for (what, where_pg), rs in elsewhere.items():
+        verb = "waits" if len(rs) == 1 else "wait"
+        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({where_pg}), held up by this hang")
     groups: dict[tuple, list[int]] = {}
     frames_of: dict[tuple, list[dict]] = {}
     for r, s in sorted(answered.items()):

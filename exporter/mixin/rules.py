@@ -431,9 +431,11 @@ def _name_collective_ranks(
     (run, rank, pg) vector) says whether ranks are stuck inside the collective: one alert per
     (run, pg) (role=waiting: a condition of the run), unless every rank is in a section.
     """
-    # Behind: a lower sequence number, and not itself stuck inside a collective (one that is
-    # waits, as the hang definition says: its reading is older, or nobody is to blame).
-    late = f"({r.seq_behind} > 0)\n  unless on (run, rank, pg)\n  ({rank_condition})"
+    # Behind: a lower sequence number, and not itself stuck inside a collective of any group
+    # (one that is waits, as the hang definition says: its reading is older, or, in a 2-D
+    # mesh, it is held up in another group: the replicate group waits for a rank that waits
+    # in its shard group for the real culprit).
+    late = f"({r.seq_behind} > 0)\n  unless on (run, rank)\n  ({rank_condition})"
     excused = f"{r.in_section}\nor on (run, rank)\n{_finished_ranks(cfg)}"
     behind = (
         f"(\n  {late}\n  unless on (run, rank)\n  ({excused})\n) * 0\n"

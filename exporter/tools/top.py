@@ -342,6 +342,9 @@ def diagnose(
     ]
     findings = find_hangs(states, _normal_latency(live), policy)
     by_rank = {r.rank: r for r in live}
+    # A group stalled with nobody behind while another has a rank behind is held up by that
+    # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
+    culprit_pgs = sorted({f.pg for f in findings if f.kind == "behind"})
     for f in findings:
         for rank in f.behind:
             by_rank[rank].suspect = "behind"
@@ -365,6 +368,11 @@ def diagnose(
                         f"waiting for rank(s) {_ranks(f.excused)} in a declared section, pg "
                         f"{f.pg}, {f.age:.0f} s"
                     )
+            elif f.kind == "waiting" and culprit_pgs:
+                r.note = r.note or (
+                    f"waiting in pg {f.pg} for {f.age:.0f} s, held up by the hang in pg "
+                    f"{', '.join(culprit_pgs)}"
+                )
             else:
                 r.suspect = r.suspect or "stuck"
                 r.note = (
