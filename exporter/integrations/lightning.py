@@ -1,7 +1,8 @@
 """Instrument a Lightning ``Trainer``: ``Trainer(callbacks=[ExporterCallback()])``.
 
-The callback instruments the DDP module the strategy built, the train DataLoader and the
-optimizer once training starts, and closes the exporter at teardown. Steps are Lightning's
+The callback instruments the model the strategy built (DDP, ``FSDPStrategy``'s FSDP,
+``ModelParallelStrategy``'s FSDP2 model), the train DataLoader and the optimizer once training
+starts, and closes the exporter at teardown. Steps are Lightning's
 optimizer steps, so ``accumulate_grad_batches`` is respected (DDP's ``no_sync()`` covers the
 accumulating batches). Validation runs in the section ``evaluation`` and ``trainer.save_checkpoint``
 in the section ``checkpoint`` (``exporter.deadline``), so neither is taken for a hang or a stall.
@@ -15,11 +16,11 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
-from torch.nn.parallel import DistributedDataParallel
 
 from ..api import instrument
 from ..log import log
 from ..observer import Observer
+from ..sources.parallelism import trained_model_kind
 from .sections import (
     CHECKPOINT,
     CHECKPOINT_SECONDS,
@@ -37,7 +38,7 @@ class ExporterCallback(Callback):
 
     ``instrument_kwargs`` are passed to :func:`exporter.instrument` (``port``, ``addr``,
     ``run``, ...). Only the first optimizer is timed (Lightning's automatic optimization has
-    one). A strategy that does not wrap the model in DDP (one device) is logged and skipped.
+    one). A strategy without a process group (one device) is logged and skipped.
     Validation is declared as the section ``evaluation`` (deadline ``evaluation_seconds``) and
     ``trainer.save_checkpoint`` as ``checkpoint`` (``checkpoint_seconds``).
     """
@@ -77,14 +78,14 @@ class ExporterCallback(Callback):
             self._evaluation.__exit__(None, None, None)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Instrument the strategy's DDP module, the train DataLoader and the optimizer."""
+        """Instrument the strategy's model, the train DataLoader and the optimizer."""
         if self.observer is not None:
             return
         model = trainer.strategy.model
-        if not isinstance(model, DistributedDataParallel):
+        if trained_model_kind(model) is None:
             log.warning(
-                "ddp-exporter: Lightning strategy %s did not wrap the model in "
-                "DistributedDataParallel (got %s); nothing is exported",
+                "ddp-exporter: Lightning strategy %s runs no distributed job (model %s, no "
+                "process group); nothing is exported",
                 type(trainer.strategy).__name__,
                 type(model).__name__,
             )

@@ -1,6 +1,6 @@
 """Instrument a Hugging Face ``transformers.Trainer``: ``trainer.add_callback(ExporterCallback(trainer))``.
 
-The DDP module exists only once ``train()`` has prepared the model with accelerate, and
+The DDP (or FSDP) module exists only once ``train()`` has prepared the model with accelerate, and
 callbacks are not handed it (their ``model`` is the unwrapped model), so the callback holds
 the trainer and instruments ``trainer.model_wrapped`` at ``on_train_begin``, with the prepared
 train DataLoader and the optimizer. Steps are optimizer steps: ``gradient_accumulation_steps``
@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback
 
 from ..api import instrument
 from ..log import log
 from ..observer import Observer
+from ..sources.parallelism import trained_model_kind
 from .sections import (
     CHECKPOINT,
     CHECKPOINT_SECONDS,
@@ -34,10 +34,10 @@ __all__ = ["ExporterCallback"]
 
 
 class ExporterCallback(TrainerCallback):
-    """Export this rank's DDP metrics from ``trainer.train()``.
+    """Export this rank's metrics from ``trainer.train()`` (DDP, or FSDP through accelerate).
 
-    ``instrument_kwargs`` are passed to :func:`exporter.instrument`. When the trainer did not
-    wrap the model in DDP (one process), this is logged and nothing is exported. Evaluation and
+    ``instrument_kwargs`` are passed to :func:`exporter.instrument`. When the trainer runs no
+    distributed job (one process), this is logged and nothing is exported. Evaluation and
     checkpoint saving are declared as the sections ``evaluation`` (``evaluation_seconds``) and
     ``checkpoint`` (``checkpoint_seconds``).
     """
@@ -69,16 +69,16 @@ class ExporterCallback(TrainerCallback):
         self.observer: Observer | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Instrument the DDP-wrapped model, the prepared DataLoader and the optimizer."""
+        """Instrument the prepared (DDP or FSDP) model, the DataLoader and the optimizer."""
         for wrapped in self._sections:
             wrapped.apply()
         if self.observer is not None:
             return
         model = self._trainer.model_wrapped
-        if not isinstance(model, DistributedDataParallel):
+        if trained_model_kind(model) is None:
             log.warning(
-                "ddp-exporter: the Trainer did not wrap the model in DistributedDataParallel "
-                "(got %s; launch with torchrun); nothing is exported",
+                "ddp-exporter: the Trainer runs no distributed job (model %s, no process "
+                "group; launch with torchrun); nothing is exported",
                 type(model).__name__,
             )
             return
