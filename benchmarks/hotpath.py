@@ -20,6 +20,9 @@ Cases:
 * ``dataloader.next``: ``next()`` through the exporter's timed iterator vs the bare iterator
   (over a list iterator, to isolate the wrapper), and through a real instrumented DataLoader
   vs a plain one (informational: the loader's own cost dominates).
+* ``dist.all_reduce`` (synchronous) and ``all_gather_single(async_op=True).wait()`` on the
+  1-rank gloo group with and without :class:`CollectiveTiming`'s wrappers (FSDP2, FSDP and loops
+  without DDP): one event = one collective (call, future callback, timed ``Work.wait``).
 * The forward pre-hook is not timed: it runs before the first forward only, then removes itself.
 
 Also printed (not event costs): the stand-in allreduce hook's extra ``mul_`` pass over a
@@ -46,6 +49,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from exporter.errors import ErrorCounter  # noqa: E402
+from exporter.sources.collectives import CollectiveTiming  # noqa: E402
 from exporter.sources.commhook import CommHookWrapper  # noqa: E402
 from exporter.sources.instrumentors import (  # noqa: E402
     DataLoaderInstrumentor,
@@ -247,6 +251,24 @@ def main(argv: list[str] | None = None) -> int:
         ddp(torch.randn(8, 64)).sum().backward()
     read_ns = _time(lambda k: [timing.read() for _ in range(k)], max(n // 100, 100), reps)
     timing.uninstrument()
+
+    # -- FSDP2 / loops without DDP: the torch.distributed collective wrappers ------------------
+    ctim = CollectiveTiming(Recorder("optimizer"), errors)
+    small, out2 = torch.ones(1), torch.empty(1)
+    calls = max(1000, n // 100)
+
+    def sync_allreduce(k: int) -> None:
+        for _ in range(k):
+            dist.all_reduce(small)
+
+    def async_allgather(k: int) -> None:
+        for _ in range(k):
+            dist.all_gather_single(out2, small, async_op=True).wait()
+
+    rows.append(_pair("dist.all_reduce wrapper (sync)", sync_allreduce, sync_allreduce, calls,
+                      reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
+    rows.append(_pair("all_gather_single+wait wrapper", async_allgather, async_allgather, calls,
+                      reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
     dist.destroy_process_group()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {n} calls x {reps} repeats")

@@ -506,6 +506,7 @@ def series_per_rank(
     total_steps: bool = False,
     hang_action: bool = False,
     store_heartbeat: bool = True,
+    timed_collectives: int = 1,
 ) -> int:
     """Return how many series one rank exposes by default.
 
@@ -514,7 +515,10 @@ def series_per_rank(
     gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
-    group the Flight Recorder reports; the collective histogram covers the DDP process group.
+    group the Flight Recorder reports; the collective histogram and bytes cover each
+    ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind of
+    collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
+    HSDP mesh adds the replicate group's all-reduce, 3).
     Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
     time while one runs; at most 16 names), 1 job deadline, 1 total steps; with
     ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
@@ -523,7 +527,7 @@ def series_per_rank(
     timestamp (in a leaving rank's last scrapes).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
-    n += (len(COLLECTIVE_BUCKETS) + 3) + 1  # DDP's process group
+    n += ((len(COLLECTIVE_BUCKETS) + 3) + 1) * timed_collectives  # histogram + bytes per (op, pg)
     n += 4 * process_groups
     n += 1  # host RSS, on every rank
     n += 1  # hang dumps; the hang location exists only on a culprit during an episode

@@ -9,6 +9,7 @@ from conftest import train_epoch
 from harness import parse, scrape_text, value, wait_for
 
 import exporter
+import exporter.catalog
 import exporter.settings
 from exporter.sources.commhook import CommHookWrapper
 
@@ -42,6 +43,11 @@ def test_a_plain_module_or_no_model_is_watched(world1):
         assert value(s, "ddp_collective_bytes_total", op="allgather", pg="0") == 8
         assert value(s, "ddp_collective_duration_seconds_count", op="allgather", pg="0") == 1
         assert value(s, "ddp_steps_total") == 1
+        # The documented budget: a histogram and bytes per (op, pg) pair timed, here two.
+        lines = [x for x in scrape_text(obs.url).splitlines() if x and not x.startswith("#")]
+        assert len(lines) == exporter.catalog.series_per_rank(
+            process_groups=1, store_heartbeat=False, timed_collectives=2
+        )
         obs.close()
         assert (dist.all_reduce, dist.all_gather_single, dist.Work.wait) == before
 

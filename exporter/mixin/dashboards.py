@@ -399,8 +399,10 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
         "collectives",
         "ddp-collectives",
         "DDP / Collectives",
-        "Gradient-bucket collectives: latency, bytes, in-flight age against the timeout, and "
-        "the sequence-number lag that names a hung rank.",
+        "Collectives: latency, bytes, in-flight age against the timeout, and the "
+        "sequence-number lag that names a hung rank. DDP: its gradient buckets (op allreduce); "
+        "FSDP2, FSDP and loops without DDP: every torch.distributed collective by kind (op "
+        "allgather, reduce_scatter, ...; ddp_rank_info{parallelism} says which).",
         (
             PanelSpec(
                 "Collective latency (mean) per rank and pg",
@@ -423,10 +425,15 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
             ),
             PanelSpec(
                 "Collective bytes/s per rank and pg",
-                (Target(_rate(cfg, catalog.COLLECTIVE_BYTES, coll_by), "rank {{rank}} pg {{pg}}"),),
+                (
+                    Target(
+                        _rate(cfg, catalog.COLLECTIVE_BYTES, coll_by),
+                        "rank {{rank}} {{op}} pg {{pg}}",
+                    ),
+                ),
                 description=(
-                    "Bytes per second moved by gradient-bucket collectives per rank and "
-                    "process group."
+                    "Bytes per second sent per rank, op and process group: DDP's gradient "
+                    "buckets, or (other parallelism) the input tensors of its collectives."
                 ),
                 unit="Bps",
             ),

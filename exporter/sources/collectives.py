@@ -11,8 +11,10 @@ the public collectives of the ``torch.distributed`` namespace (the name every ca
 ``distributed_c10d``'s own globals stay untouched, so one collective calling another is counted
 once) and ``Work.wait``:
 
-* latency: call to completion: a synchronous call's return, an asynchronous one's future
-  (``Work.get_future().add_done_callback``, run on the backend's thread);
+* latency: call to completion as its caller sees it: a synchronous call's return, an
+  asynchronous one's ``Work.wait()`` return (an upper bound when the collective had finished
+  before the wait; a future callback would be exact but costs ~65 µs of thread handoff per
+  collective on gloo, ``benchmarks/hotpath.py``);
 * bytes: the payload this rank sends (the input tensor);
 * comm_wait: the time the *training thread* spends inside ``Work.wait()`` (torch's synchronous
   collectives wait with it too; where it cannot be wrapped, inside the synchronous call):
@@ -22,7 +24,7 @@ once) and ``Work.wait``:
 
 On a CUDA device the latency is not observed (an NCCL future completes when the collective is
 enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are.
-Cost: about 2 µs per collective on the calling thread (``benchmarks/overhead.py``, fsdp2 arm).
+Cost: about 10 µs per collective on the calling thread (``benchmarks/hotpath.py``).
 :meth:`CollectiveTiming.uninstrument` restores exactly the objects it replaced, unless someone
 replaced them again since (then it leaves theirs and forgets its own).
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +46,11 @@ from ..errors import ErrorCounter
 from .flight import pg_timeout_seconds
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["COLLECTIVES", "CollectiveTiming"]
+__all__ = ["COLLECTIVES", "CollectiveTiming", "MAX_UNWAITED"]
+
+#: Asynchronous collectives remembered until their ``wait()``; beyond, the oldest is forgotten
+#: (counted complete, untimed), so that a program that never waits holds no tensors alive.
+MAX_UNWAITED = 256
 
 #: torch.distributed function -> (``op`` label, the argument carrying the payload this rank
 #: sends, None: none). Point-to-point calls are not here: their peers differ per call.
@@ -119,6 +126,8 @@ class CollectiveTiming:
         # Process group -> (op -> stats): a group's name is read once, not per call.
         self._stats: dict[Any, dict[str, CollectiveStats]] = {}
         self._lock = threading.Lock()
+        # Asynchronous collectives not waited for yet: id(work) -> (work, stats, call time).
+        self._works: OrderedDict[int, tuple[Any, CollectiveStats, float]] = OrderedDict()
 
     @property
     def instrumented(self) -> bool:
@@ -207,35 +216,42 @@ class CollectiveTiming:
                     # already where it could be wrapped.
                     if timed and self._wait is None and threading.get_ident() == training:
                         rec.comm_blocked(rec.clock() - t0)
+                elif self._wait is None:  # waits unseen: nothing will say when it ends
+                    rec.collective_finished(stats, t0, timed=False)
                 else:
-                    work.get_future().add_done_callback(
-                        functools.partial(self._done, stats, t0))  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - a Work without a future: not in flight
+                    self._track(work, stats, t0)
+            except Exception as exc:  # noqa: BLE001
                 rec.collective_finished(stats, t0, timed=False)
                 errors.record("comm_timing", exc)
             return work
 
         return collective
 
-    def _done(self, stats: CollectiveStats, t0: float, _future: Any) -> None:
-        try:
-            self._rec.collective_finished(stats, t0, self._timed)
-        except Exception as exc:  # noqa: BLE001 - runs on the backend's thread
-            self._errors.record("comm_timing", exc)
+    def _track(self, work: Any, stats: CollectiveStats, t0: float) -> None:
+        """Remember an asynchronous collective until its ``wait()`` returns (bounded)."""
+        works = self._works
+        # The Work is kept with its id so that the id cannot be reused while it is remembered.
+        works[id(work)] = (work, stats, t0)
+        if len(works) > MAX_UNWAITED:  # never waited (against torch's contract): forget it
+            _, (_, old_stats, old_t0) = works.popitem(last=False)
+            self._rec.collective_finished(old_stats, old_t0, timed=False)
 
     def _wrap_wait(self, wait: Callable) -> Callable:
         rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
+        works = self._works
 
         @functools.wraps(wait)
         def timed_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            if not timed or threading.get_ident() != training:
-                return wait(work, *args, **kwargs)
             t0 = rec.clock()
             try:
                 return wait(work, *args, **kwargs)
             finally:
                 try:
-                    rec.comm_blocked(rec.clock() - t0)
+                    mine = works.pop(id(work), None)
+                    if mine is not None and mine[0] is work:
+                        rec.collective_finished(mine[1], mine[2], timed)
+                    if timed and threading.get_ident() == training:
+                        rec.comm_blocked(rec.clock() - t0)
                 except Exception as exc:  # noqa: BLE001
                     errors.record("comm_timing", exc)
 
