@@ -17,6 +17,13 @@ drift. Rank 0's block times are reported (DDP keeps the ranks in lockstep).
 
 The last line is ``overhead_ratio=<median>``: the larger of the per-world-size medians of
 ``instr`` (the default mode).
+
+``--parallel fsdp2`` runs the same with FSDP2 models (``fully_shard`` per layer and at the
+root): ``plain``, ``instr`` and ``control`` only. The exporter times FSDP2's communication by
+wrapping the ``torch.distributed`` collectives, which are process-wide, so the wrappers are put
+in place before each ``instr`` block and removed before every other block::
+
+    python benchmarks/overhead.py --parallel fsdp2 --world 2 --rounds 60
 """
 
 from __future__ import annotations
@@ -52,6 +59,15 @@ def _model(width: int) -> torch.nn.Module:
     )
 
 
+def _fsdp2(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
     import exporter
     from exporter import settings
@@ -68,8 +84,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
     )
     names = ("plain", *args.arms)
     arms = {}
+    fsdp2 = args.parallel == "fsdp2"
     for name in names:
-        model = DDP(_model(args.width))
+        model = _fsdp2(_model(args.width)) if fsdp2 else DDP(_model(args.width))
         if name == "hook":
             model.register_comm_hook(None, allreduce_mean_hook)
         loader = DataLoader(data, batch_size=args.batch, shuffle=False, drop_last=True)
@@ -97,8 +114,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
         )
     modes = (obs.comm_timing, hooked.comm_timing if hooked is not None else "-")
 
+    comm = obs.comm_instrumentor
+
     def block(name: str, steps: int) -> float:
         model, loader, opt = arms[name]
+        if fsdp2 and name == "instr":
+            comm.instrument()
+        elif fsdp2:  # the wrappers are process-wide: only the instrumented arm runs with them
+            comm.uninstrument()
         done = 0
         t0 = time.perf_counter()
         while done < steps:
@@ -205,11 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         help="arms besides plain (instr is always run: it is the figure)",
     )
     p.add_argument("--verbose", action="store_true", help="print every block time")
+    p.add_argument(
+        "--parallel", choices=("ddp", "fsdp2"), default="ddp", help="how the models are wrapped"
+    )
     args = p.parse_args(argv)
+    if args.parallel == "fsdp2":
+        hooks = [a for a in args.arms if a in ("instr_hook", "hook")]
+        if hooks and "--arms" in (argv if argv is not None else sys.argv):
+            p.error(f"--parallel fsdp2: {', '.join(hooks)} time DDP's comm hook; FSDP2 has none")
+        args.arms = [a for a in args.arms if a not in ("instr_hook", "hook")]
     if "instr" not in args.arms:
         args.arms.insert(0, "instr")
     raise_on_signals()  # SIGTERM/SIGHUP stop the ranks like Ctrl-C does
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo, {args.parallel}")
     medians = [run_world(w, args) for w in args.world]
     print(f"overhead_ratio={max(medians):.4f}")
     return 0

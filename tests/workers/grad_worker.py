@@ -21,15 +21,19 @@ STEPS = 6
 DEVICE = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
 
 
-def make_model() -> DDP:
+def make_net() -> torch.nn.Sequential:
     torch.manual_seed(1234)
-    net = torch.nn.Sequential(
+    return torch.nn.Sequential(
         torch.nn.Linear(32, 64),
         torch.nn.Tanh(),
         torch.nn.Linear(64, 64),
         torch.nn.Tanh(),
         torch.nn.Linear(64, 3),
     )
+
+
+def make_model() -> DDP:
+    net = make_net()
     # A tiny bucket cap gives several buckets per backward, so ordering matters too.
     return DDP(net.to(DEVICE), bucket_cap_mb=0.005)
 
@@ -80,14 +84,7 @@ def scenario(name: str, timing: str, rank: int) -> dict:
 def make_fsdp2() -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(1234)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(32, 64),
-        torch.nn.Tanh(),
-        torch.nn.Linear(64, 64),
-        torch.nn.Tanh(),
-        torch.nn.Linear(64, 3),
-    ).to(DEVICE)
+    net = make_net().to(DEVICE)
     for layer in (net[0], net[2], net[4]):
         fully_shard(layer)
     return fully_shard(net)
