@@ -25,20 +25,13 @@ from .hangs.action import policies
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources import ending, launcher
-from .sources.collectives import CollectiveTiming
-from .sources.commhook import (
-    CommHookInstrumentor,
-    CommHookWrapper,
-    CudaEventResolver,
-    allreduce_mean_hook,
-)
-from .sources.flight import InFlight, pg_timeout_seconds
+from .sources.commtiming import start_comm_timing
+from .sources.flight import InFlight
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.memory import MemorySource, cuda_memory_source
 from .sources.parallelism import kind_of
 from .sources.recorder import Recorder, ThreadSections
-from .sources.reducer import ReducerTiming, choose_timing
 from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
 from .sources.walltime import JobClock
@@ -97,30 +90,13 @@ class Observer:
         # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
         self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder,
                                  before_first_collective=not ddp)  # fmt: skip
-        cuda = self.device.type == "cuda"  # CUDA events time the hook off the training thread
-        self.hook: CommHookWrapper | None = None
-        self._cuda: CudaEventResolver | None = None
-        if ddp:
-            stats = self.recorder.collective_stats("allreduce", getattr(pg, "group_name", "0")
-                                                   or "0", pg_timeout_seconds(pg))  # fmt: skip
-            self.comm_timing = choose_timing(comm_timing, model, self.inflight.name,
-                                             self.recorder.mode)  # fmt: skip
-            hooked = self.comm_timing == "hook"
-            self._cuda = CudaEventResolver(self.recorder, self.errors) if cuda and hooked else None
-            #: The timing comm hook; None when DDP's reducer times its own allreduce.
-            self.hook = CommHookWrapper(self.recorder, self.errors, stats, allreduce_mean_hook,
-                                        pg, self._cuda) if hooked else None  # fmt: skip
-            self._comm = CommHookInstrumentor(model, self.hook) if hooked else ReducerTiming(
-                model, self.errors)  # fmt: skip
-            if not self._comm.instrument():
-                self.comm_timing = "none"  # a hook registered before the wrapper: not timed
-            elif not hooked:
-                self.recorder.time_comm_with(self._comm.read, stats)
-        else:
-            # FSDP2, FSDP, a plain loop: every torch.distributed collective, timed where called.
-            self._comm = CollectiveTiming(self.recorder, self.errors, timed=not cuda)
-            self.comm_timing = "collectives" if self._comm.instrument() else "none"
-            self.recorder.time_comm_by_waits()
+        cuda = self.device.type == "cuda"
+        timing = start_comm_timing(model, self.parallelism, self.recorder, self.errors,
+                                   requested=comm_timing, inflight=self.inflight.name,
+                                   cuda=cuda)  # fmt: skip
+        self.comm_timing, self.hook, self._cuda = timing.mode, timing.hook, timing.cuda
+        #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
+        self.comm_instrumentor = self._comm = timing.instrumentor
         # The first forward opens the first step, whatever source closes steps.
         self._forward_handle = (model.register_forward_pre_hook(self._forward_pre)
                                 if model is not None else None)  # fmt: skip
@@ -236,15 +212,6 @@ class Observer:
             self.recorder.optimizer_begin()
         except Exception as exc:  # noqa: BLE001
             self.errors.record("optimizer", exc)
-
-    @property
-    def comm_instrumentor(self) -> Any:
-        """Return what times communication (DDP's reducer, the comm hook, or the collectives).
-
-        Its ``instrument()``/``uninstrument()`` are idempotent; the overhead benchmark toggles
-        the collectives' wrappers around the blocks of its uninstrumented FSDP2 models.
-        """
-        return self._comm
 
     @property
     def url(self) -> str | None:

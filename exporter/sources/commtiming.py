@@ -1,0 +1,73 @@
+"""Choose and start what times a rank's communication, for each kind of parallelism.
+
+DDP: its reducer's own timers or the timing comm hook (:mod:`exporter.sources.reducer`,
+:mod:`exporter.sources.commhook`), as ``comm_timing`` asks. Anything else (FSDP2, FSDP, a loop
+of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.collectives`). The
+result is what the observer keeps: the part to uninstrument at close, the mode published in
+``ddp_rank_info{comm_timing}``, the hook and the CUDA resolver where there are any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ErrorCounter
+from .collectives import CollectiveTiming
+from .commhook import CommHookInstrumentor, CommHookWrapper, CudaEventResolver, allreduce_mean_hook
+from .flight import pg_timeout_seconds
+from .recorder import Recorder
+from .reducer import ReducerTiming, choose_timing
+
+__all__ = ["CommTiming", "start_comm_timing"]
+
+
+@dataclass
+class CommTiming:
+    """What times communication on one rank, started."""
+
+    #: Has ``instrument()``/``uninstrument()`` (idempotent): the reducer timing, the comm-hook
+    #: instrumentor or the collective wrappers (the overhead benchmark toggles the latter).
+    instrumentor: Any
+    #: ``reducer``, ``hook``, ``collectives`` or ``none`` (``ddp_rank_info{comm_timing}``).
+    mode: str
+    #: The timing comm hook; None unless DDP's communication is timed by the hook.
+    hook: CommHookWrapper | None = None
+    #: Resolves the hook's CUDA events off the training thread; None elsewhere.
+    cuda: CudaEventResolver | None = None
+
+
+def start_comm_timing(
+    model: Any,
+    parallelism: str,
+    recorder: Recorder,
+    errors: ErrorCounter,
+    *,
+    requested: str,
+    inflight: str,
+    cuda: bool,
+) -> CommTiming:
+    """Start timing ``model``'s communication; ``requested`` is the ``comm_timing`` setting.
+
+    ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder).
+    """
+    if parallelism != "ddp":
+        # FSDP2, FSDP, a plain loop: every torch.distributed collective, timed where called.
+        wrappers = CollectiveTiming(recorder, errors, timed=not cuda)
+        mode = "collectives" if wrappers.instrument() else "none"
+        recorder.time_comm_by_waits()
+        return CommTiming(wrappers, mode)
+    pg = model.process_group
+    stats = recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
+                                      pg_timeout_seconds(pg))  # fmt: skip
+    mode = choose_timing(requested, model, inflight, recorder.mode)
+    hooked = mode == "hook"
+    resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
+    hook = CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg,
+                           resolver) if hooked else None  # fmt: skip
+    part = CommHookInstrumentor(model, hook) if hooked else ReducerTiming(model, errors)
+    if not part.instrument():
+        mode = "none"  # a hook registered before the wrapper: not timed
+    elif not hooked:
+        recorder.time_comm_with(part.read, stats)
+    return CommTiming(part, mode, hook, resolver)
