@@ -1,8 +1,11 @@
 """In-flight state: the Flight Recorder on gloo, and the fallback when it is missing or fails."""
 
 import pickle
+import subprocess
+import sys
 
-from harness import parse, scrape_text, value
+import pytest
+from harness import child_env, free_port, parse, scrape_text, value
 
 import exporter
 import exporter.sources.flight
@@ -108,3 +111,29 @@ def test_recorders_that_report_no_group_are_not_usable():
     empty = _recorder({}, [])
     assert not FlightRecorderSource(ErrorCounter(), dump=[empty, empty]).available
     assert not FlightRecorderSource(ErrorCounter(), dump=()).available
+
+
+_PROBATION = """
+import torch, torch.distributed as dist, exporter
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+obs = exporter.instrument(None, port=0, addr="127.0.0.1", heartbeat_s=0)
+before = obs.inflight.name
+with exporter.step():
+    dist.all_reduce(torch.ones(2))
+(state,) = obs.inflight.read()
+print(before, obs.inflight.name, state.pg, state.last_enqueued, state.last_completed)
+obs.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("size, source", [("0", "comm_hook"), ("2000", "flight_recorder")])
+def test_no_collective_yet_keeps_the_flight_recorder_on_probation(size, source):
+    """Without DDP no collective runs before instrument(), so an empty Flight Recorder proves
+    nothing yet: kept while it records (on by default), replaced by the exporter's own
+    bookkeeping once a collective it did not record shows it is off (TORCH_FR_BUFFER_SIZE=0)."""
+    env = dict(child_env(), TORCH_FR_BUFFER_SIZE=size)
+    out = subprocess.run([sys.executable, "-c", _PROBATION.format(port=free_port())], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["flight_recorder", source, "0", "1", "1"], out.stdout

@@ -328,11 +328,13 @@ class InFlight:
         source: Any = None,
         before_first_collective: bool = False,
     ) -> None:
-        """``before_first_collective``: no collective ran yet (FSDP2 and loops without DDP,
-        whose every collective the bookkeeping counts), so a readable Flight Recorder that
-        reports no group yet is taken on probation: once the bookkeeping has seen a collective
-        the recorder did not, it is off (``TORCH_FR_BUFFER_SIZE=0``) and the bookkeeping is
-        used from then on."""
+        """Choose the source: ``source``, else the Flight Recorder if usable, else bookkeeping.
+
+        ``before_first_collective``: no collective ran yet (FSDP2 and loops without DDP, whose
+        every collective the bookkeeping counts), so a readable Flight Recorder that reports no
+        group yet is taken on probation: once the bookkeeping has seen a collective the recorder
+        did not, it is off (``TORCH_FR_BUFFER_SIZE=0``) and the bookkeeping is used from then on.
+        """
         self._recorder = recorder
         self._errors = errors
         self._probation = False

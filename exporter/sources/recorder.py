@@ -92,8 +92,9 @@ class Recorder:
     Step boundaries come from one source at a time (``mode``): the optimizer's step, the
     DataLoader's ``next()``, the comm hook's last bucket, or ``exporter.step()``. A step's phases
     are: data (time inside ``next()``), optimizer (time inside ``optimizer.step()``), comm_wait
-    (from the launch of the step's last gradient bucket to the completion of its latest
-    collective: communication the backward pass had to wait for), and compute (the rest).
+    (DDP: from the launch of the step's last gradient bucket to the completion of its latest
+    collective, communication the backward pass had to wait for; without DDP: the training
+    thread's time inside ``Work.wait()``, see :meth:`comm_blocked`), and compute (the rest).
 
     A declared section (``exporter.deadline``) entered on the training thread that interrupts
     training (no step activity inside it: a checkpoint, rank 0's evaluation) is left out of the
@@ -123,8 +124,8 @@ class Recorder:
         # Hook-free timing: read DDP's reducer timers as each step closes (time_comm_with).
         self._comm_reader: Callable[[], Any] | None = None
         self._comm_stats: CollectiveStats | None = None
-        # Without DDP: a step's comm_wait is the time the training thread sat in collectives
-        # (collective_finished / comm_blocked), not a bucket's launch-to-completion.
+        # Without DDP: a step's comm_wait is the time the training thread waited for
+        # collectives (comm_blocked), not a bucket's launch-to-completion.
         self._exposed_from_waits = False
         self._reset_step(None)
 
