@@ -62,18 +62,12 @@ def kind_of(model: object) -> str:
             f"{type(model).__module__}.{type(model).__qualname__}"
         )
     fsdp2, classic = _fsdp_classes(), _classic_fsdp()
-    kinds = set()
-    for module in model.modules():  # the root, or only some submodules, may be sharded
-        if fsdp2 and isinstance(module, fsdp2):
-            kinds.add("fsdp2")
-        elif classic is not None and isinstance(module, classic):
-            kinds.add("fsdp")
-        elif isinstance(module, DistributedDataParallel):
-            kinds.add("ddp")
-    for kind in ("fsdp2", "fsdp", "ddp"):
-        if kind in kinds:
-            return kind if kind != "ddp" else "module"  # DDP inside a module: its hook is not ours
-    return "module"
+    modules = list(model.modules())  # the root, or only some submodules, may be sharded
+    if fsdp2 and any(isinstance(m, fsdp2) for m in modules):
+        return "fsdp2"
+    if classic is not None and any(isinstance(m, classic) for m in modules):
+        return "fsdp"
+    return "module"  # a DDP inside a module too: its reducer is not the exporter's to time
 
 
 def trained_model_kind(model: object) -> str | None:

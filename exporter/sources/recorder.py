@@ -330,11 +330,7 @@ class Recorder:
             if timed:
                 self._collective_done(stats, t0, now - t0, now)
             else:
-                stats.completed += 1
-                try:
-                    stats.pending.remove(t0)
-                except ValueError:
-                    pass
+                self._settle(stats, t0)
 
     def comm_blocked(self, seconds: float) -> None:
         """Add ``seconds`` the training thread waited for a collective to this step's comm_wait.
@@ -362,15 +358,20 @@ class Recorder:
         self, stats: CollectiveStats, t0: float, seconds: float, now: float | None
     ) -> None:
         stats.hist.observe(seconds)
+        self._settle(stats, t0)
+        if now is not None:
+            if now > self._last_done:
+                self._last_done = now
+            self.last_progress = now
+
+    @staticmethod
+    def _settle(stats: CollectiveStats, t0: float) -> None:
+        """Count the collective launched at ``t0`` complete: no longer in flight."""
         stats.completed += 1
         try:
             stats.pending.remove(t0)
         except ValueError:
             pass
-        if now is not None:
-            if now > self._last_done:
-                self._last_done = now
-            self.last_progress = now
 
     def add_comm_wait(self, seconds: float) -> None:
         """Move ``seconds`` of the last finished step from compute to comm_wait (CUDA path)."""
