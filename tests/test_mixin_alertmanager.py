@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,16 @@ def test_rendered_config_shape() -> None:
     for word in ("slack_configs", "email_configs", "pagerduty_configs"):
         assert f"#     {word}:" in text  # commented examples
     cfg = yaml.safe_load(text)
-    assert cfg["route"]["group_by"] == ["alertname", "run"]
+    # A run name repeats across clusters: the cluster label is part of every grouping.
+    assert cfg["route"]["group_by"] == ["cluster", "alertname", "run"]
+    assert cfg["route"]["routes"][0]["group_by"] == ["cluster", "alertname", "node"]
     (inhibit,) = cfg["inhibit_rules"]
     assert inhibit["source_matchers"] == ['severity="critical"']
     assert inhibit["target_matchers"] == ['severity="warning"', 'alertname!~"DDPSuspectNode"']
-    assert inhibit["equal"] == ["run", "rank"]
+    assert inhibit["equal"] == ["cluster", "run", "rank"]
+    flat = yaml.safe_load(alertmanager.render_alertmanager(replace(DEFAULT, cluster_label="")))
+    assert flat["route"]["group_by"] == ["alertname", "run"]
+    assert flat["inhibit_rules"][0]["equal"] == ["run", "rank"]
     for receiver in cfg["receivers"]:
         assert receiver["webhook_configs"][0]["url"] == DEFAULT.webhook_url
 

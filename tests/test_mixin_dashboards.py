@@ -21,7 +21,13 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 BUILT = {d.stem: dashboards.build(d, DEFAULT) for d in dashboards.dashboard_specs(DEFAULT)}
 
 #: Values the dashboard variables take when the live and parse tests run the queries.
-SUBSTITUTE = {"$__rate_interval": "15s", "$run": ".*", "$rank": ".*", "$node": ".*"}
+SUBSTITUTE = {
+    "$__rate_interval": "15s",
+    "$cluster": ".*",
+    "$run": ".*",
+    "$rank": ".*",
+    "$node": ".*",
+}
 
 
 def substitute(expr: str) -> str:
@@ -43,7 +49,7 @@ def test_dashboard_loads_in_grafana_11(stem: str) -> None:
     assert dash["schemaVersion"] == dashboards.SCHEMA_VERSION >= 39
     assert "id" not in dash and dash["title"].startswith("DDP / ")
     names = [v["name"] for v in dash["templating"]["list"]]
-    assert names == ["datasource", "run", "node", "rank"]
+    assert names == ["datasource", "cluster", "run", "node", "rank"]
     ds_var = dash["templating"]["list"][0]
     assert ds_var["type"] == "datasource" and ds_var["query"] == "prometheus"
     assert ds_var["current"]["value"] == DEFAULT.datasource_uid
@@ -95,7 +101,7 @@ def test_panels_cover_their_topics() -> None:
     assert "DDPSuspectNode" in fleet and 'node=~"$node"' in fleet
     assert BUILT["fleet"]["time"]["from"] == f"now-{DEFAULT.fleet_window}"
     live = exprs("liveness")
-    assert f"time() - max by (run, rank) ({catalog.HEARTBEAT.name}" in live
+    assert f"time() - max by (cluster, run, rank) ({catalog.HEARTBEAT.name}" in live
     assert catalog.PEER_HEARTBEAT_AGE.name in live and "up{" in live
 
 

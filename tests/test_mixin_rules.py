@@ -12,7 +12,7 @@ import yaml
 from promstack import require
 
 from exporter import catalog
-from exporter.mixin import rules
+from exporter.mixin import rules, sharding
 from exporter.mixin.config import DEFAULT, FAST, MixinConfig
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"
@@ -27,6 +27,11 @@ def _write_fast_rules(directory: Path) -> None:
         for rule in group["rules"]:
             rule.pop("annotations", None)
     (directory / "rules.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+    # The global server of a sharded setup: the fleet group alone (tests/promtool/federated.yml).
+    fleet = sharding.global_rule_groups(FAST)
+    for rule in fleet["groups"][0]["rules"]:
+        rule.pop("annotations", None)
+    (directory / "rules_global.yml").write_text(yaml.safe_dump(fleet, sort_keys=False))
 
 
 @pytest.mark.parametrize("cfg", [DEFAULT, FAST], ids=["default", "fast"])
@@ -77,10 +82,12 @@ def test_alert_contract() -> None:
             # About a node across runs: it names the node, never one run or rank.
             assert "{{ $labels.node }}" in ann["description"], alert.name
             assert "$labels.run" not in ann["description"], alert.name
+        elif alert.name in rules.MONITORING_ALERTS:
+            assert "{{ $labels.instance }}" in ann["description"], alert.name
         else:
             assert "{{ $labels.run }}" in ann["description"], alert.name
         # A condition of one rank names it; a condition of the run is one alert without rank.
-        if alert.name not in (*rules.RUN_ALERTS, *rules.FLEET_ALERTS):
+        if alert.name not in (*rules.RUN_ALERTS, *rules.FLEET_ALERTS, *rules.MONITORING_ALERTS):
             assert "{{ $labels.rank }}" in ann["description"], alert.name
         assert ann["runbook_url"] == f"{DEFAULT.runbook_base_url}#{alert.name.lower()}"
     names = [a.name for a in rules.every_alert(DEFAULT)]

@@ -43,6 +43,11 @@ _EXAMPLES = """\
 """
 
 
+def _clustered(cfg: MixinConfig, labels: tuple[str, ...]) -> list[str]:
+    """Return ``labels`` with the cluster label first: a run name repeats across clusters."""
+    return [cfg.cluster_label, *labels] if cfg.cluster_label else list(labels)
+
+
 def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     """Return the Alertmanager configuration as a dict."""
 
@@ -57,7 +62,7 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     return {
         "route": {
             "receiver": RECEIVERS["warning"],
-            "group_by": list(GROUP_BY),
+            "group_by": _clustered(cfg, GROUP_BY),
             "group_wait": "30s",
             "group_interval": "5m",
             "repeat_interval": "4h",
@@ -67,7 +72,7 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 {
                     "receiver": RECEIVERS["warning"],
                     "matchers": [f'alertname=~"{fleet}"'],
-                    "group_by": ["alertname", "node"],
+                    "group_by": _clustered(cfg, ("alertname", "node")),
                     "repeat_interval": "24h",
                 },
                 {
@@ -92,7 +97,7 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 "source_matchers": ['severity="critical"'],
                 # A run's critical page says nothing about a node's history across runs.
                 "target_matchers": ['severity="warning"', f'alertname!~"{fleet}"'],
-                "equal": ["run", "rank"],
+                "equal": _clustered(cfg, ("run", "rank")),
             }
         ],
         "receivers": [webhook(RECEIVERS[s]) for s in ("critical", "warning", "info")],

@@ -58,6 +58,11 @@ class MixinConfig:
     job: str = "ddp"
     #: Extra label matchers added to every exporter selector, e.g. ``'cluster="a"'``; empty = none.
     selector: str = ""
+    #: The label that tells clusters apart (kubernetes-mixin's ``clusterLabel``): kept in every
+    #: aggregation and vector match of the rules and dashboards, a variable on every dashboard,
+    #: and in Alertmanager's grouping. Usually an external label of each cluster's Prometheus,
+    #: so it is absent where one Prometheus sees one cluster. Empty: no cluster label at all.
+    cluster_label: str = "cluster"
 
     # --- rate windows (also part of recording-rule names) ---------------------------------------
     #: Window of per-step means and step rates.
@@ -180,8 +185,18 @@ class MixinConfig:
     fleet_carry: str = "30m"
     suspect_node_for: str = "15m"
 
+    # --- past one Prometheus: shards under a global server (exporter.mixin.sharding) ---------
+    #: Job name of the global server's federation scrape of the shards.
+    federate_job: str = "ddp-federate"
+    #: DDPShardDown: how long the global server may fail to read a shard.
+    shard_down_for: str = "2m"
+
     def __post_init__(self) -> None:
         """Reject malformed durations and inverted timeout levels early."""
+        if self.cluster_label and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
+            raise ValueError(f"cluster_label is not a label name: {self.cluster_label!r}")
+        if self.cluster_label in ("run", "rank", "node", "pg", "job", "instance", "le"):
+            raise ValueError(f"cluster_label {self.cluster_label!r} is a label the rules use")
         for name in (
             "rate_window",
             "latency_window",
@@ -211,6 +226,7 @@ class MixinConfig:
             if duration_seconds(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive")
         duration_seconds(self.suspect_node_for)
+        duration_seconds(self.shard_down_for)
         if duration_seconds(self.restart_loop_window) < duration_seconds(self.baseline_window):
             # A run given up must not be called killed once DDPRestartLoop resolves.
             raise ValueError("restart_loop_window must be at least baseline_window")
@@ -279,6 +295,7 @@ FAST = MixinConfig(
     fleet_interval="1s",
     fleet_carry="10s",
     suspect_node_for="0s",
+    shard_down_for="5s",
 )
 
 

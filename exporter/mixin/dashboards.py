@@ -9,12 +9,15 @@ through ``ddp_rank_info``); every datasource reference is ``{"type": "prometheus
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from grafanalib import core as g
 
 from .. import catalog, settings
+from .cluster import scoped
 from .config import DEFAULT, MixinConfig
 from .fleet import fleet_recorded
 from .render import dump_json
@@ -231,6 +234,26 @@ def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
                     f"({cfg.rate_window} window). 1 = typical; above {cfg.straggler_ratio:g} "
                     "the rank holds the job back. Never judged by collective latency: the "
                     "straggler's is the shortest."
+                ),
+            ),
+            PanelSpec(
+                f"Relative speed, {TOP_RANKS} slowest ranks",
+                (Target(f"bottomk by (run) ({TOP_RANKS}, {_rec(r.relative_speed)})", ranks),),
+                kind="bargauge",
+                unit="percentunit",
+                min=0,
+                max=1,
+                thresholds=(
+                    ("red", None),
+                    ("yellow", round(1 / cfg.straggler_ratio, 3)),
+                    ("green", round(1 / 1.2, 3)),
+                ),
+                description=(
+                    "The run's median compute+data time per step over the rank's, capped at "
+                    "1 (NVRx's relative score): 100 % = as fast as the typical rank, 50 % = "
+                    f"half its speed; below {1 / cfg.straggler_ratio:.0%} the rank is a "
+                    "straggler. The same scale for runs of any speed and size: the slowest "
+                    f"{TOP_RANKS} ranks of each run, slowest first."
                 ),
             ),
             PanelSpec(
@@ -891,7 +914,7 @@ def _layout(specs: tuple[PanelSpec, ...]) -> list[g.GridPos]:
 
 
 def _variables(cfg: MixinConfig) -> list[g.Template]:
-    """Return the template variables: datasource, run, node, rank."""
+    """Return the template variables: datasource, cluster (unless disabled), run, node, rank."""
     info = catalog.RANK_INFO.name
     extra = f"{cfg.selector}, " if cfg.selector else ""
 
@@ -915,18 +938,55 @@ def _variables(cfg: MixinConfig) -> list[g.Template]:
         type="datasource",
         default=cfg.datasource_uid,
     )
-    return [
+    label = cfg.cluster_label
+    if label:  # every other variable lists the chosen clusters' values only
+        extra += f'{label}=~"$cluster", '
+    variables = [
         datasource,
-        query_var("run", "Run", f"label_values({selector(cfg, info)}, run)"),
+        query_var("run", "Run", f"label_values({info}{{{extra.rstrip(', ')}}}, run)"),
         query_var("node", "Node", f'label_values({info}{{{extra}run=~"$run"}}, node)'),
         query_var(
             "rank", "Rank", f'label_values({info}{{{extra}run=~"$run", node=~"$node"}}, rank)'
         ),
     ]
+    if label:
+        # All matches an absent label too: one Prometheus per cluster has no cluster label.
+        variables.insert(
+            1, query_var("cluster", "Cluster", f"label_values({selector(cfg, info)}, {label})")
+        )
+    return variables
+
+
+#: A selector's matchers that filter on a dashboard variable (``{run=~"$run", ...}``).
+_FILTERED = re.compile(r"\{([^{}]*\$(?:run|rank|node)\b[^{}]*)\}")
+
+
+def cluster_scoped(cfg: MixinConfig, expr: str) -> str:
+    """Return ``expr`` filtered on the cluster variable and aggregated per cluster.
+
+    Every selector that filters on a dashboard variable gets ``cluster=~"$cluster"`` too, and
+    every ``by``/``on`` clause the cluster label (:func:`exporter.mixin.cluster.scoped`).
+    """
+    label = cfg.cluster_label
+    if not label:
+        return expr
+    matcher = f'{label}=~"$cluster"'
+
+    def add(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        return match.group(0) if matcher in inner else f"{{{matcher}, {inner}}}"
+
+    return scoped(cfg, _FILTERED.sub(add, expr))
+
+
+def _cluster_panel(cfg: MixinConfig, spec: PanelSpec) -> PanelSpec:
+    targets = tuple(dataclasses.replace(t, expr=cluster_scoped(cfg, t.expr)) for t in spec.targets)
+    return dataclasses.replace(spec, targets=targets)
 
 
 def build(spec: DashboardSpec, cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     """Return the Grafana JSON model of one dashboard spec."""
+    spec = dataclasses.replace(spec, panels=tuple(_cluster_panel(cfg, p) for p in spec.panels))
     panels = [
         _panel(p, pos, i + 1) for i, (p, pos) in enumerate(zip(spec.panels, _layout(spec.panels)))
     ]

@@ -10,6 +10,7 @@ from .dashboards import render_dashboards
 from .kubernetes import render_kubernetes
 from .rules import render_rules
 from .runbook import render_runbook
+from .sharding import render_sharded
 from .stack import render_stack
 
 __all__ = ["generated_files", "write_files"]
@@ -23,6 +24,7 @@ def generated_files(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
     out["docs/runbook.md"] = render_runbook(cfg)
     out.update(render_stack(cfg))
     out.update(render_kubernetes(cfg))
+    out.update(render_sharded(cfg))
     out[CONFIG_FILE] = config_json(cfg)
     return dict(sorted(out.items()))
 

@@ -40,7 +40,15 @@ from .. import catalog
 from .alert import Alert, selector
 from .config import MixinConfig, duration_seconds
 
-__all__ = ["CAUSES", "FleetRecorded", "fleet_group", "fleet_recorded", "suspect_node_alert"]
+__all__ = [
+    "CAUSES",
+    "FLEET_INPUT_ALERTS",
+    "FleetRecorded",
+    "fleet_group",
+    "fleet_recorded",
+    "shard_down_alert",
+    "suspect_node_alert",
+]
 
 #: What a node can be blamed for.
 CAUSES: tuple[str, ...] = ("compute", "data", "link", "hang", "abort", "down")
@@ -201,8 +209,50 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
             ),
         },
         suspect_node_alert(cfg).rule(cfg),
+        shard_down_alert(cfg).rule(cfg),
     ]
     return {"name": "ddp-exporter.fleet", "interval": cfg.fleet_interval, "rules": rules}
+
+
+#: What the fleet group reads of each run, and nothing else: the global server of a sharded
+#: setup federates exactly these from its shards (exporter.mixin.sharding).
+FLEET_INPUT_ALERTS: tuple[str, ...] = (
+    "DDPRankStraggler",
+    "DDPCollectiveStalled",
+    "DDPCollectiveTimeoutImminent",
+    "DDPHangAborted",
+    "DDPRankDown",
+)
+
+
+def shard_down_alert(cfg: MixinConfig) -> Alert:
+    """Return DDPShardDown: the global server cannot read a shard's accusations."""
+    return Alert(
+        "DDPShardDown",
+        "warning",
+        f'up{{job="{cfg.federate_job}"}} == 0',
+        cfg.shard_down_for,
+        "The global server cannot read a Prometheus shard: the fleet is blind to its runs.",
+        (
+            "Federation from shard {{ $labels.instance }} has failed for "
+            f"{cfg.shard_down_for}: its runs' accusations and rank-to-node facts do not reach "
+            "the fleet rules, so no node is blamed for them (and none falsely) until it is back."
+        ),
+        "In a sharded setup (deploy/sharded/, `exporter.mixin.sharding`) each shard evaluates the "
+        "per-run rules of the runs it scrapes and pages for them itself; the global server "
+        "federates only the firing accusations and `ddp_rank_info` to judge nodes across runs. "
+        "A shard it cannot read drops out of that judgement: nodes blamed only there are not "
+        "counted, and a node is never blamed for the gap. Inert where no federation job "
+        "exists (one Prometheus).",
+        "The global server's Targets page (job `" + cfg.federate_job + "`): the scrape error; "
+        "`curl -s 'http://SHARD:9090/federate?match[]=ddp_rank_info' | head` from the global "
+        "server's host; the shard's own `up` and its logs.",
+        "Bring the shard back (restart it, fix the network or its storage). The fleet's memory "
+        f"survives a gap of up to {cfg.fleet_carry}; a longer outage makes the fleet rules "
+        "count that shard's nodes from scratch. The shard's own per-run alerts keep paging "
+        "while it runs; if it is down, its runs are unwatched: check them with "
+        "`ddp-exporter top --targets`.",
+    )
 
 
 def suspect_node_alert(cfg: MixinConfig) -> Alert:

@@ -23,13 +23,15 @@ from typing import Any
 
 from .. import catalog
 from .alert import Alert, selector
+from .cluster import scoped
 from .config import DEFAULT, MixinConfig
-from .fleet import fleet_group, suspect_node_alert
+from .fleet import fleet_group, shard_down_alert, suspect_node_alert
 from .render import dump_yaml
 
 __all__ = [
     "ALERT_NAMES",
     "FLEET_ALERTS",
+    "MONITORING_ALERTS",
     "RUN_ALERTS",
     "Alert",
     "Recorded",
@@ -63,10 +65,14 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPSectionOverdue",
     "DDPJobWillMissDeadline",
     "DDPSuspectNode",
+    "DDPShardDown",
 )
 
 #: Alerts about a node across runs (exporter.mixin.fleet): a ``node`` label, no run, no rank.
 FLEET_ALERTS: tuple[str, ...] = ("DDPSuspectNode",)
+
+#: Alerts about the monitoring itself (a Prometheus shard): an ``instance`` label, no run.
+MONITORING_ALERTS: tuple[str, ...] = ("DDPShardDown",)
 
 #: Alerts that are one per run (a condition of the whole run: no ``rank`` label). The collective
 #: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
@@ -101,6 +107,7 @@ class Recorded:
     phase_ratio: str
     phase_share: str
     straggler_score: str
+    relative_speed: str
     coll_mean_rank: str
     coll_mean_run: str
     coll_p90_rank: str
@@ -141,6 +148,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         phase_ratio=f"run_rank:{phase}:ratio_median_mean_rate{w}",
         phase_share=f"run_rank:{phase}:share_mean_rate{w}",
         straggler_score=f"run_rank:{phase}:straggler_score_rate{w}",
+        relative_speed=f"run_rank:{phase}:relative_speed_rate{w}",
         coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
         coll_mean_run=f"run_pg:{coll}:mean_rate{lat}",
         coll_p90_rank=f"run_rank_pg:{coll}:p90_rate{w}",
@@ -224,6 +232,13 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[dict[str, str
         {
             "record": r.straggler_score,
             "expr": f"{work}\n/ on (run) group_left\nquantile by (run) (0.5, {work})",
+        },
+        # NVRx's anchor: the run's median over the rank's compute+data, capped at 1: 1 = as
+        # fast as the typical rank, 0.5 = half its speed. Comparable across runs of any speed
+        # and size; bottomk of it ranks a 4096-rank run's slowest ranks at a glance.
+        {
+            "record": r.relative_speed,
+            "expr": f"clamp_max(1 / ({r.straggler_score} > 0), 1)",
         },
     ]
     collective = [
@@ -1010,7 +1025,7 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
 
 def every_alert(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     """Return the per-run alerts, then the fleet's (the runbook's order, :data:`ALERT_NAMES`)."""
-    return [*alerts(cfg), suspect_node_alert(cfg)]
+    return [*alerts(cfg), suspect_node_alert(cfg), shard_down_alert(cfg)]
 
 
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
@@ -1019,16 +1034,15 @@ def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     The fleet group (its own, longer interval) reads the alerts' ``ALERTS`` series.
     """
     recording = recording_groups(cfg)
-    return {
-        "groups": [
-            *(
-                {"name": f"ddp-exporter.{name}", "rules": recording[name]}
-                for name in RECORDING_GROUPS
-            ),
-            {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
-            fleet_group(cfg),
-        ]
-    }
+    groups = [
+        *({"name": f"ddp-exporter.{name}", "rules": recording[name]} for name in RECORDING_GROUPS),
+        {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
+        fleet_group(cfg),
+    ]
+    for group in groups:
+        for rule in group["rules"]:
+            rule["expr"] = scoped(cfg, rule["expr"])
+    return {"groups": groups}
 
 
 def render_rules(cfg: MixinConfig = DEFAULT) -> str:

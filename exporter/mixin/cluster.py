@@ -1,0 +1,66 @@
+"""Keep the cluster label in every aggregation, so runs of two clusters never merge.
+
+A Slurm job id or a run name can repeat across clusters. The monitoring-mixin convention
+(kubernetes-mixin's ``clusterLabel``) is to carry a cluster label through every aggregation and
+vector match: :func:`scoped` adds :attr:`MixinConfig.cluster_label` to every ``by (...)`` and
+``on (...)`` clause of an expression. The rules are written once, per run; where the cluster
+label is absent (one Prometheus per cluster, the label only an external label added on
+federation or remote write) an empty label groups exactly as before, and where a global
+server holds several clusters' series the same run name stays two runs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .config import MixinConfig
+
+__all__ = ["aggregations", "cluster_matcher", "scoped"]
+
+# ``by (a, b)`` or ``on (a, b)``; ``\b`` keeps ``..._on (`` of a metric name out (``_`` is a
+# word character). ``without`` and ``ignoring`` keep every other label, the cluster's too.
+_CLAUSE = re.compile(r"\b(by|on) *\(([^()]*)\)")
+#: Aggregation operators of PromQL (what :func:`aggregations` finds).
+_AGGREGATION = re.compile(
+    r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile|limitk|"
+    r"limit_ratio)\b *(by|without)? *(\(([^()]*)\))? *\("
+)
+
+
+def _labels(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def scoped(cfg: MixinConfig, expr: str) -> str:
+    """Return ``expr`` with the cluster label added to every ``by (...)`` and ``on (...)``."""
+    label = cfg.cluster_label
+    if not label:
+        return expr
+
+    def add(match: re.Match[str]) -> str:
+        labels = _labels(match.group(2))
+        if label in labels:
+            return match.group(0)
+        return f"{match.group(1)} ({', '.join([label, *labels])})"
+
+    return _CLAUSE.sub(add, expr)
+
+
+def aggregations(expr: str) -> list[tuple[str, str, list[str]]]:
+    """Return ``(operator, by|without|"", labels)`` of every aggregation in ``expr``.
+
+    The generated expressions write the clause before the operand (``max by (run) (...)``);
+    the lint in the tests uses this to check that every aggregation keeps the cluster label.
+    """
+    return [
+        (m.group(1), m.group(2) or "", _labels(m.group(4) or ""))
+        for m in _AGGREGATION.finditer(expr)
+    ]
+
+
+def cluster_matcher(cfg: MixinConfig, value: str) -> str:
+    """Return the label matcher ``cluster="value"`` (empty when no value or no cluster label)."""
+    if not value or not cfg.cluster_label:
+        return ""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{cfg.cluster_label}="{escaped}"'
