@@ -252,3 +252,40 @@ def test_the_table_says_the_attempt_and_the_restart_loop():
     )
     monitor.abort_streak, monitor.aborted_attempts = 0.0, []
     assert top.restart_line(rows) == "restarts: attempt 3; hang aborts without progress 0 of 3"
+
+
+def test_the_same_run_name_in_two_clusters_is_never_merged(tmp_path):
+    """Two real jobs named alike, labelled cluster a and b by discovery: top picks one."""
+    from promstack import fast_config, file_sd_scrape, run_prometheus, write_file_sd
+
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    run = "same-name"
+    args = ["--port", "0", "--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.05"]
+    with (
+        Job(2, args, env={"DDP_EXPORTER_RUN": run}) as a,
+        Job(2, args, env={"DDP_EXPORTER_RUN": run}) as b,
+    ):
+        targets = [
+            (url.split("//")[1].split("/")[0], {"run": run, "rank": str(r), "cluster": name})
+            for name, job in (("a", a), ("b", b))
+            for r, url in sorted(job.wait_urls().items())
+        ]
+        write_file_sd(sd / "ranks.json", targets)
+        with run_prometheus(
+            tmp_path / "prom", fast_config(tmp_path / "prom", file_sd_scrape(sd))
+        ) as prom:
+            wait_for(lambda: len(prom.query(f'ddp_steps_total{{run="{run}"}} > 3')) == 4, 60,
+                     "both jobs scraped")  # fmt: skip
+            with pytest.raises(RuntimeError, match=r"in 2 clusters \(a, b\): choose one"):
+                top.fetch_prometheus(prom.url, run, window=FAST.rate_window)
+            rows = top.fetch_prometheus(prom.url, run, window=FAST.rate_window, cluster="b")
+            assert [r.rank for r in rows] == [0, 1] and all(r.up for r in rows), rows
+            cli = [sys.executable, "-m", "exporter.tools.cli", "top", "--prometheus", prom.url,
+                   "--run", run, "--once", "--refresh", "0.5", "--window", FAST.rate_window]  # fmt: skip
+            res = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO)
+            assert res.returncode == 1 and "--cluster" in res.stderr, (res.stdout, res.stderr)
+            res = subprocess.run([*cli, "--cluster", "a"], capture_output=True, text=True,
+                                 timeout=60, cwd=REPO)  # fmt: skip
+            assert res.returncode == 0, res.stderr
+            assert sorted(line.split()[0] for line in res.stdout.splitlines()[1:]) == ["0", "1"]

@@ -24,6 +24,8 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
     if args.prometheus and not args.run:
         parser.error("--prometheus needs --run (the run label to show)")
+    if args.cluster and not args.prometheus:
+        parser.error("--cluster goes with --prometheus (a rank's own page has no cluster)")
     if args.refresh <= 0:
         parser.error("--refresh must be positive")
     try:
@@ -39,7 +41,9 @@ def _top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     def read() -> list[topmod.RankRow]:
         if targets:
             return topmod.fetch(targets)
-        return topmod.fetch_prometheus(args.prometheus, args.run, window=window)
+        return topmod.fetch_prometheus(
+            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
+        )
 
     previous: dict[str, topmod.RankRow] | None = None
     try:
@@ -74,7 +78,7 @@ def _nodes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.worst < 1:
         parser.error("--worst must be at least 1")
     try:
-        rows = nodesmod.fetch_nodes(args.prometheus, cfg)
+        rows = nodesmod.fetch_nodes(args.prometheus, cfg, cluster=args.cluster)
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"ddp-exporter nodes: cannot read {args.prometheus}: {exc}", file=sys.stderr)
         return 1
@@ -112,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
     t.add_argument("--prometheus", help="read from this Prometheus URL instead")
     t.add_argument("--run", help="with --prometheus: the run label to show")
+    t.add_argument("--cluster", default="",
+                   help="with --prometheus: the run's cluster (needed where a run name repeats)")  # fmt: skip
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
     t.add_argument("--config", default=None,
                    help="the mixin config the rules were generated with (dashboards/mixin.json): "
@@ -132,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--config", default=None,
                    help="the mixin config the rules were generated with (dashboards/mixin.json; "
                    "default: the DEFAULT config)")  # fmt: skip
+    n.add_argument("--cluster", default="", help="only the nodes of this cluster")
     n.add_argument("--worst", type=int, default=20, help="show the N nodes with most evidence")
     n.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p

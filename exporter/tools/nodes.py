@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..mixin.cluster import cluster_matcher, scoped
 from ..mixin.config import DEFAULT, MixinConfig
 from ..mixin.fleet import fleet_recorded
 from .promapi import instant_query
@@ -24,6 +25,8 @@ class NodeRow:
     """What the fleet rules hold about one node."""
 
     node: str
+    #: The node's cluster (the mixin's ``cluster_label``); empty where series carry none.
+    cluster: str = ""
     runs_seen: int = 0
     runs_blamed: int = 0
     recent_blamed: int = 0
@@ -34,24 +37,40 @@ class NodeRow:
 
     def key(self) -> tuple:
         """Sort key: most evidence first."""
-        return (not self.suspect, -self.recent_blamed, -self.runs_blamed, self.node)
+        return (not self.suspect, -self.recent_blamed, -self.runs_blamed, self.cluster, self.node)
+
+    @property
+    def name(self) -> str:
+        """Return ``cluster/node``, or the node where series carry no cluster."""
+        return f"{self.cluster}/{self.node}" if self.cluster else self.node
 
 
-def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> list[NodeRow]:
-    """Return every node the fleet rules know, most evidence first."""
+def fetch_nodes(
+    url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0, cluster: str = ""
+) -> list[NodeRow]:
+    """Return every node the fleet rules know (of ``cluster`` if given), most evidence first.
+
+    A node name can repeat across clusters: rows are per cluster and node.
+    """
     f = fleet_recorded(cfg)
-    rows: dict[str, NodeRow] = {}
+    rows: dict[tuple[str, str], NodeRow] = {}
+    only = cluster_matcher(cfg, cluster)
+    label = cfg.cluster_label
+
+    def sel(name: str, *matchers: str) -> str:
+        parts = [m for m in (only, *matchers) if m]
+        return f"{name}{{{', '.join(parts)}}}" if parts else name
 
     def row(labels: dict[str, str]) -> NodeRow:
-        name = labels.get("node", "")
-        return rows.setdefault(name, NodeRow(name))
+        key = (labels.get(label, "") if label else "", labels.get("node", ""))
+        return rows.setdefault(key, NodeRow(key[1], cluster=key[0]))
 
     counts = " or ".join(
         f'label_replace({name}, "what", "{what}", "", "")'
         for what, name in (
-            ("seen", f.runs_seen),
-            ("blamed", f.runs_blamed),
-            ("recent", f.recent_blamed),
+            ("seen", sel(f.runs_seen)),
+            ("blamed", sel(f.runs_blamed)),
+            ("recent", sel(f.recent_blamed)),
         )  # fmt: skip
     )
     for s in instant_query(url, counts, timeout):
@@ -63,12 +82,14 @@ def fetch_nodes(url: str, cfg: MixinConfig = DEFAULT, timeout: float = 10.0) -> 
             r.runs_blamed = n
         else:
             r.recent_blamed = n
-    for s in instant_query(url, f.cause_runs, timeout):
+    for s in instant_query(url, sel(f.cause_runs), timeout):
         row(s["metric"]).causes[s["metric"].get("cause", "?")] = int(float(s["value"][1]))
-    for s in instant_query(url, f"{f.blamed}\nand on (node, run)\n{f.blamed_alone}", timeout):
+    evidence = scoped(cfg, f"{sel(f.blamed)}\nand on (node, run)\n{sel(f.blamed_alone)}")
+    for s in instant_query(url, evidence, timeout):
         lab = s["metric"]
         row(lab).evidence.append((float(s["value"][1]), lab.get("run", "?"), lab.get("cause", "?")))
-    for s in instant_query(url, 'ALERTS{alertname="DDPSuspectNode", alertstate="firing"}', timeout):
+    suspects = sel("ALERTS", 'alertname="DDPSuspectNode"', 'alertstate="firing"')
+    for s in instant_query(url, suspects, timeout):
         row(s["metric"]).suspect = True
     for r in rows.values():
         r.evidence.sort(reverse=True)
@@ -97,7 +118,7 @@ def render_nodes(rows: list[NodeRow], cfg: MixinConfig = DEFAULT, worst: int = 2
         causes = ", ".join(f"{c} {k}" for c, k in sorted(r.causes.items())) or "-"
         flag = "  SUSPECT" if r.suspect else ""
         lines.append(
-            f"{r.node:<28} {r.runs_seen:>5} {r.runs_blamed:>6} {r.recent_blamed:>10}  "
+            f"{r.name:<28} {r.runs_seen:>5} {r.runs_blamed:>6} {r.recent_blamed:>10}  "
             f"{causes}{flag}"
         )
         for ts, run, cause in r.evidence[:5]:

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .. import catalog as c
 from ..hangs.definition import SeqState, find_hangs
+from ..mixin.cluster import cluster_matcher
 from ..mixin.config import DEFAULT, MixinConfig
 from ..ranklist import format_ranks
 from .promapi import instant_query
@@ -213,18 +214,36 @@ _PROM_NAMES = (
 
 
 def fetch_prometheus(
-    url: str, run: str, timeout: float = 5.0, window: str = DEFAULT.rate_window
+    url: str,
+    run: str,
+    timeout: float = 5.0,
+    window: str = DEFAULT.rate_window,
+    *,
+    cluster: str = "",
+    config: MixinConfig = DEFAULT,
 ) -> list[RankRow]:
-    """Read one run's ranks from Prometheus with six queries (any number of ranks).
+    """Read one run's ranks from Prometheus with six or seven queries (any number of ranks).
 
     Per-step figures come from the increase over ``window`` (the alerts' rate window by
     default), so each table stands on its own whatever the scrape and refresh intervals.
+    ``cluster`` picks the run of that cluster (``config.cluster_label``); a run name found in
+    several clusters without it is an error, never two runs merged.
     """
 
     def query(expr: str) -> list[dict]:
         return instant_query(url, expr, timeout)
 
-    run_sel = f'run="{run}"'
+    quoted = run.replace("\\", "\\\\").replace('"', '\\"')
+    run_sel = ", ".join(m for m in (f'run="{quoted}"', cluster_matcher(config, cluster)) if m)
+    if config.cluster_label and not cluster:
+        label = config.cluster_label
+        found = query(f"count by ({label}) ({c.RANK_INFO.name}{{{run_sel}}})")
+        clusters = sorted(s["metric"].get(label, "") for s in found)
+        if len(clusters) > 1:
+            raise RuntimeError(
+                f"run {run!r} is in {len(clusters)} clusters ({', '.join(clusters)}): "
+                f"choose one with --cluster"
+            )
     rows: dict[str, RankRow] = {}
 
     def row_of(lab: dict[str, str]) -> RankRow:
