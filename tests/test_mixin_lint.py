@@ -121,3 +121,24 @@ def test_dashboard_follows_the_dashboard_linter_rules(path: Path) -> None:
                 if window != "$__rate_interval" and "rate(" in expr and ":" not in expr:
                     problems.append(f"{title}: fixed range [{window}]")
     assert not problems, "\n".join(problems)
+
+
+def test_the_cluster_checks_bite_and_the_label_can_be_renamed_or_disabled() -> None:
+    from dataclasses import replace
+
+    from exporter.mixin import rules
+
+    assert _cluster_problems("sum by (run) (x)") and _cluster_problems("a / on (run) b")
+    assert _cluster_problems("max(x)") and not _cluster_problems("max(x)", totals=True)
+    assert not _cluster_problems("sum by (cluster, run) (x) / on (cluster, run) y")
+    assert not _cluster_problems("sum without (rank) (x)")
+
+    def exprs(cfg) -> str:
+        return "\n".join(r["expr"] for g in rules.rule_groups(cfg)["groups"] for r in g["rules"])
+
+    assert "by (dc, run, rank)" in exprs(replace(DEFAULT, cluster_label="dc"))
+    flat = exprs(replace(DEFAULT, cluster_label=""))
+    assert "cluster" not in flat and "by (run, rank)" in flat
+    for bad in ("bad-name", "run", "1x"):
+        with pytest.raises(ValueError, match="cluster_label"):
+            replace(DEFAULT, cluster_label=bad)
