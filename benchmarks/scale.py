@@ -430,7 +430,7 @@ def substitute(expr: str, step: float) -> str:
         ("$__range", "10m"),
     ):
         expr = expr.replace(var, val)
-    return re.sub(r"\$\{?(run|node|rank|datasource|job|instance)\}?", ".*", expr)
+    return re.sub(r"\$\{?(cluster|run|node|rank|datasource|job|instance)\}?", ".*", expr)
 
 
 # -- main -----------------------------------------------------------------------------------------

@@ -27,8 +27,18 @@ from exporter.mixin.cluster import aggregations
 from exporter.mixin.config import DEFAULT
 
 ROOT = Path(__file__).resolve().parent.parent
-RULE_FILES = [ROOT / "dashboards" / "prometheus" / "rules.yml"]
-DASHBOARDS = sorted((ROOT / "dashboards" / "grafana").glob("*.json"))
+#: Every generated rule file: the single server's, a shard's and the global server's, and the
+#: Kubernetes PrometheusRule (its ``spec``).
+RULE_FILES = [
+    ROOT / "dashboards" / "prometheus" / "rules.yml",
+    ROOT / "deploy" / "sharded" / "rules-shard.yml",
+    ROOT / "deploy" / "sharded" / "rules-global.yml",
+    ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml",
+]
+#: Every generated dashboard: the JSON files and the Kubernetes ConfigMaps' copies.
+DASHBOARDS = sorted((ROOT / "dashboards" / "grafana").glob("*.json")) + [
+    ROOT / "deploy" / "kubernetes" / "grafana-dashboards.yaml"
+]
 LABEL = DEFAULT.cluster_label
 _CAMEL = re.compile(r"^[A-Z][a-z0-9]*(?:[A-Z][a-z0-9]*)*$")
 _CLAUSE = re.compile(r"\b(by|on) *\(([^()]*)\)")
@@ -37,12 +47,20 @@ _COUNTER = re.compile(r"(\w*)\(\s*(\w+_total)\b")
 _RANGE = re.compile(r"\[([^\]]+)\]")
 
 
+def _groups(path: Path) -> list[dict]:
+    doc = yaml.safe_load(path.read_text())
+    return (doc["spec"] if doc.get("kind") == "PrometheusRule" else doc)["groups"]
+
+
 def _rules() -> list[tuple[str, dict]]:
-    out = []
-    for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            out += [(group["name"], rule) for rule in group["rules"]]
-    return out
+    return [(g["name"], rule) for path in RULE_FILES for g in _groups(path) for rule in g["rules"]]
+
+
+def _dashboards(path: Path) -> list[dict]:
+    if path.suffix == ".json":
+        return [json.loads(path.read_text())]
+    maps = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [json.loads(text) for m in maps for text in m["data"].values()]
 
 
 def _cluster_problems(expr: str, totals: bool = False) -> list[str]:
@@ -82,16 +100,20 @@ def test_alert_names_severities_and_annotations_follow_the_mixin_conventions() -
 
 def test_rule_groups_are_small_and_every_rule_keeps_the_cluster_label() -> None:
     for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            assert len(group["rules"]) <= 20, (group["name"], len(group["rules"]))
+        for group in _groups(path):
+            assert len(group["rules"]) <= 20, (path.name, group["name"], len(group["rules"]))
     problems = {r.get("record") or r["alert"]: _cluster_problems(r["expr"]) for _, r in _rules()}
     assert not {k: v for k, v in problems.items() if v}
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
 def test_dashboard_follows_the_dashboard_linter_rules(path: Path) -> None:
-    dash = json.loads(path.read_text())
-    assert dash["uid"] and dash["title"], path.name
+    for dash in _dashboards(path):
+        _lint_dashboard(dash)
+
+
+def _lint_dashboard(dash: dict) -> None:
+    assert dash["uid"] and dash["title"], dash.get("title")
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert "cluster" in variables and variables["cluster"]["allValue"] == ".*"
