@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+import yaml
 from harness import Ranks, child_env, wait_for
-from promstack import file_sd_scrape, run_prometheus
+from promstack import file_sd_scrape, require, run_prometheus
 
 from exporter.mixin import sharding
-from exporter.mixin.config import FAST, config_json
+from exporter.mixin.config import DEFAULT, FAST, config_json
 from exporter.mixin.render import dump_yaml
 
 #: Long enough for the straggler alert (FAST: 20 s rate window, 30 s for) under load.
@@ -130,6 +133,43 @@ def test_two_shards_and_a_global_server_name_the_bad_node_once(tmp_path: Path) -
                 "DDPShardDown for shard 1",
             )
             assert suspects() == [("lab", "bad")]
+
+
+def test_the_generated_sharded_deployment_is_valid_and_splits_runs(tmp_path: Path) -> None:
+    files = sharding.render_sharded(replace(DEFAULT, shards=4))
+    shard_files = sorted(p for p in files if "prometheus-shard-" in p)
+    assert len(shard_files) == 4
+    keep = [
+        yaml.safe_load(files[p])["scrape_configs"][0]["relabel_configs"][-1] for p in shard_files
+    ]
+    assert [k["regex"] for k in keep] == ["0", "1", "2", "3"]
+    assert {yaml.safe_load(files[p])["global"]["external_labels"]["shard"] for p in shard_files} == {
+        "0", "1", "2", "3"}  # fmt: skip
+    glob = yaml.safe_load(files["deploy/sharded/prometheus-global.yml"])
+    assert glob["scrape_configs"][0]["static_configs"][0]["targets"] == [
+        f"prometheus-shard-{i}:9090" for i in range(4)
+    ]
+    # The shards never judge nodes, the global server judges nothing else.
+    shard_rules = yaml.safe_load(files["deploy/sharded/rules-shard.yml"])["groups"]
+    global_rules = yaml.safe_load(files["deploy/sharded/rules-global.yml"])["groups"]
+    assert "ddp-exporter.fleet" not in [g["name"] for g in shard_rules]
+    assert [g["name"] for g in global_rules] == ["ddp-exporter.fleet"]
+    promtool = require("promtool")
+    for rel, text in files.items():
+        path = tmp_path / Path(rel).name
+        path.write_text(text)
+        kind = "rules" if "rules-" in rel else "config"
+        cmd = [promtool, "check", kind, *(["--syntax-only"] if kind == "config" else []), str(path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, (rel, proc.stdout + proc.stderr)
+    with pytest.raises(ValueError, match="not in 0..1"):
+        sharding.shard_relabel(2, 2)
+    with pytest.raises(ValueError, match="no scrape job"):
+        sharding.shard_config(DEFAULT, 0, 2, {"global": {}, "scrape_configs": []})
+    with pytest.raises(ValueError, match="at least one shard"):
+        sharding.global_config(DEFAULT, [], rule_files=[])
+    with pytest.raises(ValueError, match="shards must be"):
+        replace(DEFAULT, shards=0)
 
 
 def _fast_config(directory: Path) -> str:

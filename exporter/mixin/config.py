@@ -186,6 +186,8 @@ class MixinConfig:
     suspect_node_for: str = "15m"
 
     # --- past one Prometheus: shards under a global server (exporter.mixin.sharding) ---------
+    #: Prometheus shards the generated sharded deployment (deploy/sharded/) splits runs over.
+    shards: int = 2
     #: Job name of the global server's federation scrape of the shards.
     federate_job: str = "ddp-federate"
     #: DDPShardDown: how long the global server may fail to read a shard.
@@ -227,6 +229,8 @@ class MixinConfig:
                 raise ValueError(f"{name} must be positive")
         duration_seconds(self.suspect_node_for)
         duration_seconds(self.shard_down_for)
+        if not 1 <= int(self.shards) <= 1024:
+            raise ValueError(f"shards must be in 1..1024: {self.shards}")
         if duration_seconds(self.restart_loop_window) < duration_seconds(self.baseline_window):
             # A run given up must not be called killed once DDPRestartLoop resolves.
             raise ValueError("restart_loop_window must be at least baseline_window")

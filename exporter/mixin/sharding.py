@@ -49,10 +49,6 @@ __all__ = [
 SHARD_LABEL = "shard"
 #: A temporary target label (dropped after relabelling: ``__tmp`` prefix).
 _HASH_LABEL = "__tmp_ddp_shard"
-#: The example the generator writes: two shards, one global server.
-EXAMPLE_SHARDS = 2
-
-
 def shard_of(run: str, shards: int) -> int:
     """Return the shard Prometheus's ``hashmod`` puts ``run`` on (md5, low 8 bytes, mod)."""
     digest = hashlib.md5(run.encode(), usedforsecurity=False).digest()
@@ -150,8 +146,9 @@ def global_config(
     return out
 
 
-def render_sharded(cfg: MixinConfig = DEFAULT, shards: int = EXAMPLE_SHARDS) -> dict[str, str]:
-    """Return the example sharded deployment's files (``deploy/sharded/``)."""
+def render_sharded(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
+    """Return the sharded deployment's files (``deploy/sharded/``): ``cfg.shards`` shards."""
+    shards = int(cfg.shards)
     base = prometheus_config(
         cfg,
         rule_files=("/etc/prometheus/rules-shard.yml",),
