@@ -122,17 +122,13 @@ def global_config(
     """Return the global server's config: federate the fleet's inputs from every shard."""
     if not shard_targets:
         raise ValueError("the global server needs at least one shard to federate")
-    out: dict[str, Any] = {
-        "global": {
-            "scrape_interval": interval or cfg.fleet_interval,
-            "evaluation_interval": interval or cfg.fleet_interval,
-        },
-        "rule_files": list(rule_files),
-    }
-    if alertmanagers:
-        out["alerting"] = {
-            "alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]
-        }
+    out = prometheus_config(
+        cfg,
+        rule_files=rule_files,
+        alertmanagers=alertmanagers,
+        scrape_interval=interval or cfg.fleet_interval,
+        evaluation_interval=interval or cfg.fleet_interval,
+    )
     out["scrape_configs"] = [
         {
             "job_name": cfg.federate_job,
