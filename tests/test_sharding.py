@@ -11,6 +11,7 @@ shard evaluates it. Then shard 1 stops: DDPShardDown names it and no node become
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,6 +24,7 @@ from promstack import file_sd_scrape, require, run_prometheus
 
 from exporter.mixin import sharding
 from exporter.mixin.config import DEFAULT, FAST, config_json
+from exporter.mixin.fleet import FLEET_INPUT_ALERTS
 from exporter.mixin.render import dump_yaml
 
 #: Long enough for the straggler alert (FAST: 20 s rate window, 30 s for) under load.
@@ -162,6 +164,16 @@ def test_the_generated_sharded_deployment_is_valid_and_splits_runs(tmp_path: Pat
         cmd = [promtool, "check", kind, *(["--syntax-only"] if kind == "config" else []), str(path)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, (rel, proc.stdout + proc.stderr)
+    # The global server federates every alert the fleet group reads, and only the firing ones.
+    fleet_exprs = " ".join(r["expr"] for g in global_rules for r in g["rules"])
+    read = set()
+    for names in re.findall(r'alertname=~?"([^"]+)"', fleet_exprs):
+        read |= set(names.split("|"))
+    assert read - {"DDPSuspectNode"} == set(FLEET_INPUT_ALERTS), read
+    match = glob["scrape_configs"][0]["params"]["match[]"]
+    assert (
+        all(name in match[0] for name in FLEET_INPUT_ALERTS) and 'alertstate="firing"' in match[0]
+    )
     with pytest.raises(ValueError, match="not in 0..1"):
         sharding.shard_relabel(2, 2)
     with pytest.raises(ValueError, match="no scrape job"):
