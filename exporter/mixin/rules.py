@@ -1024,14 +1024,15 @@ def _init_stuck(cfg: MixinConfig) -> Alert:
 
 
 def every_alert(cfg: MixinConfig = DEFAULT) -> list[Alert]:
-    """Return the per-run alerts, then the fleet's (the runbook's order, :data:`ALERT_NAMES`)."""
+    """Return the per-run alerts, then the fleet group's (the runbook's order, :data:`ALERT_NAMES`)."""
     return [*alerts(cfg), suspect_node_alert(cfg), shard_down_alert(cfg)]
 
 
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     """Return the rule file content: the recording groups, the alerts, then the fleet group.
 
-    The fleet group (its own, longer interval) reads the alerts' ``ALERTS`` series.
+    The fleet group (its own, longer interval) reads the alerts' ``ALERTS`` series. Every
+    expression keeps the cluster label (:func:`exporter.mixin.cluster.scoped`).
     """
     recording = recording_groups(cfg)
     groups = [
