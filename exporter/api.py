@@ -145,7 +145,9 @@ def instrument(
         )
         if memory_source is not None and not callable(memory_source):
             raise TypeError("exporter.instrument(memory_source=...): expected a callable")
-        folder = settings.dump_dir(dump_dir)
+        folder = settings.usable_dump_dir(
+            settings.dump_dir(dump_dir), from_keyword=dump_dir is not None
+        )
         hang = settings.on_hang("instrument", on_hang, abort_after, abort_limit)
         timing = settings.comm_timing("instrument", comm_timing)
         if start_step is not None and (

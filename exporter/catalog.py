@@ -40,6 +40,7 @@ __all__ = [
     "GPU_MEM_TOTAL",
     "HOST_MEM_RESIDENT",
     "EXPORTER_ERRORS",
+    "INVALID_SETTING",
     "HANG_LOCATION",
     "HANG_DUMPS",
     "HANG_ABORT",
@@ -314,6 +315,14 @@ EXPORTER_ERRORS = MetricDef(
     "Errors inside the exporter, caught so that training goes on, by place.",
     ("where",),
 )
+INVALID_SETTING = MetricDef(
+    "ddp_exporter_invalid_setting_info",
+    "info",
+    "An environment variable of the exporter holds a value it cannot use (named by the "
+    "variable label, one of exporter.settings.SETTINGS; the rank's log has the value): the "
+    "default is used instead and training goes on. Present only while so; value is always 1.",
+    ("variable",),
+)
 HANG_LOCATION = MetricDef(
     "ddp_hang_location_info",
     "info",
@@ -428,6 +437,7 @@ METRICS: tuple[MetricDef, ...] = (
     GPU_MEM_TOTAL,
     HOST_MEM_RESIDENT,
     EXPORTER_ERRORS,
+    INVALID_SETTING,
     HANG_LOCATION,
     HANG_DUMPS,
     HANG_ABORT,
@@ -524,7 +534,8 @@ def series_per_rank(
     ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
     per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
     culprit during an episode), the finished timestamp (in the final scrapes) and the abort
-    timestamp (in a leaving rank's last scrapes).
+    timestamp (in a leaving rank's last scrapes), an invalid setting (one series per variable
+    holding a value the exporter cannot use).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     n += ((len(COLLECTIVE_BUCKETS) + 3) + 1) * timed_collectives  # histogram + bytes per (op, pg)

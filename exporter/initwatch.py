@@ -50,7 +50,7 @@ from . import catalog as c
 from . import settings, storekeys
 from .background import DONE, BackgroundLoop
 from .errors import ErrorCounter
-from .export.collector import family
+from .export.collector import add_invalid_settings, family
 from .export.server import MetricsServer
 from .log import log
 from .sources import netcheck
@@ -307,6 +307,8 @@ class _InitCollector(Collector):
         errors = family(c.EXPORTER_ERRORS)
         for where, n in w.errors.snapshot().items():
             errors.add_metric(base + [where], n)
-        for fam in (*fams.values(), errors):
+        invalid = family(c.INVALID_SETTING)
+        add_invalid_settings(invalid, base)
+        for fam in (*fams.values(), errors, invalid):
             if fam.samples:
                 yield fam

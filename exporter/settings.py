@@ -93,6 +93,13 @@ test can inject version skew between ranks, e.g. ``torch=9.9.9``.
 agent's store when ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun sets it), at
 ``MASTER_ADDR:MASTER_PORT``, keyed by ``TORCHELASTIC_RESTART_COUNT``.
 
+A value a variable holds that the exporter cannot use never stops training: one shared
+validator (:func:`resolve`, the table :data:`SETTINGS`) logs it once per process in one line
+naming the variable, the value, what is accepted and the default used instead, and the rank
+publishes ``ddp_exporter_invalid_setting_info{variable}`` (alert DDPExporterMisconfigured).
+The same value passed as a keyword raises ValueError with the same message: code is the
+programmer's to fix.
+
 This module imports no torch and nothing of the exporter but its logger: offline tools use it.
 """
 
@@ -102,7 +109,9 @@ import math
 import os
 import re
 import socket
-from collections.abc import Mapping
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +166,8 @@ __all__ = [
     "OTEL_SDK_DISABLED",
     "OnHang",
     "PEER_SERIES",
+    "SETTINGS",
+    "Setting",
     "PORT",
     "RANK",
     "RUN",
@@ -186,6 +197,7 @@ __all__ = [
     "flight_recorder",
     "identity",
     "int_or_none",
+    "invalid_settings",
     "is_all_interfaces",
     "job_deadline_raw",
     "monitoring_rank",
@@ -195,9 +207,13 @@ __all__ = [
     "otlp_disabled",
     "parse_deadline",
     "positive_int",
+    "report_invalid",
+    "resolve",
     "restart_count",
     "restarts_left",
+    "setting_message",
     "under_torchrun",
+    "usable_dump_dir",
 ]
 
 # -- the exporter's own variables ------------------------------------------------------------
@@ -303,6 +319,285 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
+# -- the one validator ---------------------------------------------------------------------------
+# A monitoring setting must never cost a run (the OpenTelemetry SDK's convention for environment
+# configuration): a variable holding a value the exporter cannot use is logged once per process,
+# in one line naming the variable, the value, what is accepted and the default used instead, and
+# published (ddp_exporter_invalid_setting_info, alert DDPExporterMisconfigured). A keyword passed
+# in code is the programmer's: it still raises, with the same message.
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable the exporter reads: what it accepts, its default and its keyword if any.
+
+    ``parse`` turns the variable's text into a value; ``check`` returns a value (a keyword's or a
+    parsed one) as used, or raises ValueError (TypeError where a wrong type is the caller's bug).
+    """
+
+    name: str
+    accepted: str
+    default: Any
+    parse: Callable[[str], Any] = str.strip
+    check: Callable[[Any], Any] = _same
+    keyword: str = ""
+    #: How the default reads in messages when it is not a plain value (e.g. "the hostname").
+    shown_default: str = ""
+
+    @property
+    def default_text(self) -> str:
+        """Return the default as the messages show it."""
+        return self.shown_default or str(self.default)
+
+
+def setting_message(source: str, value: Any, setting: Setting, accepted: str = "") -> str:
+    """Return the one message of a value ``setting`` does not accept, read from ``source``.
+
+    The same text for a variable (logged) and a keyword (raised): what was given, what is
+    accepted, and the default.
+    """
+    return (
+        f"{source}: expected {accepted or setting.accepted}, got {value!r} "
+        f"(default: {setting.default_text})"
+    )
+
+
+_lock = threading.Lock()
+#: Variables found invalid in this process's environment, with the value found.
+_invalid: dict[str, str] = {}
+#: ``(variable, value)`` pairs already logged: once per process.
+_logged: set[tuple[str, str]] = set()
+
+
+def report_invalid(
+    setting: Setting,
+    raw: str,
+    *,
+    accepted: str = "",
+    instead: str = "using the default",
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Log once that variable ``setting.name`` holds ``raw``, which is not accepted; never raises.
+
+    ``instead`` says what is done instead. Recorded for :func:`invalid_settings` when read from
+    the process's environment (``environ`` None); a mapping passed in (a test, a tool) is only
+    logged.
+    """
+    with _lock:
+        first = (setting.name, raw) not in _logged
+        _logged.add((setting.name, raw))
+        if environ is None:
+            _invalid[setting.name] = raw
+    if first:
+        log.warning(
+            "ddp-exporter: %s; %s, training goes on",
+            setting_message(setting.name, raw, setting, accepted),
+            instead,
+        )
+
+
+def invalid_settings() -> list[str]:
+    """Return the variables whose value in this process's environment was found invalid."""
+    with _lock:
+        found = list(_invalid.items())
+    # Still holding the value found: a variable fixed (or changed) since is not reported.
+    return sorted(name for name, raw in found if os.environ.get(name) == raw)
+
+
+def resolve(
+    name: str,
+    keyword: Any = None,
+    *,
+    caller: str = "instrument",
+    environ: Mapping[str, str] | None = None,
+) -> Any:
+    """Return setting ``name``: the keyword, else the variable, else the default.
+
+    Raises ValueError (TypeError) naming ``caller``'s keyword for a keyword value it does not
+    accept; an invalid variable is reported (:func:`report_invalid`) and the default returned.
+    """
+    setting = SETTINGS[name]
+    if keyword is not None:
+        try:
+            return setting.check(keyword)
+        except (TypeError, ValueError) as exc:
+            source = f"exporter.{caller}({setting.keyword or name}=...)"
+            raise type(exc)(setting_message(source, keyword, setting)) from None
+    raw = _environ(environ).get(name)
+    if raw is None or not raw.strip():
+        return setting.default
+    try:
+        return setting.check(setting.parse(raw))
+    except (TypeError, ValueError):
+        report_invalid(setting, raw, environ=environ)
+        return setting.default
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("not an int")
+        if value < low or (high is not None and value > high):
+            raise ValueError("out of range")
+        return value
+
+    return check
+
+
+def _parse_int(raw: str) -> int:
+    return int(raw.strip())
+
+
+def _seconds(minimum: float, *, inclusive: bool) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("not a number")
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise ValueError("out of range")
+        return float(value)
+
+    return check
+
+
+def _parse_float(raw: str) -> float:
+    return float(raw.strip())
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError("not a choice")
+        return value
+
+    return check
+
+
+def _lower(raw: str) -> str:
+    return raw.strip().lower()
+
+
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+
+
+def _parse_switch(raw: str) -> bool:
+    return _SWITCH[raw.strip().lower()] if raw.strip().lower() in _SWITCH else _no(raw)
+
+
+def _no(raw: str) -> Any:
+    raise ValueError(f"not accepted: {raw!r}")
+
+
+def _path(value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"expected a path, got {type(value).__name__}")
+    text = os.fspath(value)
+    if not text:
+        raise ValueError("empty path")
+    return text
+
+
+def _host(value: Any) -> str:
+    """Accept a host name or IP address: no port, scheme, path or blank."""
+    if not isinstance(value, str):
+        raise ValueError("not a host")
+    if ":" in value and not _is_ipv6(value) or "/" in value or any(c.isspace() for c in value):
+        raise ValueError("not a host")
+    return value
+
+
+def _bind(value: Any) -> str:
+    return value if value in ALL_INTERFACES else _host(value)
+
+
+def _node(value: Any) -> str:
+    if not isinstance(value, str) or not _NODE_NAME.match(value):
+        raise ValueError("not a node name")
+    return value
+
+
+def _deadline(name: str) -> Callable[[str], str | None]:
+    def parse(raw: str) -> str | None:
+        text = raw.strip()
+        if name == SLURM_JOB_END_TIME and text == "0":
+            return None  # Slurm's "no time limit"
+        parse_deadline(name, text, float(_MIN_UNIX))  # raises ValueError when malformed
+        return text
+
+    return parse
+
+
+def _parse_attempt(raw: str) -> int:
+    if not raw.strip().isdigit():
+        raise ValueError("not a count")
+    return int(raw.strip())
+
+
+def _parse_fake_versions(raw: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in VERSION_KEYS or not value:
+            raise ValueError(f"bad item {item!r}")
+        out[key] = value
+    return out
+
+
+_EXIT_CODE = "an exit code in 1..255"
+
+#: Every variable of the exporter (and the deadline Slurm sets), by name: one validator reads
+#: them all. Launcher variables (RANK, MASTER_PORT, ...) are torch's: a bad one stops torch first.
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(PORT, "an int in 0..65535 (0: a free port)", DEFAULT_PORT, _parse_int,
+                _integer(0, 65535), "port"),
+        Setting(ADDR, "a bind address (an IP address or host name)", DEFAULT_ADDR, str.strip,
+                _bind, "addr"),
+        Setting(RUN, "a run name", None, str.strip, _same, "run",
+                "torchrun's run id, Slurm's job id or MASTER_ADDR:MASTER_PORT"),
+        Setting(HEARTBEAT_S, "seconds >= 0 (0: off)", DEFAULT_HEARTBEAT_S, _parse_float,
+                _seconds(0, inclusive=True), "heartbeat_s"),
+        Setting(MONITOR_RANK, "a rank >= -1 (-1: none)", 0, _parse_int, _integer(-1),
+                "monitor_rank"),
+        Setting(PEER_SERIES, "an int >= 0", DEFAULT_PEER_SERIES, _parse_int, _integer(0), "peer_series"),
+        Setting(FLIGHT_RECORDER, "1 or 0 (true/false, yes/no, on/off)", True, _parse_switch,
+                bool, "flight_recorder", "1"),
+        Setting(COMM_TIMING, "one of 'auto', 'reducer', 'hook'", "auto", _lower,
+                _one_of(("auto", "reducer", "hook")), "comm_timing"),
+        Setting(DUMP_DIR, "a folder path", DEFAULT_DUMP_DIR, str.strip, _path, "dump_dir"),
+        Setting(ADVERTISE_ADDR, "a host name or IP address without port or scheme (the port "
+                "is the metrics port)", None, str.strip, _host, "",
+                "the address of the interface that reaches MASTER_ADDR"),
+        Setting(FILE_SD, "a folder path", None, str.strip, _path, "", "unset: no file_sd"),
+        Setting(JOB_DEADLINE, "a Unix time or a duration like 72h, 90m, 3600s or 1d12h", None,
+                _deadline(JOB_DEADLINE), _same, "", "none (SLURM_JOB_END_TIME, else no deadline)"),
+        Setting(SLURM_JOB_END_TIME, "a Unix time (seconds since 1970)", None,
+                _deadline(SLURM_JOB_END_TIME), _same, "", "none (no deadline)"),
+        Setting(FINAL_SCRAPE_S, "seconds >= 0 (0: no wait)", DEFAULT_FINAL_SCRAPE_S, _parse_float,
+                _seconds(0, inclusive=True)),
+        Setting(ON_HANG, "'off' or 'abort'", "off", _lower, _one_of(("off", "abort")),
+                "on_hang"),
+        Setting(ABORT_AFTER_S, "seconds > 0", DEFAULT_ABORT_AFTER_S, _parse_float, _seconds(0, inclusive=False),
+                "abort_after"),
+        Setting(ABORT_EXIT_CODE, _EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, _parse_int, _integer(1, 255)),
+        Setting(ABORT_LIMIT, "an int >= 0 (0: never stop)", DEFAULT_ABORT_LIMIT, _parse_int, _integer(0),
+                "abort_limit"),
+        Setting(ABORT_PROGRESS_STEPS, "steps >= 1", DEFAULT_ABORT_PROGRESS_STEPS, _parse_int, _integer(1)),
+        Setting(GIVE_UP_EXIT_CODE, _EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE, _parse_int, _integer(1, 255)),
+        Setting(ATTEMPT, "a count of earlier attempts (0, 1, ...)", 0, _parse_attempt),
+        Setting(NODE, "a node name (letters, digits, '.', '_', '-'; up to 253)", None, str.strip,
+                _node, "", "the hostname"),
+        Setting(DOCTOR_FAKE_VERSIONS, "comma-separated KEY=VERSION with KEY in "
+                + ", ".join(VERSION_KEYS), {}, _parse_fake_versions, _same, "", "none"),
+    )
+}  # fmt: skip
+
+
 # -- parsers -----------------------------------------------------------------------------------
 def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
     """Return the integer in variable ``name``, or ``default`` when unset or empty.
@@ -342,8 +637,8 @@ def env_positive_ms(name: str, default: float, environ: Mapping[str, str] | None
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        log.warning("ddp-exporter: %s=%r is not a positive number; using %g", name, raw, default)
+    if not (value > 0 and math.isfinite(value)):
+        report_invalid(Setting(name, "positive milliseconds", default), raw, environ=environ)
         return default
     return value
 
@@ -399,34 +694,22 @@ def parse_deadline(name: str, raw: str, start_unix: float) -> float:
 
 
 def job_deadline_raw(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-    """Return ``(variable, raw value)`` of the job's deadline, or None when none is set.
+    """Return ``(variable, valid text)`` of the job's deadline, or None when none is set.
 
     ``DDP_EXPORTER_JOB_DEADLINE`` wins over ``SLURM_JOB_END_TIME``; Slurm's ``0`` (or empty)
-    is what a job without a time limit gets: no deadline.
+    is what a job without a time limit gets: no deadline. A malformed value is reported
+    (:func:`report_invalid`) and passed over.
     """
-    environ = _environ(environ)
-    raw = environ.get(JOB_DEADLINE, "").strip()
-    if raw:
-        return JOB_DEADLINE, raw
-    raw = environ.get(SLURM_JOB_END_TIME, "").strip()
-    if raw and raw != "0":
-        return SLURM_JOB_END_TIME, raw
+    for name in (JOB_DEADLINE, SLURM_JOB_END_TIME):
+        text = resolve(name, environ=environ)
+        if text:
+            return name, text
     return None
 
 
 def fake_versions(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return the test-only version overrides of ``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``."""
-    raw = _environ(environ).get(DOCTOR_FAKE_VERSIONS, "")
-    out = {}
-    for item in filter(None, (x.strip() for x in raw.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key not in VERSION_KEYS or not value:
-            raise ValueError(
-                f"{DOCTOR_FAKE_VERSIONS}={raw!r}: expected comma-separated "
-                f"KEY=VERSION with KEY in {', '.join(VERSION_KEYS)}"
-            )
-        out[key] = value
-    return out
+    return dict(resolve(DOCTOR_FAKE_VERSIONS, environ=environ))
 
 
 # -- single settings ---------------------------------------------------------------------------
@@ -448,9 +731,11 @@ def default_run(environ: Mapping[str, str] | None = None) -> str:
     return "local"
 
 
-def bind_addr(addr: str | None, environ: Mapping[str, str] | None = None) -> str:
+def bind_addr(
+    addr: str | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
+) -> str:
     """Return the metrics bind address: keyword, ``DDP_EXPORTER_ADDR``, then all interfaces."""
-    return addr if addr is not None else _environ(environ).get(ADDR, DEFAULT_ADDR)
+    return resolve(ADDR, addr, caller=caller, environ=environ)
 
 
 def is_all_interfaces(addr: str) -> bool:
@@ -458,16 +743,16 @@ def is_all_interfaces(addr: str) -> bool:
     return addr in ALL_INTERFACES
 
 
-def monitoring_rank(rank: int | None, environ: Mapping[str, str] | None = None) -> int:
+def monitoring_rank(
+    rank: int | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
+) -> int:
     """Return the monitoring rank: keyword, ``DDP_EXPORTER_MONITOR_RANK``, then 0."""
-    return env_int(MONITOR_RANK, 0, environ) if rank is None else rank
+    return resolve(MONITOR_RANK, rank, caller=caller, environ=environ)
 
 
 def flight_recorder(on: bool | None, environ: Mapping[str, str] | None = None) -> bool:
     """Say whether to read the Flight Recorder: keyword, else the variable (default on)."""
-    if on is not None:
-        return bool(on)
-    return _environ(environ).get(FLIGHT_RECORDER, "1") not in ("0", "false", "")
+    return resolve(FLIGHT_RECORDER, on, environ=environ)
 
 
 def comm_timing(
@@ -475,25 +760,56 @@ def comm_timing(
 ) -> str:
     """Return the communication timing mode: keyword, ``DDP_EXPORTER_COMM_TIMING``, ``auto``.
 
-    Raises ValueError naming ``caller``'s keyword or the variable.
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
     """
-    source = f"exporter.{caller}(comm_timing=...)"
-    if value is None:
-        source, value = COMM_TIMING, _environ(environ).get(COMM_TIMING, "").strip().lower()
-        value = value or "auto"
-    if value not in COMM_TIMING_CHOICES:
-        choices = ", ".join(repr(c) for c in COMM_TIMING_CHOICES)
-        raise ValueError(f"{source}: expected one of {choices}, got {value!r}")
-    return value
+    return resolve(COMM_TIMING, value, caller=caller, environ=environ)
 
 
 def dump_dir(path: Any, environ: Mapping[str, str] | None = None) -> str:
     """Return the hang dump folder: keyword (a path), ``DDP_EXPORTER_DUMP_DIR``, the default."""
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"exporter.instrument(dump_dir=...): expected a path, got {type(path).__name__}"
+    return resolve(DUMP_DIR, path, environ=environ)
+
+
+def usable_dump_dir(
+    path: str, *, from_keyword: bool = False, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return a folder hang dumps can be written to: ``path`` (created if missing), else another.
+
+    Checked at start, so that the one artefact a user needs after a hang is not lost when it is
+    written: a folder that cannot be created or written is reported in one line saying where
+    dumps go instead (a private folder under the system's temporary directory), or that they
+    would be lost. Never raises.
+    """
+    reason = _writable(path)
+    if reason is None:
+        return path
+    fallback = os.path.join(tempfile.gettempdir(), f"ddp-exporter-dumps-{os.getuid()}")
+    usable = _writable(fallback) is None
+    instead = f"hang dumps go to {fallback} instead" if usable else "hang dumps would be lost"
+    setting = SETTINGS[DUMP_DIR]
+    accepted = f"a folder this process can write ({path}: {reason})"
+    raw = _environ(environ).get(DUMP_DIR, "")
+    if not from_keyword and raw.strip():
+        report_invalid(setting, raw, accepted=accepted, instead=instead, environ=environ)
+    else:
+        source = "exporter.instrument(dump_dir=...)" if from_keyword else "the default dump folder"
+        log.warning(
+            "ddp-exporter: %s; %s, training goes on",
+            setting_message(source, path, setting, accepted),
+            instead,
         )
-    return os.fspath(path or _environ(environ).get(DUMP_DIR) or DEFAULT_DUMP_DIR)
+    return fallback if usable else path
+
+
+def _writable(path: str) -> str | None:
+    """Create folder ``path`` (user-only) if missing; return why it cannot be written, or None."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
 
 
 def otlp_requested(otlp: bool | str | None, environ: Mapping[str, str] | None = None) -> bool | str:
@@ -510,19 +826,8 @@ def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
-    """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset.
-
-    Raises ValueError for a value that is not a host (``host:port`` or a URL).
-    """
-    explicit = _environ(environ).get(ADVERTISE_ADDR, "").strip()
-    if not explicit:
-        return None
-    if ":" in explicit and not _is_ipv6(explicit) or "/" in explicit or " " in explicit:
-        raise ValueError(
-            f"{ADVERTISE_ADDR}={explicit!r}: expected a host name or IP address "
-            "without port or scheme (the port is the metrics port)"
-        )
-    return explicit
+    """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset or not a host."""
+    return resolve(ADVERTISE_ADDR, environ=environ)
 
 
 def _is_ipv6(host: str) -> bool:
@@ -543,13 +848,10 @@ def attempt(environ: Mapping[str, str] | None = None) -> str:
     """Return which attempt of its run this process is: torchrun's restart, Slurm's requeue.
 
     ``DDP_EXPORTER_ATTEMPT`` (the attempts before this job, for a script that resubmits a
-    run as a new job) is added. Raises ValueError for a value that is not a count.
+    run as a new job) is added.
     """
+    base = resolve(ATTEMPT, environ=environ)
     environ = _environ(environ)
-    raw = environ.get(ATTEMPT, "").strip()
-    if raw and not raw.isdigit():
-        raise ValueError(f"{ATTEMPT}={raw!r}: expected a count of earlier attempts (0, 1, ...)")
-    base = int(raw or 0)
     for name in (TORCHELASTIC_RESTART_COUNT, SLURM_RESTART_COUNT):
         value = environ.get(name, "").strip()
         if value.isdigit():
@@ -559,10 +861,7 @@ def attempt(environ: Mapping[str, str] | None = None) -> str:
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
     """Return how long a clean end may wait for its final scrape (``DDP_EXPORTER_FINAL_SCRAPE_S``)."""
-    value = env_float(FINAL_SCRAPE_S, DEFAULT_FINAL_SCRAPE_S, environ)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{FINAL_SCRAPE_S}={value!r}: expected seconds >= 0")
-    return value
+    return resolve(FINAL_SCRAPE_S, environ=environ)
 
 
 @dataclass(frozen=True)
@@ -583,13 +882,6 @@ class OnHang:
     give_up_exit_code: int = DEFAULT_GIVE_UP_EXIT_CODE
 
 
-def _exit_code(name: str, default: int, environ: Mapping[str, str] | None) -> int:
-    code = env_int(name, default, environ)
-    if not 1 <= code <= 255:
-        raise ValueError(f"{name}={code!r}: expected an exit code in 1..255")
-    return code
-
-
 def on_hang(
     caller: str,
     action: str | None = None,
@@ -599,37 +891,26 @@ def on_hang(
 ) -> OnHang:
     """Resolve the hang action: keywords, then ``DDP_EXPORTER_ON_HANG`` and friends, then off.
 
-    Raises ValueError naming ``caller``'s keyword or the variable.
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
     """
-    env = _environ(environ)
-    source = f"exporter.{caller}(on_hang=...)"
-    if action is None:
-        source, action = ON_HANG, env.get(ON_HANG, "").strip().lower() or "off"
-    if action not in ON_HANG_CHOICES:
-        choices = " or ".join(repr(c) for c in ON_HANG_CHOICES)
-        raise ValueError(f"{source}: expected {choices}, got {action!r}")
-    source = f"exporter.{caller}(abort_after=...)"
-    if after_s is None:
-        source, after_s = ABORT_AFTER_S, env_float(ABORT_AFTER_S, DEFAULT_ABORT_AFTER_S, environ)
-    if isinstance(after_s, bool) or not isinstance(after_s, (int, float)):
-        raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
-    if not (math.isfinite(after_s) and after_s > 0):
-        raise ValueError(f"{source}: expected seconds > 0, got {after_s!r}")
-    source = f"exporter.{caller}(abort_limit=...)"
-    if limit is None:
-        source, limit = ABORT_LIMIT, env_int(ABORT_LIMIT, DEFAULT_ABORT_LIMIT, environ)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"{source}: expected an int >= 0 (0: never stop), got {limit!r}")
-    steps = env_int(ABORT_PROGRESS_STEPS, DEFAULT_ABORT_PROGRESS_STEPS, environ)
-    if steps < 1:
-        raise ValueError(f"{ABORT_PROGRESS_STEPS}={steps!r}: expected steps >= 1")
-    code = _exit_code(ABORT_EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, environ)
-    give_up = _exit_code(GIVE_UP_EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE, environ)
+    action = resolve(ON_HANG, action, caller=caller, environ=environ)
+    after_s = resolve(ABORT_AFTER_S, after_s, caller=caller, environ=environ)
+    limit = resolve(ABORT_LIMIT, limit, caller=caller, environ=environ)
+    steps = resolve(ABORT_PROGRESS_STEPS, environ=environ)
+    code = resolve(ABORT_EXIT_CODE, environ=environ)
+    give_up = resolve(GIVE_UP_EXIT_CODE, environ=environ)
     if give_up == code:
-        raise ValueError(
-            f"{GIVE_UP_EXIT_CODE}={give_up} equals {ABORT_EXIT_CODE}: a requeue script could not "
-            "tell 'restart' from 'do not requeue'"
+        # A requeue script could not tell "restart" from "do not requeue": blame the variable
+        # that was set, and use both defaults.
+        blamed = GIVE_UP_EXIT_CODE if _environ(environ).get(GIVE_UP_EXIT_CODE) else ABORT_EXIT_CODE
+        report_invalid(
+            SETTINGS[blamed],
+            _environ(environ).get(blamed, ""),
+            accepted=f"{_EXIT_CODE} other than the "
+            + ("abort exit code" if blamed == GIVE_UP_EXIT_CODE else "give-up exit code"),
+            environ=environ,
         )
+        code, give_up = DEFAULT_ABORT_EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE
     return OnHang(action, float(after_s), code, limit, steps, give_up)
 
 
@@ -688,17 +969,17 @@ class Identity:
 def node_name(environ: Mapping[str, str] | None = None) -> str:
     """Return this rank's ``node`` label: ``DDP_EXPORTER_NODE``, else the hostname.
 
-    Raises ValueError for a value that is not a host or node name (it becomes a label that
-    fleet rules group by, so free text would make unbounded, unmatchable series).
+    The name becomes a label that fleet rules group by, so free text would make unbounded,
+    unmatchable series: an invalid variable is reported and the hostname used, and a hostname
+    that is not a node name has its other characters replaced by ``-``.
     """
-    raw = _environ(environ).get(NODE, "").strip()
-    name = raw or socket.gethostname()
-    if not _NODE_NAME.match(name):
-        source = NODE if raw else "the hostname"
-        raise ValueError(
-            f"{source} {name!r} is not a node name (letters, digits, '.', '_', '-'; up to 253)"
-        )
-    return name
+    name = resolve(NODE, environ=environ)
+    if name is not None:
+        return name
+    host = socket.gethostname()
+    if _NODE_NAME.match(host):
+        return host
+    return re.sub(r"[^A-Za-z0-9._-]", "-", host).lstrip("._-")[:253] or "unknown"
 
 
 def identity(
@@ -750,29 +1031,25 @@ def endpoint(
 ) -> Endpoint:
     """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
 
-    Raises ValueError naming ``caller``'s keyword or the variable.
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
     """
-    base_port = env_int(PORT, DEFAULT_PORT, environ) if port is None else port
-    if isinstance(base_port, bool) or not isinstance(base_port, int) or not 0 <= base_port <= 65535:
-        raise ValueError(
-            f"exporter.{caller}(port=...): expected an int in 0..65535, got {base_port!r}"
-        )
+    base_port = resolve(PORT, port, caller=caller, environ=environ)
     local_rank = env_int(LOCAL_RANK, 0, environ)
-    bound = 0 if base_port == 0 else base_port + local_rank
-    if bound > 65535:
-        raise ValueError(f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535")
-    hb = (
-        env_float(HEARTBEAT_S, DEFAULT_HEARTBEAT_S, environ) if heartbeat_s is None else heartbeat_s
-    )
-    source = f"exporter.{caller}(peer_series=...)"
-    if peer_series is None:
-        source, peer_series = PEER_SERIES, env_int(PEER_SERIES, DEFAULT_PEER_SERIES, environ)
-    if isinstance(peer_series, bool) or not isinstance(peer_series, int) or peer_series < 0:
-        raise ValueError(f"{source}: expected an int >= 0, got {peer_series!r}")
+    if base_port and base_port + local_rank > 65535:
+        message = f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535"
+        if port is not None:
+            raise ValueError(f"exporter.{caller}(port=...): {message}")
+        report_invalid(
+            SETTINGS[PORT],
+            _environ(environ).get(PORT, ""),
+            accepted=f"a base port with port + LOCAL_RANK ({local_rank}) <= 65535",
+            environ=environ,
+        )
+        base_port = DEFAULT_PORT if DEFAULT_PORT + local_rank <= 65535 else 0
     return Endpoint(
-        port=bound,
-        addr=bind_addr(addr, environ),
-        heartbeat_s=float(hb),
-        monitor_rank=monitoring_rank(monitor_rank, environ),
-        peer_series=peer_series,
+        port=0 if base_port == 0 else base_port + local_rank,
+        addr=bind_addr(addr, environ, caller),
+        heartbeat_s=resolve(HEARTBEAT_S, heartbeat_s, caller=caller, environ=environ),
+        monitor_rank=monitoring_rank(monitor_rank, environ, caller),
+        peer_series=resolve(PEER_SERIES, peer_series, caller=caller, environ=environ),
     )

@@ -207,8 +207,8 @@ def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
                       (settings.ABORT_EXIT_CODE, "256"), (settings.ABORT_LIMIT, "-2"),
                       (settings.ABORT_LIMIT, "many"), (settings.ABORT_PROGRESS_STEPS, "0"),
                       (settings.GIVE_UP_EXIT_CODE, "300"), (settings.GIVE_UP_EXIT_CODE, "75")]:  # fmt: skip
-        with pytest.raises(ValueError, match=name):
-            settings.on_hang("instrument", environ={name: raw})
+        # Logged, and the defaults used (exporter.settings): a variable never raises.
+        assert settings.on_hang("instrument", environ={name: raw}) == settings.OnHang(), name
 
 
 def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):

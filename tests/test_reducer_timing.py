@@ -20,17 +20,14 @@ def test_setting_parses_keyword_then_environment():
     )
     with pytest.raises(ValueError, match=r"instrument\(comm_timing=...\).*'fast'"):
         settings.comm_timing("instrument", "fast")
-    with pytest.raises(ValueError, match="DDP_EXPORTER_COMM_TIMING.*'bucket'"):
-        settings.comm_timing("instrument", environ={settings.COMM_TIMING: "bucket"})
+    # A bad variable is logged and the default used (exporter.settings): never raised.
+    assert settings.comm_timing("instrument", environ={settings.COMM_TIMING: "bucket"}) == "auto"
 
 
 def test_instrument_rejects_a_bad_timing_by_name(ddp, monkeypatch):
     model, loader, opt = ddp
     with pytest.raises(ValueError, match="comm_timing"):
         exporter.instrument(model, optimizer=opt, port=0, comm_timing="bucket")
-    monkeypatch.setenv("DDP_EXPORTER_COMM_TIMING", "fastest")
-    with pytest.raises(ValueError, match="DDP_EXPORTER_COMM_TIMING"):
-        exporter.instrument(model, optimizer=opt, port=0)
     assert exporter.active() is None
 
 

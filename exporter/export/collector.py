@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .. import catalog as c
+from .. import settings
 from ..errors import ErrorCounter
 from ..sources.flight import InFlight
 from ..sources.memory import MemorySource, host_resident_bytes
@@ -30,7 +31,14 @@ from ..sources.recorder import Recorder
 from ..sources.sections import REGISTRY, SectionRegistry
 from ..sources.walltime import JobClock
 
-__all__ = ["DDPCollector", "HangStatus", "RankSources", "RestartView", "family"]
+__all__ = [
+    "DDPCollector",
+    "HangStatus",
+    "RankSources",
+    "RestartView",
+    "add_invalid_settings",
+    "family",
+]
 
 
 class RestartView(Protocol):
@@ -86,6 +94,12 @@ class RankSources:
     finished: Callable[[], float | None] | None = None
 
 
+def add_invalid_settings(fam: Metric, base: list[str]) -> None:
+    """Add one ``ddp_exporter_invalid_setting_info`` sample per variable found invalid."""
+    for name in settings.invalid_settings():
+        fam.add_metric(base, {"variable": name})
+
+
 def family(m: c.MetricDef) -> Metric:
     """Return an empty prometheus_client family for the catalog entry ``m``."""
     labels = list(m.all_labels)
@@ -132,6 +146,7 @@ class DDPCollector(Collector):
                 part(fams, base)
             except Exception as exc:  # noqa: BLE001 - serve what we can
                 src.errors.record("collect", exc)
+        add_invalid_settings(fams[c.INVALID_SETTING.name], base)
         errors = fams[c.EXPORTER_ERRORS.name]
         counts = src.errors.snapshot()
         for where, n in src.sections.errors.snapshot().items():

@@ -168,6 +168,8 @@ class MixinConfig:
     #: minus this many seconds (time to checkpoint and resubmit before the kill).
     job_deadline_margin_seconds: float = 1800.0
     job_deadline_for: str = "10m"
+    #: How long a rank must report a variable it cannot use before DDPExporterMisconfigured.
+    misconfigured_for: str = "1m"
 
     # --- the fleet: which node keeps being the culprit across runs (exporter.mixin.fleet) -----
     #: How long the fleet rules remember a run on a node and what it was blamed for.
@@ -222,7 +224,12 @@ class MixinConfig:
             "init_stuck_for",
         ):
             duration_seconds(getattr(self, name))
-        for name in ("version_skew_for", "section_overdue_for", "job_deadline_for"):
+        for name in (
+            "version_skew_for",
+            "section_overdue_for",
+            "job_deadline_for",
+            "misconfigured_for",
+        ):
             duration_seconds(getattr(self, name))
         for name in ("fleet_window", "fleet_interval", "fleet_carry"):
             if duration_seconds(getattr(self, name)) <= 0:
@@ -293,6 +300,7 @@ FAST = MixinConfig(
     eta_window="20s",
     job_deadline_margin_seconds=10.0,
     job_deadline_for="5s",
+    misconfigured_for="5s",
     fleet_window="1h",
     fleet_runs=5,
     fleet_blamed_runs=2,

@@ -26,6 +26,7 @@ from .alert import Alert, selector
 from .cluster import scoped
 from .config import DEFAULT, MixinConfig
 from .fleet import fleet_group, shard_down_alert, suspect_node_alert
+from .misconfigured import misconfigured_alert
 from .render import dump_yaml
 
 __all__ = [
@@ -64,6 +65,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPVersionSkew",
     "DDPSectionOverdue",
     "DDPJobWillMissDeadline",
+    "DDPExporterMisconfigured",
     "DDPSuspectNode",
     "DDPShardDown",
 )
@@ -83,6 +85,7 @@ RUN_ALERTS: tuple[str, ...] = (
     "DDPTrainingStalled",
     "DDPThroughputDrop",
     "DDPJobWillMissDeadline",
+    "DDPExporterMisconfigured",
 )
 
 #: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
@@ -854,6 +857,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     ]
     out.append(_init_stuck(cfg))
     out += _outside_loop_alerts(cfg, r, where)
+    out.append(misconfigured_alert(cfg))
     return out
 
 

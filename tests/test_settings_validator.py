@@ -1,0 +1,163 @@
+"""The one validator of the exporter's variables: a bad value is logged once and never raised.
+
+Per variable, in-process: the default is used, one line names the variable, the value, what is
+accepted and the default, the process records it for ``ddp_exporter_invalid_setting_info``, and
+the same value passed as a keyword raises with the same message. The torchrun job with every bad
+variable at once is in ``test_misconfigured_job.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+from harness import parse
+
+from exporter import catalog, settings
+from exporter.export.collector import add_invalid_settings, family
+
+pytestmark = pytest.mark.unit
+
+#: A value each variable does not accept (what a typo gives).
+INVALID = {
+    settings.PORT: "notaport",
+    settings.ADDR: "local host",
+    settings.HEARTBEAT_S: "soon",
+    settings.MONITOR_RANK: "-2",
+    settings.PEER_SERIES: "-5",
+    settings.FLIGHT_RECORDER: "maybe",
+    settings.COMM_TIMING: "sometimes",
+    settings.ADVERTISE_ADDR: "http://node7:19400",
+    settings.JOB_DEADLINE: "two days",
+    settings.SLURM_JOB_END_TIME: "72h",
+    settings.FINAL_SCRAPE_S: "-1",
+    settings.ON_HANG: "explode",
+    settings.ABORT_AFTER_S: "0",
+    settings.ABORT_EXIT_CODE: "256",
+    settings.ABORT_LIMIT: "many",
+    settings.ABORT_PROGRESS_STEPS: "0",
+    settings.GIVE_UP_EXIT_CODE: "300",
+    settings.ATTEMPT: "-1",
+    settings.NODE: "gpu node 7; rm",
+    settings.DOCTOR_FAKE_VERSIONS: "gcc=13",
+}
+#: Variables any text is good for (a run name, a path); the dump folder is checked for writing.
+ANY_TEXT = {settings.RUN, settings.FILE_SD, settings.DUMP_DIR}
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Forget what earlier tests in this process logged and recorded."""
+    monkeypatch.setattr(settings, "_logged", set())
+    monkeypatch.setattr(settings, "_invalid", {})
+    return monkeypatch
+
+
+def test_every_variable_of_the_exporter_goes_through_the_validator():
+    names = {
+        v for k, v in vars(settings).items()
+        if k.isupper() and isinstance(v, str) and v.startswith("DDP_EXPORTER_")
+    }  # fmt: skip
+    assert names <= set(settings.SETTINGS), names - set(settings.SETTINGS)
+    assert set(settings.SETTINGS) == set(INVALID) | ANY_TEXT
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_a_bad_value_is_logged_once_and_the_default_used(name, fresh, caplog):
+    setting = settings.SETTINGS[name]
+    raw = INVALID[name]
+    fresh.setenv(name, raw)
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        assert settings.resolve(name) == setting.default
+        assert settings.resolve(name) == setting.default  # read again: not logged again
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith(f"ddp-exporter: {name}: expected {setting.accepted}, got {raw!r}")
+    assert f"(default: {setting.default_text})" in line and "training goes on" in line
+    assert "\n" not in line
+    assert name in settings.invalid_settings()
+    fresh.setenv(name, "")  # fixed: no longer reported
+    assert name not in settings.invalid_settings()
+
+
+# flight_recorder= takes any truth value, as Python's own flags do.
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n in INVALID if settings.SETTINGS[n].keyword and n != settings.FLIGHT_RECORDER),
+)
+def test_the_same_value_as_a_keyword_raises_with_the_same_message(name, fresh):
+    setting = settings.SETTINGS[name]
+    value = INVALID[name]
+    with pytest.raises(ValueError) as raised:
+        settings.resolve(name, value)
+    assert str(raised.value) == settings.setting_message(
+        f"exporter.instrument({setting.keyword}=...)", value, setting
+    )
+
+
+def test_a_good_value_is_read_and_nothing_logged(fresh, caplog):
+    env = {settings.PORT: "19500", settings.ON_HANG: " Abort ", settings.FLIGHT_RECORDER: "off",
+           settings.JOB_DEADLINE: "72h", settings.NODE: "gpu-7", settings.ATTEMPT: "2"}  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        assert settings.resolve(settings.PORT, environ=env) == 19500
+        assert settings.resolve(settings.ON_HANG, environ=env) == "abort"
+        assert settings.resolve(settings.FLIGHT_RECORDER, environ=env) is False
+        assert settings.resolve(settings.JOB_DEADLINE, environ=env) == "72h"
+        assert settings.node_name(env) == "gpu-7" and settings.attempt(env) == "2"
+    assert caplog.records == []
+
+
+def test_exit_codes_that_collide_use_both_defaults(fresh, caplog):
+    fresh.setenv(settings.GIVE_UP_EXIT_CODE, "75")
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        hang = settings.on_hang("instrument")
+    assert (hang.exit_code, hang.give_up_exit_code) == (75, 69)
+    assert "DDP_EXPORTER_GIVE_UP_EXIT_CODE: expected an exit code in 1..255 other than" in (
+        caplog.text
+    )
+    assert settings.invalid_settings() == [settings.GIVE_UP_EXIT_CODE]
+
+
+def test_a_port_past_65535_with_the_local_rank(fresh, caplog):
+    fresh.setenv(settings.PORT, "65535")
+    env = dict(os.environ, LOCAL_RANK="1")
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        assert settings.endpoint("instrument", environ=env).port == settings.DEFAULT_PORT + 1
+    assert "port + LOCAL_RANK (1) <= 65535" in caplog.text
+    with pytest.raises(ValueError, match="exceeds 65535"):
+        settings.endpoint("instrument", port=65535, environ=env)
+
+
+def test_an_unwritable_dump_folder_is_reported_with_where_dumps_go(fresh, caplog, tmp_path):
+    good = tmp_path / "dumps"
+    assert settings.usable_dump_dir(str(good)) == str(good) and good.is_dir()  # created
+    bad = "/proc/ddp-exporter-cannot-be-here"
+    fresh.setenv(settings.DUMP_DIR, bad)
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        used = settings.usable_dump_dir(settings.dump_dir(None))
+    assert used != bad and os.access(used, os.W_OK)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"ddp-exporter: {settings.DUMP_DIR}: expected a folder this process")
+    assert f"hang dumps go to {used} instead" in line
+    assert settings.invalid_settings() == [settings.DUMP_DIR]
+
+
+def test_the_rank_publishes_one_info_series_per_bad_variable(fresh):
+    for name in (settings.ON_HANG, settings.COMM_TIMING):
+        fresh.setenv(name, INVALID[name])
+        settings.resolve(name)
+    fam = family(catalog.INVALID_SETTING)
+    add_invalid_settings(fam, ["r", "0"])
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class One:
+        def collect(self):
+            yield fam
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    samples = parse(generate_latest(registry).decode())[catalog.INVALID_SETTING.name]
+    assert sorted(lab["variable"] for lab, _ in samples) == [settings.COMM_TIMING, settings.ON_HANG]
+    assert all(v == 1 and lab["run"] == "r" and lab["rank"] == "0" for lab, v in samples)
