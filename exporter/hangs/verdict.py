@@ -2,7 +2,8 @@
 
 Used twice: the monitoring rank logs the verdict as soon as every rank answered (or the
 deadline passed), from the short summaries the ranks sent through the store; and
-``ddp-exporter hangs DIR`` prints it from the files of an episode folder.
+``ddp-exporter hangs DIR`` (:mod:`exporter.tools.hangs`) prints it from the files of an episode
+folder.
 
 Order of the verdict: the culprits (ranks that never entered the collective the others wait
 in, with the innermost frame of their training thread in user code; ranks that did not answer
@@ -23,7 +24,7 @@ from ..ranklist import format_ranks
 from .capture import summarize
 from .dumps import EPISODE_GLOB
 
-__all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "main", "render", "verdict"]
+__all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "render", "verdict"]
 
 #: Prefix of every verdict line in the monitoring rank's log (the demo shows these lines).
 MARKER = "ddp-exporter hangs:"
@@ -292,15 +293,3 @@ def load_episode(folder: str) -> tuple[dict, dict[int, dict | None]]:
         summaries.setdefault(r, None)
     return episode, summaries
 
-
-def main(path: str) -> int:
-    """Print the verdict of the episode at ``path`` (``ddp-exporter hangs DIR``)."""
-    try:
-        folder = find_episode(path)
-        episode, summaries = load_episode(folder)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"ddp-exporter hangs: {exc}")
-        return 1
-    print(f"episode folder: {folder}")
-    print(render(verdict(episode, summaries)), end="")
-    return 0

@@ -4,12 +4,14 @@ The driver starts the trainer (:mod:`exporter.tools.trainer`) under torchrun (on
 rank for the ``kill`` fault, as srun would), optionally Prometheus and Alertmanager
 (:mod:`exporter.tools.localstack`), prints the live ``top`` table, and stops every process it
 started when it ends, on Ctrl-C, and on SIGTERM or SIGHUP. This module imports no torch: the
-trainer does, in its own processes.
+trainer does, in its own processes. The stack needs the ``mixin`` extra (PyYAML): without it the
+demo runs without the stack and says how to get it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -20,13 +22,17 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
+from ..mixin.command import MIXIN_EXTRA
 from ..mixin.config import FAST
+from ..settings import DEFAULT_PORT
 from . import top as topmod
 from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
+from .receiver import alert_line
 
-__all__ = ["FAULTS", "metrics_urls", "run", "say"]
+__all__ = ["FAULTS", "add_parser", "metrics_urls", "run", "say"]
 
 FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
 
@@ -90,8 +96,64 @@ def _sweep_adopted() -> None:
         p.signal(signal.SIGKILL)
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``demo`` to the ``ddp-exporter`` subcommands."""
+    d = sub.add_parser("demo", help="run a small instrumented multi-rank CPU training",
+                       description="Run a small instrumented DDP training on gloo under torchrun "
+                       "with a live per-rank table, optionally a fault, and (when installed) "
+                       "Prometheus and Alertmanager printing the alerts as they arrive.")  # fmt: skip
+    d.add_argument("--ranks", type=int, default=3)
+    d.add_argument("--fault", choices=FAULTS, default="none")
+    d.add_argument("--fault-rank", type=int, default=1)
+    d.add_argument("--fault-after", type=float, default=10.0)
+    d.add_argument("--duration", type=float, default=60.0, help="seconds (0: until Ctrl-C)")
+    d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
+    d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
+    d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
+    d.add_argument("--no-top", action="store_true", help="do not show the live table")
+    g = d.add_mutually_exclusive_group()
+    g.add_argument(
+        "--stack",
+        dest="stack",
+        action="store_true",
+        default=None,
+        help="also run Prometheus + Alertmanager (default: when installed; needs the mixin "
+        "extra)",
+    )
+    g.add_argument("--no-stack", dest="stack", action="store_false")
+    d.set_defaults(tool=run, parser=d)
+    return d
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+def _stack_wanted(args: argparse.Namespace) -> bool | int:
+    """Return whether to run the stack, or an exit status when ``--stack`` cannot be had."""
+    if args.stack is False:
+        return False
+    missing = None
+    try:
+        find_binaries()
+    except MissingBinaryError as exc:
+        missing = str(exc)
+    if missing is None and not _importable("yaml"):
+        missing = f"the stack needs the mixin extra: {MIXIN_EXTRA}"
+    if missing is None:
+        return True
+    if args.stack:
+        print(f"ddp-exporter demo: --stack: {missing}", file=sys.stderr)
+        return 2
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
     """Run ``ddp-exporter demo`` with parsed ``args``; return its exit status."""
+    parser = args.parser
     if args.ranks < 1:
         parser.error("--ranks must be at least 1")
     if args.fault != "none" and not 0 <= args.fault_rank < args.ranks:
@@ -105,17 +167,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 file=sys.stderr,
             )
             return 2
-    if args.stack is not False:
-        try:
-            find_binaries()
-            use_stack = True
-        except MissingBinaryError as exc:
-            if args.stack:
-                print(f"ddp-exporter demo: --stack: {exc}", file=sys.stderr)
-                return 2
-            use_stack = False
-    else:
-        use_stack = False
+    use_stack = _stack_wanted(args)
+    if use_stack not in (True, False):
+        return int(use_stack)
     raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
     become_subreaper()  # a torchrun that dies hands its workers to us, not to init
     workdir = tempfile.mkdtemp(prefix="ddp-exporter-demo-")
@@ -192,14 +246,7 @@ def _run_demo(
     if use_stack:
 
         def show(alert: dict) -> None:
-            lab = alert["labels"]
-            extra = " ".join(f"{k}={lab[k]}" for k in ("cause", "role", "pg") if k in lab)
-            print(
-                f"ALERT {lab.get('alertname')} severity={lab.get('severity')} "
-                f"rank={lab.get('rank', '-')} {extra} run={lab.get('run')}: "
-                f"{alert.get('annotations', {}).get('summary', '')}",
-                flush=True,
-            )
+            print(alert_line(alert), flush=True)
 
         try:
             stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show)
@@ -213,7 +260,10 @@ def _run_demo(
             flush=True,
         )
     elif args.stack is None:
-        print("(install prometheus and prometheus-alertmanager to also see alerts arrive)")
+        print(
+            "(install prometheus and prometheus-alertmanager, and the mixin extra "
+            f"({MIXIN_EXTRA}), to also see alerts arrive)"
+        )
     urls: dict[int, str] = {}
     jobs = [
         children.start(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)

@@ -49,6 +49,7 @@ __all__ = [
     "VERSION_KEYS",
     "Check",
     "Report",
+    "add_parser",
     "build_parser",
     "check_env",
     "check_ifnames",
@@ -59,6 +60,7 @@ __all__ = [
     "main",
     "reach_targets",
     "render",
+    "run",
 ]
 
 #: The columns of the table, in order.
@@ -480,11 +482,28 @@ def _own_failures(rep: Report) -> str:
     )
 
 
+_DESCRIPTION = (
+    "Check, before a job starts, that its ranks can meet: run it under the job's launcher "
+    "(torchrun ... -m exporter.doctor, srun python -m exporter.doctor). Rank 0 prints the "
+    "verdict; exit 0 when every check passed on every rank, 1 when one failed."
+)
+
+
 def build_parser(prog: str = "ddp-exporter doctor") -> argparse.ArgumentParser:
-    """Build the doctor's argument parser."""
-    p = argparse.ArgumentParser(
-        prog=prog, description="Check, before a job starts, that its ranks can meet."
+    """Build the doctor's argument parser (``python -m exporter.doctor``)."""
+    return _arguments(argparse.ArgumentParser(prog=prog, description=_DESCRIPTION))
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``doctor`` to the ``ddp-exporter`` subcommands."""
+    p = sub.add_parser(
+        "doctor", help="preflight: check that the ranks of a job can meet", description=_DESCRIPTION
     )
+    return _arguments(p)
+
+
+def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.set_defaults(tool=run, parser=p)
     p.add_argument(
         "--timeout",
         type=float,
@@ -994,8 +1013,12 @@ class _Doctor:
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the doctor on this rank; return the exit status (0: every check passed everywhere)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run(build_parser().parse_args(argv), environ)
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run the doctor with parsed ``args``; return its exit status."""
+    parser = args.parser
     if args.timeout <= 0 or args.step_timeout <= 0:
         parser.error("--timeout and --step-timeout must be positive")
     if args.links_mib <= 0:

@@ -6,7 +6,10 @@ process on a free loopback port, wait for ``/-/ready`` against a deadline and re
 for ``ddp-exporter demo --stack`` and the fault drills: Prometheus scrapes the ranks listed in a
 file_sd directory every second, evaluates the FAST variant of the generated rules (same
 expressions, short windows), and sends alerts to Alertmanager, whose generated routes deliver
-to a webhook receiver served here.
+to the printing receiver (:class:`~exporter.tools.receiver.AlertReceiver`).
+
+PyYAML (extra ``mixin``) is imported when a server is started, not with this module, so the
+command line starts on a base install.
 """
 
 from __future__ import annotations
@@ -16,16 +19,14 @@ import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .receiver import AlertReceiver
 
 __all__ = [
     "LocalStack",
@@ -143,6 +144,8 @@ def start_prometheus(workdir: Path, config: dict[str, Any], *, timeout: float = 
     binary = find_binary("prometheus")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    import yaml
+
     cfg_path = workdir / "prometheus.yml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
@@ -162,6 +165,8 @@ def start_alertmanager(
     binary = find_binary("alertmanager")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    import yaml
+
     cfg_path = workdir / "alertmanager.yml"
     cfg_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
     port = free_port()
@@ -182,33 +187,6 @@ def _fast_routes(node: dict[str, Any]) -> None:
         _fast_routes(child)
 
 
-class _Receiver:
-    """Webhook receiver: keep every firing alert with its arrival time, call ``on_alert``."""
-
-    def __init__(self, on_alert: Callable[[dict[str, Any]], None] | None) -> None:
-        self.alerts: list[tuple[float, dict[str, Any]]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                now = time.monotonic()
-                for alert in body.get("alerts", []):
-                    if alert.get("status") == "firing":
-                        outer.alerts.append((now, alert))
-                        if on_alert is not None:
-                            on_alert(alert)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 class LocalStack:
     """Prometheus + Alertmanager + webhook receiver on loopback, over a file_sd directory."""
 
@@ -227,7 +205,10 @@ class LocalStack:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._services: list[Service] = []
-        self._receiver = _Receiver(on_alert)
+        # The demo shows what fires; a resolved alert is news only to a person on call.
+        self._receiver = AlertReceiver(
+            lambda alert: on_alert(alert) if on_alert and alert.get("status") == "firing" else None
+        )
         try:
             am_cfg = alertmanager_config(dataclasses.replace(FAST, webhook_url=self._receiver.url))
             _fast_routes(am_cfg["route"])
@@ -273,8 +254,7 @@ class LocalStack:
         for service in self._services:
             service.close()
         self._services = []
-        self._receiver.server.shutdown()
-        self._receiver.server.server_close()
+        self._receiver.close()
 
     def __enter__(self) -> LocalStack:
         return self

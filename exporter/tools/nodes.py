@@ -9,15 +9,20 @@ blamed runs. Offline: imports no torch.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..mixin.cluster import cluster_matcher, scoped
-from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.config import DEFAULT, MixinConfig, load_config
 from ..mixin.fleet import fleet_recorded
 from .promapi import instant_query
 
-__all__ = ["NodeRow", "fetch_nodes", "render_nodes"]
+__all__ = ["NodeRow", "add_parser", "fetch_nodes", "render_nodes", "run"]
 
 
 @dataclass
@@ -126,3 +131,40 @@ def render_nodes(rows: list[NodeRow], cfg: MixinConfig = DEFAULT, worst: int = 2
     if len(rows) > worst:
         lines.append(f"... {len(rows) - worst} more nodes (--worst)")
     return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``nodes`` to the ``ddp-exporter`` subcommands."""
+    n = sub.add_parser("nodes", help="rank the fleet's nodes by how often runs blamed them",
+                       description="Rank the fleet's nodes by how often runs blamed them, from "
+                       "the fleet rules' series in Prometheus. Exit 1 when Prometheus cannot "
+                       "be read.")  # fmt: skip
+    n.add_argument("--prometheus", required=True, help="Prometheus URL with the fleet rules")
+    n.add_argument("--config", default=None,
+                   help="the mixin config the rules were generated with (dashboards/mixin.json; "
+                   "default: the DEFAULT config)")  # fmt: skip
+    n.add_argument("--cluster", default="", help="only the nodes of this cluster")
+    n.add_argument("--worst", type=int, default=20, help="show the N nodes with most evidence")
+    n.add_argument("--json", action="store_true", help="print the rows as JSON")
+    n.set_defaults(tool=run, parser=n)
+    return n
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ddp-exporter nodes`` with parsed ``args``; return its exit status."""
+    try:
+        cfg = load_config(args.config) if args.config else DEFAULT
+    except ValueError as exc:
+        args.parser.error(f"--config: {exc}")
+    if args.worst < 1:
+        args.parser.error("--worst must be at least 1")
+    try:
+        rows = fetch_nodes(args.prometheus, cfg, cluster=args.cluster)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"ddp-exporter nodes: cannot read {args.prometheus}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows[: args.worst]], indent=1))
+    else:
+        print(render_nodes(rows, cfg, args.worst))
+    return 0

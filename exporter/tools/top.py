@@ -18,19 +18,20 @@ ended cleanly (``ddp_finished_timestamp_seconds`` in its last read) is ``finishe
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import time
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-from prometheus_client.parser import text_string_to_metric_families
+from typing import Any
 
 from .. import catalog as c
 from ..hangs.definition import SeqState, find_hangs
 from ..mixin.cluster import cluster_matcher
-from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.config import DEFAULT, MixinConfig, duration_seconds, load_config
 from ..ranklist import format_ranks
 from .promapi import instant_query
 
@@ -38,11 +39,13 @@ __all__ = [
     "ACCUSATIONS",
     "RankRow",
     "accuses",
+    "add_parser",
     "diagnose",
     "fetch",
     "fetch_prometheus",
     "render",
     "restart_line",
+    "run",
 ]
 
 
@@ -127,6 +130,9 @@ def _read(target: str, timeout: float) -> RankRow:
     except OSError:
         return row
     row.up = True
+    # Imported here: a command line that never reads an endpoint starts without it.
+    from prometheus_client.parser import text_string_to_metric_families
+
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             _apply(row, s.name, s.labels, s.value)
@@ -538,3 +544,79 @@ def restart_line(rows: list[RankRow]) -> str:
         if 0 < limit <= streak:
             parts.append("RESTART LOOP: the hang action stopped")
     return "; ".join(parts)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``top`` to the ``ddp-exporter`` subcommands."""
+    t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints",
+                       description="Show every rank of a run in one table, the outlier first "
+                       "with its reason, from the ranks' endpoints or from Prometheus. Exit 1 "
+                       "when the ranks or Prometheus cannot be read.")  # fmt: skip
+    t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
+    t.add_argument("--prometheus", help="read from this Prometheus URL instead")
+    t.add_argument("--run", help="with --prometheus: the run label to show")
+    t.add_argument("--cluster", default="",
+                   help="with --prometheus: the run's cluster (needed where a run name repeats)")  # fmt: skip
+    t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
+    t.add_argument("--config", default=None,
+                   help="the mixin config the rules were generated with (dashboards/mixin.json): "
+                   "judge with their thresholds (default: the DEFAULT config)")  # fmt: skip
+    t.add_argument("--window", default=None,
+                   help="with --prometheus: rate window of the per-step figures (default: the "
+                   f"alerts', {DEFAULT.rate_window} or the config's)")  # fmt: skip
+    t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
+    t.add_argument("--once", action="store_true",
+                   help="read twice, --refresh apart, print one table and exit")  # fmt: skip
+    t.set_defaults(tool=run, parser=t)
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ddp-exporter top`` with parsed ``args``; return its exit status."""
+    parser = args.parser
+    targets = [t for t in (args.targets or "").split(",") if t]
+    if bool(targets) == bool(args.prometheus):
+        parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
+    if args.prometheus and not args.run:
+        parser.error("--prometheus needs --run (the run label to show)")
+    if args.cluster and not args.prometheus:
+        parser.error("--cluster goes with --prometheus (a rank's own page has no cluster)")
+    if args.refresh <= 0:
+        parser.error("--refresh must be positive")
+    try:
+        cfg = load_config(args.config) if args.config else DEFAULT
+    except ValueError as exc:
+        parser.error(f"--config: {exc}")
+    window = args.window or cfg.rate_window
+    try:
+        duration_seconds(window)
+    except ValueError as exc:
+        parser.error(f"--window: {exc}")
+
+    def read() -> list[RankRow]:
+        if targets:
+            return fetch(targets)
+        return fetch_prometheus(
+            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
+        )
+
+    previous: dict[str, RankRow] | None = None
+    try:
+        while True:
+            try:
+                rows = diagnose(read(), previous, config=cfg)
+            except (OSError, RuntimeError) as exc:
+                print(f"ddp-exporter top: {exc}", file=sys.stderr)
+                return 1
+            first, previous = previous is None, {r.target: r for r in rows}
+            if first and args.once:
+                # A verdict needs two reads (like an alert's "for"): take the second one.
+                time.sleep(args.refresh)
+                continue
+            tty = sys.stdout.isatty()
+            print(("\x1b[2J\x1b[H" if tty else "") + render(rows, args.worst, color=tty), flush=True)
+            if args.once:
+                return 0
+            time.sleep(args.refresh)
+    except KeyboardInterrupt:
+        return 130
