@@ -109,7 +109,7 @@ def test_compose_validates_against_the_compose_spec() -> None:
 
 def test_compose_services_and_pins() -> None:
     services = stack.compose(DEFAULT)["services"]
-    assert set(services) == {"prometheus", "alertmanager", "grafana", "trainer"}
+    assert set(services) == {"prometheus", "alertmanager", "grafana", "trainer", "receiver"}
     for svc in services.values():
         image = svc["image"]
         assert ":" in image and not image.endswith(":latest"), image
@@ -117,7 +117,8 @@ def test_compose_services_and_pins() -> None:
     assert trainer["image"] == "python:3.11-slim"
     command = trainer["command"][-1]
     assert "torch==2.13.0" in command and "/whl/cpu" in command
-    assert "ddp-exporter demo --ranks 3" in command
+    assert "ddp-exporter demo --ranks 3" in command and command.endswith(" --no-stack")
+    assert "ddp-exporter receiver --listen 0.0.0.0:5001" in services["receiver"]["command"][-1]
     assert trainer["environment"]["DDP_FAULT"] == "${DDP_FAULT:-straggler}"
     assert trainer["environment"]["DDP_FAULT_RANK"] == "${DDP_FAULT_RANK:-1}"
     # Every ./path the stack mounts is a committed file or folder.

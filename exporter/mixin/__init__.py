@@ -2,8 +2,9 @@
 
 Everything is derived from :mod:`exporter.catalog` and one
 :class:`~exporter.mixin.config.MixinConfig`.
-Run ``python -m exporter.mixin generate`` to rewrite the committed files and
-``python -m exporter.mixin check`` to verify they are up to date.
+Run ``ddp-exporter mixin generate --out DIR`` (or ``python -m exporter.mixin generate``) to
+write them for your configuration, ``ddp-exporter mixin check`` at the repository's root to
+verify the committed copies are up to date (:mod:`exporter.mixin.command`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""Build the Alertmanager configuration: routes by severity, grouping, inhibition, receivers."""
+"""Build the Alertmanager configuration: routes by severity, grouping, inhibition, receivers.
+
+Receivers come from the configuration: a webhook of one's own and Slack get every alert,
+e-mail critical and warning ones, PagerDuty pages for critical ones. With none set, every alert
+goes to the generated stack's printing receiver (``ddp-exporter receiver``, the compose
+service ``receiver``), so ``docker compose up`` shows alerts without editing YAML.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,17 @@ from .config import DEFAULT, MixinConfig
 from .render import dump_yaml
 from .rules import FLEET_ALERTS
 
-__all__ = ["GROUP_BY", "RECEIVERS", "alertmanager_config", "render_alertmanager"]
+__all__ = [
+    "GROUP_BY",
+    "PRINTING_RECEIVER_URL",
+    "RECEIVERS",
+    "alertmanager_config",
+    "integrations",
+    "render_alertmanager",
+]
+
+#: Where alerts go when no receiver is configured: the compose stack's printing receiver.
+PRINTING_RECEIVER_URL = "http://receiver:5001/ddp-alerts"
 
 #: One notification per alert name and run: all ranks of one run's incident arrive together.
 GROUP_BY: tuple[str, ...] = ("alertname", "run")
@@ -21,7 +37,9 @@ RECEIVERS: dict[str, str] = {
 }
 
 _EXAMPLES = """\
-# Other receivers: add any of these next to webhook_configs in a receiver above, e.g.
+# Receivers come from the generator's settings: ddp-exporter mixin generate --set
+# webhook_url=URL, slack_webhook_url=URL, pagerduty_routing_key=KEY, email_to=ADDRESS with
+# email_smarthost=HOST:PORT (and email_from). Further options of each integration, e.g.:
 #
 #   - name: ddp-critical
 #     pagerduty_configs:
@@ -48,18 +66,51 @@ def _clustered(cfg: MixinConfig, labels: tuple[str, ...]) -> list[str]:
     return [cfg.cluster_label, *labels] if cfg.cluster_label else list(labels)
 
 
+_SLACK_TITLE = "[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} run {{ .CommonLabels.run }}"
+_SLACK_TEXT = "{{ range .Alerts }}{{ .Annotations.description }} {{ .Annotations.runbook_url }}\n{{ end }}"
+
+
+def integrations(cfg: MixinConfig, severity: str) -> dict[str, list[dict[str, Any]]]:
+    """Return the notification integrations of the receiver of ``severity`` alerts."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if not cfg.receivers_set:
+        out["webhook_configs"] = [{"url": PRINTING_RECEIVER_URL, "send_resolved": True}]
+        return out
+    if cfg.webhook_url:
+        out["webhook_configs"] = [{"url": cfg.webhook_url, "send_resolved": True}]
+    if cfg.slack_webhook_url:
+        out["slack_configs"] = [{
+            "api_url": cfg.slack_webhook_url, "send_resolved": True,
+            "title": _SLACK_TITLE, "text": _SLACK_TEXT,
+        }]  # fmt: skip
+    if cfg.email_to and severity in ("critical", "warning"):
+        out["email_configs"] = [{"to": cfg.email_to, "send_resolved": True}]
+    if cfg.pagerduty_routing_key and severity == "critical":
+        out["pagerduty_configs"] = [{
+            "routing_key": cfg.pagerduty_routing_key, "severity": "critical",
+            "description": "{{ .CommonLabels.alertname }} run {{ .CommonLabels.run }}: "
+            "{{ .CommonAnnotations.summary }}",
+        }]  # fmt: skip
+    return out
+
+
+def _email_global(cfg: MixinConfig) -> dict[str, Any]:
+    if not cfg.email_to:
+        return {}
+    sender = cfg.email_from or "alertmanager@" + cfg.email_to.split(",")[0].split("@")[1].strip()
+    return {"global": {"smtp_smarthost": cfg.email_smarthost, "smtp_from": sender}}
+
+
 def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     """Return the Alertmanager configuration as a dict."""
 
     fleet = "|".join(FLEET_ALERTS)
 
-    def webhook(name: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "webhook_configs": [{"url": cfg.webhook_url, "send_resolved": True}],
-        }
+    def receiver(severity: str) -> dict[str, Any]:
+        return {"name": RECEIVERS[severity], **integrations(cfg, severity)}
 
     return {
+        **_email_global(cfg),
         "route": {
             "receiver": RECEIVERS["warning"],
             "group_by": _clustered(cfg, GROUP_BY),
@@ -100,7 +151,7 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 "equal": _clustered(cfg, ("run", "rank")),
             }
         ],
-        "receivers": [webhook(RECEIVERS[s]) for s in ("critical", "warning", "info")],
+        "receivers": [receiver(s) for s in ("critical", "warning", "info")],
     }
 
 

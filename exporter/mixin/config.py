@@ -23,6 +23,7 @@ from typing import Any
 
 from ..hangs.definition import DEFAULT_POLICY, HangPolicy
 from ..settings import DEFAULT_PORT
+from ..version import RUNBOOK_URL
 
 __all__ = [
     "CONFIG_FILE",
@@ -129,10 +130,26 @@ class MixinConfig:
     #: Scrape and rule evaluation interval of the generated Prometheus config.
     scrape_interval: str = "5s"
     evaluation_interval: str = "5s"
-    #: Base URL of the generated runbook; each alert links to ``<base>#<anchor>``.
-    runbook_base_url: str = "https://github.com/ddp-exporter/ddp-exporter/blob/main/docs/runbook.md"
-    #: Default Alertmanager webhook receiver.
-    webhook_url: str = "http://127.0.0.1:5001/ddp-alerts"
+    #: Base URL of the generated runbook; each alert links to ``<base>#<anchor>``. The default
+    #: is the runbook in the project's repository; point it at your own copy (the generator
+    #: writes one, docs/runbook.md) where people on call read it.
+    runbook_base_url: str = RUNBOOK_URL
+
+    # --- who gets the alerts (exporter.mixin.alertmanager); none set: the stack's printer ----
+    #: A webhook of your own that gets every alert (Alertmanager's webhook JSON).
+    webhook_url: str = ""
+    #: A Slack incoming-webhook URL: every alert, to the channel the webhook posts to.
+    slack_webhook_url: str = ""
+    #: A PagerDuty Events v2 integration (routing) key: critical alerts page.
+    pagerduty_routing_key: str = ""
+    #: E-mail address(es, comma-separated) for critical and warning alerts; needs
+    #: ``email_smarthost``.
+    email_to: str = ""
+    #: SMTP server ``host:port`` that sends the e-mail (STARTTLS required, as Alertmanager's
+    #: default is).
+    email_smarthost: str = ""
+    #: Sender address of the e-mail (default: alertmanager@ the recipient's domain).
+    email_from: str = ""
     #: Fixed uid of the Prometheus datasource, so provisioned dashboards resolve it.
     datasource_uid: str = "ddp-prometheus"
     #: Grafana dashboard refresh interval.
@@ -258,8 +275,29 @@ class MixinConfig:
             raise ValueError("need 1 <= ranks_per_pod <= 64 and a base_port in 1..65535")
         if int(self.base_port) + int(self.ranks_per_pod) - 1 > 65535:
             raise ValueError("base_port + ranks_per_pod - 1 exceeds 65535")
+        self._check_receivers()
         if not re.fullmatch(r"[\w./-]+=[\w.-]*", self.k8s_pod_selector):
             raise ValueError(f"k8s_pod_selector must be key=value: {self.k8s_pod_selector!r}")
+
+    def _check_receivers(self) -> None:
+        for name in ("webhook_url", "slack_webhook_url"):
+            url = getattr(self, name)
+            if url and not re.fullmatch(r"https?://\S+", url):
+                raise ValueError(f"{name} must be an http(s):// URL: {url!r}")
+        if self.email_to and not self.email_smarthost:
+            raise ValueError("email_to needs email_smarthost (the SMTP server, host:port)")
+        if self.email_smarthost and not re.fullmatch(r"\S+:\d+", self.email_smarthost):
+            raise ValueError(f"email_smarthost must be host:port: {self.email_smarthost!r}")
+        for name in ("email_to", "email_from"):
+            for address in filter(None, getattr(self, name).split(",")):
+                if not re.fullmatch(r"[^@\s,]+@[^@\s,]+", address.strip()):
+                    raise ValueError(f"{name} is not an e-mail address: {address!r}")
+
+    @property
+    def receivers_set(self) -> bool:
+        """Say whether any receiver of one's own is configured (else the stack's printer)."""
+        return bool(self.webhook_url or self.slack_webhook_url or self.pagerduty_routing_key
+                    or self.email_to)  # fmt: skip
 
     @property
     def hang_policy(self) -> HangPolicy:

@@ -47,7 +47,7 @@ These rules of thumb hold throughout:
   evidence.
 
 Thresholds and durations below are those of the committed configuration; regenerate with your
-own `MixinConfig` (`python -m exporter.mixin generate`) to change them.
+own settings (`ddp-exporter mixin generate --out DIR --set FIELD=VALUE`) to change them.
 """
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..version import __version__
+from .alertmanager import PRINTING_RECEIVER_URL
 from .config import DEFAULT, MixinConfig
 from .render import dump_json, dump_yaml
 
@@ -30,6 +32,7 @@ IMAGES: dict[str, str] = {
     "alertmanager": "prom/alertmanager:v0.27.0",
     "grafana": "grafana/grafana:11.2.2",
     "trainer": "python:3.11-slim",
+    "receiver": "python:3.11-slim",
 }
 
 #: torch wheel the demo trainer installs (CPU build from the PyTorch CPU index).
@@ -134,22 +137,53 @@ def grafana_dashboard_provider() -> dict[str, Any]:
     }
 
 
+#: The printing receiver's port (the generated Alertmanager configuration posts there).
+RECEIVER_PORT = int(PRINTING_RECEIVER_URL.rsplit(":", 1)[1].split("/")[0])
+
+
+def _install(options: str = "") -> str:
+    """Return the shell step that installs ddp-exporter with pip ``options``.
+
+    The stack's folder is mounted at /src: a checkout of the repository is installed from a
+    copy (the mount is read-only), a folder the generator wrote gets the release it came from.
+    """
+    pip = f"pip install --no-cache-dir{' ' + options if options else ''}"
+    return (
+        "if [ -f /src/pyproject.toml ]; then "
+        f"cp -r /src /tmp/ddp-exporter && {pip} /tmp/ddp-exporter; "
+        f"else {pip} ddp-exporter=={__version__}; fi; "
+    )
+
+
 def _trainer_command() -> str:
     """Return the demo trainer's shell command (compose interpolates ``${...}`` from the host)."""
     return (
         "set -e; "
+        # torch first, the CPU build, the way PyTorch documents it for CPU-only machines.
         f"pip install --no-cache-dir --index-url {TORCH_CPU_INDEX} {TORCH_PIN}; "
-        # The repository is mounted read-only; build from a copy.
-        "cp -r /src /tmp/ddp-exporter; "
-        "pip install --no-cache-dir /tmp/ddp-exporter; "
-        'exec ddp-exporter demo --ranks 3 --fault "$$DDP_FAULT" '
-        '--fault-rank "$$DDP_FAULT_RANK" --duration 0 --no-top --file-sd /file_sd'
+        + _install()
+        # The compose stack is the demo's Prometheus and Alertmanager: it starts none of its own.
+        + 'exec ddp-exporter demo --ranks 3 --fault "$$DDP_FAULT" '
+        '--fault-rank "$$DDP_FAULT_RANK" --duration 0 --no-top --file-sd /file_sd --no-stack'
+    )
+
+
+def _receiver_command() -> str:
+    """Return the printing receiver's shell command: the package alone, no torch."""
+    return (
+        "set -e; "
+        + _install("--no-deps")
+        + f"exec ddp-exporter receiver --listen 0.0.0.0:{RECEIVER_PORT}"
     )
 
 
 def compose(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
-    """Return the docker-compose model: prometheus, alertmanager, grafana and a demo trainer."""
-    return {
+    """Return the docker-compose model: prometheus, alertmanager, grafana and a demo trainer.
+
+    With no receiver configured, also the printing receiver Alertmanager posts every alert to:
+    ``docker compose logs -f receiver`` shows them.
+    """
+    out: dict[str, Any] = {
         "services": {
             "prometheus": {
                 "image": IMAGES["prometheus"],
@@ -212,6 +246,17 @@ def compose(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
         },
         "volumes": {"file_sd": {}},
     }
+    if not cfg.receivers_set:
+        out["services"]["alertmanager"]["depends_on"] = ["receiver"]
+        out["services"]["receiver"] = {
+            "image": IMAGES["receiver"],
+            "working_dir": "/tmp",
+            "environment": {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"},
+            "command": ["sh", "-c", _receiver_command()],
+            "volumes": [".:/src:ro"],
+            "restart": "unless-stopped",
+        }
+    return out
 
 
 def render_stack(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
@@ -229,6 +274,12 @@ def render_stack(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
                 "# Demo stack: docker compose up, then open http://localhost:3000 (Grafana),\n"
                 "# :9090 (Prometheus), :9093 (Alertmanager). Pick the fault with\n"
                 "# DDP_FAULT=straggler|slow-data|hang|kill|freeze DDP_FAULT_RANK=1 docker compose up.\n"
+                + (
+                    "# Alerts: docker compose logs -f receiver (or generate with --set\n"
+                    "# slack_webhook_url=..., pagerduty_routing_key=..., email_to=..., webhook_url=...).\n"
+                    if not cfg.receivers_set
+                    else ""
+                )
             ),
         ),
     }
