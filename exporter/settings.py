@@ -384,13 +384,13 @@ def report_invalid(
     """Log once that variable ``setting.name`` holds ``raw``, which is not accepted; never raises.
 
     ``instead`` says what is done instead. Recorded for :func:`invalid_settings` when read from
-    the process's environment (``environ`` None); a mapping passed in (a test, a tool) is only
-    logged.
+    the process's environment (``environ`` None or ``os.environ``); another mapping (a test, a
+    tool) is only logged.
     """
     with _lock:
         first = (setting.name, raw) not in _logged
         _logged.add((setting.name, raw))
-        if environ is None:
+        if environ is None or environ is os.environ:
             _invalid[setting.name] = raw
     if first:
         log.warning(
