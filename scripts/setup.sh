@@ -1,11 +1,35 @@
 #!/usr/bin/env bash
 # Install ddp-exporter and what its tests need on a fresh machine.
 # torch first, pinned to the CPU build: a bare "torch" requirement would pull GBs of CUDA wheels.
+# (A user installing into their own training environment needs only: pip install ddp-exporter,
+# plus the extras they use; this script is the contributors' and CI's set-up.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH=torch==2.13.0
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  "$PY" -m pip install -q torch==2.13.0
+  # Which file would pip take? A CPU build (a local copy of PyTorch's CPU wheel) is taken as it
+  # is; otherwise (the public index's CUDA build) the CPU build comes from PyTorch's own index,
+  # the way PyTorch documents for CPU-only machines.
+  found=$("$PY" -m pip install --dry-run --quiet --ignore-installed --no-deps --report - "$TORCH" \
+    2>/dev/null | "$PY" -c 'import json, sys
+try:
+    print(json.load(sys.stdin)["install"][0]["download_info"]["url"])
+except Exception:
+    pass' || true)
+  case "$found" in
+    *+cpu*|*%2Bcpu*|*%2bcpu*)
+      echo "setup: installing $TORCH, the CPU build pip found at $found"
+      "$PY" -m pip install -q "$TORCH" ;;
+    *)
+      echo "setup: installing $TORCH, the CPU build, from the PyTorch CPU index ($CPU_INDEX)"
+      if ! "$PY" -m pip install -q --index-url "$CPU_INDEX" "$TORCH"; then
+        echo "setup: the PyTorch CPU index is not reachable; installing $TORCH from the" \
+          "configured index instead (on Linux x86_64 that is the CUDA build, several GB)" >&2
+        "$PY" -m pip install -q "$TORCH"
+      fi ;;
+  esac
 fi
 "$PY" -m pip install -q -e ".[test]"
 # The compose-spec JSON schema for validating docker-compose.yml ships inside this old package;
