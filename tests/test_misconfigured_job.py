@@ -80,7 +80,9 @@ def test_every_bad_variable_is_one_line_per_process_and_an_alert(tmp_path):
         )
     assert code == 0, text[-3000:]
     assert "epoch 79: loss" in text, text[-3000:]
-    assert {r["metric"]["variable"] for r in fired} == set(BAD), set(BAD) - {r["metric"]["variable"] for r in fired}
+    assert {r["metric"]["variable"] for r in fired} == set(BAD), set(BAD) - {
+        r["metric"]["variable"] for r in fired
+    }
     assert {r["metric"]["variable"]: r["value"][1] for r in ranks} == dict.fromkeys(BAD, "2")
     for process in ("[default0]:", "[default1]:"):
         mine = [line for line in text.splitlines() if line.startswith(process)]

@@ -74,7 +74,10 @@ def test_each_severity_gets_the_integrations_meant_for_it() -> None:
         EVERY.pagerduty_routing_key
     )
     glob = alertmanager.alertmanager_config(EVERY)["global"]
-    assert glob == {"smtp_smarthost": "smtp.example.com:587", "smtp_from": "alertmanager@example.com"}
+    assert glob == {
+        "smtp_smarthost": "smtp.example.com:587",
+        "smtp_from": "alertmanager@example.com",
+    }
     printing = alertmanager.alertmanager_config(DEFAULT)
     assert "global" not in printing
     assert {r["webhook_configs"][0]["url"] for r in printing["receivers"]} == {
