@@ -2,7 +2,10 @@
 
 import time
 
+import pytest
 from harness import Job, value, wait_for
+
+pytestmark = pytest.mark.job
 
 
 def demo_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:

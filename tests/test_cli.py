@@ -23,16 +23,19 @@ def run_cli(*args, timeout=120):
     )
 
 
+@pytest.mark.tool
 def test_unknown_fault_is_a_usage_error():
     res = run_cli("demo", "--fault", "meteor")
     assert res.returncode == 2 and "invalid choice" in res.stderr
 
 
+@pytest.mark.tool
 def test_fault_rank_out_of_range_is_a_usage_error():
     res = run_cli("demo", "--ranks", "2", "--fault", "hang", "--fault-rank", "5")
     assert res.returncode == 2 and "--fault-rank 5 is out of range" in res.stderr
 
 
+@pytest.mark.tool
 def test_taken_port_names_the_port_and_the_way_out():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,6 +46,7 @@ def test_taken_port_names_the_port_and_the_way_out():
     assert str(port) in res.stderr and "--port" in res.stderr
 
 
+@pytest.mark.job
 def test_demo_runs_and_the_table_names_the_straggler():
     res = run_cli(
         "demo",
@@ -72,6 +76,7 @@ def test_demo_runs_and_the_table_names_the_straggler():
     assert "DOWN" not in res.stdout.split(" rank  step ms")[-1], res.stdout[-2000:]
 
 
+@pytest.mark.job
 def test_demo_runs_twice_in_a_row_on_the_same_ports():
     base = free_port()
     for _ in range(2):  # the first run's connections linger in TIME_WAIT: no refusal
@@ -81,6 +86,7 @@ def test_demo_runs_twice_in_a_row_on_the_same_ports():
         assert "in use" not in res.stderr
 
 
+@pytest.mark.tool
 def test_stack_without_binaries_says_how_to_install():
     import os
 
@@ -93,6 +99,7 @@ def test_stack_without_binaries_says_how_to_install():
     assert "apt-get install prometheus prometheus-alertmanager" in res.stderr
 
 
+@pytest.mark.job
 def test_demo_with_stack_prints_the_alert_naming_the_killed_rank():
     import shutil
 
@@ -118,6 +125,7 @@ def _has_stack() -> bool:
     return True
 
 
+@pytest.mark.job
 @pytest.mark.parametrize(
     ("fault", "sig", "when", "stack"),
     [
@@ -152,6 +160,7 @@ def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     assert "Traceback" not in text[stop:] and 'File "' not in text[stop:], text[stop:]
 
 
+@pytest.mark.unit
 def test_nodes_ranks_the_suspect_first_and_says_when_there_is_nothing():
     from exporter.tools.nodes import NodeRow, render_nodes
 

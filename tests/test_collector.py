@@ -15,6 +15,7 @@ def _series(text: str) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
+@pytest.mark.unit
 def test_series_count_matches_the_documented_formula(ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1")
@@ -27,6 +28,7 @@ def test_series_count_matches_the_documented_formula(ddp):
     assert all(n.startswith("ddp_") for n in names)
 
 
+@pytest.mark.tool
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_check_metrics_passes(ddp):
     model, loader, opt = ddp

@@ -13,6 +13,8 @@ import exporter.catalog
 import exporter.settings
 from exporter.sources.commhook import CommHookWrapper
 
+pytestmark = pytest.mark.unit
+
 
 def test_rejects_what_it_cannot_watch_in_one_error(world1):
     for bad in (object(), "model", lambda x: x):

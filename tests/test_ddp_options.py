@@ -12,6 +12,8 @@ import math
 import pytest
 from integrations_util import worker_job
 
+pytestmark = pytest.mark.job
+
 STEPS = 6  # optimizer steps per option, as in the worker
 OPTIONS = (
     "no_sync",

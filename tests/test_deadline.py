@@ -13,6 +13,8 @@ import exporter
 from exporter import catalog
 from exporter.sources.sections import MAX_SECTIONS, REGISTRY, SectionRegistry, deadline
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _clean_registry():

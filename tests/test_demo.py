@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from exporter.tools import demo
 from exporter.tools.demo import metrics_urls
+
+pytestmark = pytest.mark.unit
 
 
 def test_announcements_glued_together_by_a_shared_pipe_are_all_found():

@@ -17,6 +17,8 @@ from exporter import settings, storekeys
 from exporter.errors import ErrorCounter
 from exporter.export import discovery
 
+pytestmark = pytest.mark.unit
+
 
 class CountingStore:
     """A real HashStore that counts the calls made on it, by method."""

@@ -19,6 +19,8 @@ import pytest
 from harness import Ranks, wait_for
 from promstack import Prometheus, require, run_prometheus
 
+pytestmark = pytest.mark.stack
+
 WORLD = 3
 JOB_ID = "4242"
 

@@ -16,6 +16,7 @@ from exporter.tools.doctor import Check, Report
 # --- pure parts: no processes ------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_env_check_names_what_is_missing_or_wrong():
     good = {"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "2"}
     assert doctor.check_env({**good, "LOCAL_RANK": "0"}).status == "ok"
@@ -27,6 +28,7 @@ def test_env_check_names_what_is_missing_or_wrong():
     assert port.failed and "MASTER_PORT=70000" in port.detail
 
 
+@pytest.mark.unit
 def test_ifname_check_follows_gloo_and_nccl_syntax():
     have = ["eth0", "ib0", "lo"]
     assert doctor.check_ifnames({}, have).status == "-"
@@ -39,6 +41,7 @@ def test_ifname_check_follows_gloo_and_nccl_syntax():
     assert exact.failed and "NCCL_SOCKET_IFNAME==eth" in exact.detail
 
 
+@pytest.mark.unit
 def test_fake_versions_override_is_validated():
     fake = {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9, cuda=12.1"}
     v = doctor.local_versions(fake)
@@ -57,6 +60,7 @@ def _report(rank, world=3, host="n1", local=None, **versions):
                   {**base, **versions}, checks)  # fmt: skip
 
 
+@pytest.mark.unit
 def test_compare_names_duplicate_ranks_other_world_size_and_skew():
     reps = [_report(0), _report(1), _report(1, host="n2"), _report(2, world=4, host="n3")]
     rows, notes = doctor.compare(reps, 3)
@@ -106,6 +110,7 @@ def _doctor_ranks(world: int, ranks: list[int], args: list[str], per_rank=None) 
     )
 
 
+@pytest.mark.job
 def test_healthy_torchrun_job_passes_every_check():
     with Job(
         3, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1"}, module="exporter.tools.cli"
@@ -124,6 +129,7 @@ def test_healthy_torchrun_job_passes_every_check():
         assert "all checks passed" in out and "FAIL" not in out
 
 
+@pytest.mark.job
 def test_wrong_master_port_fails_that_rank_with_the_fix():
     wrong = free_port()  # nothing listens there
     args = ["--timeout", "15", "--step-timeout", "4"]
@@ -139,6 +145,7 @@ def test_wrong_master_port_fails_that_rank_with_the_fix():
         assert codes[0] == 1 and codes[1] == 1, ranks.output()
 
 
+@pytest.mark.job
 def test_missing_rank_is_named_and_doctor_ends_within_its_deadline():
     args = ["--timeout", "15", "--step-timeout", "4"]
     with _doctor_ranks(3, [0, 1], args) as ranks:
@@ -157,6 +164,7 @@ def test_missing_rank_is_named_and_doctor_ends_within_its_deadline():
         assert wall < 15 + doctor.VERDICT_GRACE_S + 60, wall
 
 
+@pytest.mark.job
 def test_version_skew_names_the_rank_and_the_versions():
     fake = {1: {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
     with _doctor_ranks(3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
@@ -178,6 +186,7 @@ class _StoreWithoutListing:
         return False
 
 
+@pytest.mark.unit
 def test_restart_check_by_launch_form():
     import datetime
 
@@ -201,6 +210,7 @@ def test_restart_check_by_launch_form():
     assert fail.failed and "torch 2.9.1" in fail.detail and "--rdzv-backend c10d" in fail.fix
 
 
+@pytest.mark.job
 @pytest.mark.parametrize(
     ("env", "status"),
     [({}, "warn"), ({settings.ON_HANG: "abort"}, "ok")],
@@ -219,6 +229,7 @@ def test_standalone_with_restarts_flags_the_shared_store(env, status):
         ), out
 
 
+@pytest.mark.unit
 def test_reach_blames_the_rank_most_others_cannot_connect_to():
     reps = [_report(r, 4, host=f"node{r}") for r in range(4)]
     for r in reps:
@@ -248,6 +259,7 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
     assert doctor.reach_targets(0, 3) == [1, 2]
 
 
+@pytest.mark.unit
 def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link():
     from exporter.tools import links
 

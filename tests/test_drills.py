@@ -21,6 +21,8 @@ from promstack import local_stack
 import exporter.tools.top as top
 from exporter.tools.localstack import LocalStack
 
+pytestmark = pytest.mark.stack
+
 RANKS = 3
 FAULT_AFTER = 8.0
 PG_TIMEOUT = 40.0

@@ -17,6 +17,7 @@ from exporter.export.server import Scrapers
 from exporter.sources import ending
 
 
+@pytest.mark.unit
 def test_ending_cleanly_unless_an_exception_propagates():
     assert ending.ending_cleanly()
     seen = []
@@ -36,6 +37,7 @@ def test_ending_cleanly_unless_an_exception_propagates():
     assert seen == [False, True, False]
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize(
     ("end", "clean"),
     [("pass", True), ("raise RuntimeError('boom')", False), ("sys.exit(0)", True)],
@@ -53,6 +55,7 @@ def test_exiting_cleanly_at_interpreter_exit(end, clean):
     assert f"clean {clean}" in res.stdout, res.stdout + res.stderr
 
 
+@pytest.mark.unit
 def test_waiting_for_a_final_scrape_waits_for_recent_scrapers_only():
     scrapers = Scrapers()
     assert scrapers.wait_after(scrapers.now(), cap=5.0) == (True, 0.0)  # nobody scrapes
@@ -87,6 +90,7 @@ def _scraper(url: str, stop: threading.Event, seen: list[str]) -> None:
             return
 
 
+@pytest.mark.unit
 def test_a_clean_close_is_scraped_before_the_endpoint_goes(ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)
@@ -108,6 +112,7 @@ def test_a_clean_close_is_scraped_before_the_endpoint_goes(ddp):
     assert took < 2.0, took  # about one scrape interval (0.2 s), never the cap
 
 
+@pytest.mark.unit
 def test_close_while_an_error_propagates_is_no_clean_end(ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from harness import value, wait_for
 from worker_job import WorkerJob
+
+pytestmark = pytest.mark.job
 
 HEAVY, LIGHT = 1, (0, 2)
 

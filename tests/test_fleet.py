@@ -20,6 +20,8 @@ from promstack import local_stack
 from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
 
+pytestmark = pytest.mark.stack
+
 #: job: (node of each rank, the slow rank or None, extra trainer arguments)
 JOBS = {
     "fleet-a": (["bad", "n1", "n2"], 0, []),

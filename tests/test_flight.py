@@ -13,6 +13,7 @@ from exporter.errors import ErrorCounter
 from exporter.sources.flight import FlightRecorderSource
 
 
+@pytest.mark.unit
 def test_reads_every_collective_not_only_ddps(ddp):
     model, loader, opt = ddp
     src = FlightRecorderSource(ErrorCounter())
@@ -27,10 +28,12 @@ def test_reads_every_collective_not_only_ddps(ddp):
     assert after.timeout_s == 60.0
 
 
+@pytest.mark.unit
 def test_missing_private_api_means_fallback():
     assert not FlightRecorderSource(ErrorCounter(), dump=None).available
 
 
+@pytest.mark.unit
 def test_failing_flight_recorder_falls_back_once_and_counts(ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0)
@@ -45,6 +48,7 @@ def test_failing_flight_recorder_falls_back_once_and_counts(ddp):
     assert "ddp_collective_last_enqueued_seq" in s
 
 
+@pytest.mark.unit
 def test_decodes_an_in_flight_entry():
     now = __import__("time").time_ns()
     dump = {
@@ -81,6 +85,7 @@ def _entry(pg_id: int, name: str, seq: int, retired: bool, age_s: float = 0.0) -
             "time_created_ns": now - int(age_s * 1e9), "timeout_ms": 60000}  # fmt: skip
 
 
+@pytest.mark.unit
 def test_two_recorders_merge_under_group_names():
     # A CUDA build: NCCL's recorder numbers its groups itself, the generic one (gloo) too; on
     # this rank group "2" is the recorder's pg 1 (a rank outside some group sees other ids).
@@ -106,6 +111,7 @@ def test_two_recorders_merge_under_group_names():
     assert [(e["pg"], e["seq"]) for e in report["inflight"]] == [("2", 3)]
 
 
+@pytest.mark.unit
 def test_recorders_that_report_no_group_are_not_usable():
     # torch 2.8-2.10 with TORCH_FR_BUFFER_SIZE unset (0): the dump works, pg_status is empty.
     empty = _recorder({}, [])
@@ -127,6 +133,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize("size, source", [("0", "comm_hook"), ("2000", "flight_recorder")])
 def test_no_collective_yet_keeps_the_flight_recorder_on_probation(size, source):
     """Without DDP no collective runs before instrument(), so an empty Flight Recorder proves

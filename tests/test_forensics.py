@@ -56,6 +56,7 @@ def _verdict(root: str, timeout: float, episode: int = 1) -> str:
     return wait_for(done, timeout, "the monitoring rank's verdict")
 
 
+@pytest.mark.unit
 def test_capture_reads_every_thread_training_thread_first():
     release = threading.Event()
 
@@ -81,6 +82,7 @@ def test_capture_reads_every_thread_training_thread_first():
     assert summarize(0, dump)["where"]["file"] == here["file"]
 
 
+@pytest.mark.job
 def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
     root = str(tmp_path / "dumps")
     release = str(tmp_path / "release")
@@ -166,6 +168,7 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
         assert labels["function"] == "load_batch"
 
 
+@pytest.mark.job
 def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
     root = str(tmp_path / "dumps")
     env = {
@@ -190,6 +193,7 @@ def test_one_process_per_rank_healthy_then_mismatched_collectives(tmp_path):
         assert text.index("COLLECTIVE MISMATCH") < text.index("STACKS")
 
 
+@pytest.mark.unit
 def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
     model, loader, opt = ddp
     with pytest.raises(TypeError, match="dump_dir"):

@@ -7,7 +7,10 @@ gradient shards and parameter shards.
 
 import json
 
+import pytest
 from harness import Job
+
+pytestmark = pytest.mark.job
 
 
 def test_gradients_bit_identical(tmp_path):

@@ -72,6 +72,7 @@ def _finding(kind: str = "behind", seq: float = 36.0, age: float = 31.0) -> Hang
     return HangFinding("0", kind, seq, behind, (0, 2), age, 10.0)
 
 
+@pytest.mark.unit
 def test_due_after_abort_after_and_twice_the_threshold_within_half_the_timeout():
     policy = action.ActionPolicy()
     assert policy.due_s(10.0, 1800.0) == 20.0  # the default: abort_after, complete evidence
@@ -103,6 +104,7 @@ def _episode(**change) -> tuple[dict, object]:
     return episode, found
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("change", "sure"),
     [
@@ -120,6 +122,7 @@ def test_certain_only_with_complete_evidence(change, sure):
     assert action.certain(episode, found) is sure
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("finding", "age", "steps", "acts"),
     [
@@ -144,6 +147,7 @@ def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
     assert sure is acts
 
 
+@pytest.mark.unit
 def test_a_symmetric_hang_acts_on_its_own_threshold():
     policy = action.ActionPolicy()
     request = dict(REQUEST, kind="symmetric", threshold=60.0, behind=[])
@@ -154,6 +158,7 @@ def test_a_symmetric_hang_acts_on_its_own_threshold():
     assert "every rank is stuck inside collective #36 (pg 0)" in line, line
 
 
+@pytest.mark.unit
 def test_the_line_names_culprit_place_folder_and_code():
     located = [{"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}]
     plan = action.plan(action.ActionPolicy(exit_code=76), REQUEST, located, "/d/r-hang-1", 31.4,
@@ -182,6 +187,7 @@ def test_the_line_names_culprit_place_folder_and_code():
     assert "aborted 3 times in a row without progress (limit 3)" in action.describe(plan)
 
 
+@pytest.mark.unit
 def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
     assert settings.on_hang("instrument", environ={}) == settings.OnHang("off", 20.0, 75, 3, 50, 69)
     env = {settings.ON_HANG: " Abort ", settings.ABORT_AFTER_S: "45",
@@ -211,6 +217,7 @@ def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
         assert settings.on_hang("instrument", environ={name: raw}) == settings.OnHang(), name
 
 
+@pytest.mark.unit
 def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):
     model, _, opt = ddp
     with pytest.raises(ValueError, match="needs the hang watcher: a heartbeat"):
@@ -222,6 +229,7 @@ def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):
     assert exporter.active() is None
 
 
+@pytest.mark.unit
 def test_ranks_leave_together_the_monitoring_rank_last():
     """Three ranks as threads over one real store: each keeps and publishes, then all exit.
 
@@ -269,6 +277,7 @@ def test_ranks_leave_together_the_monitoring_rank_last():
     assert forgot[1] == 0 and forgot[2] >= max(published.values()) and forgot[3] is False
 
 
+@pytest.mark.unit
 def test_abort_communicators_is_a_no_op_without_nccl(ddp):
     model, _, _ = ddp
     started = time.monotonic()
@@ -289,6 +298,7 @@ def test_abort_communicators_is_a_no_op_without_nccl(ddp):
 WAITED_IN = {"ddp": "all_reduce", "fsdp2": "all_gather"}
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("parallel", list(WAITED_IN))
 def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     """The defaults (heartbeat 5 s, abort after 20 s) and the launch command people type.
@@ -373,6 +383,7 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     assert not pending
 
 
+@pytest.mark.job
 def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_path):
     """srun-style: rank 0 (the monitoring rank, hosting the store) is the culprit."""
     env = _env(tmp_path, "perrank", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1",
@@ -405,6 +416,7 @@ EDGES = {
 EDGES["sections-fsdp2"] = [*EDGES["sections"], "--parallel", "fsdp2"]
 
 
+@pytest.mark.job
 def test_healthy_edges_never_abort(tmp_path):
     """Each edge lasts past the 20 s the action waits with complete evidence; the jobs finish.
 
@@ -448,6 +460,7 @@ def test_healthy_edges_never_abort(tmp_path):
     assert behind["sections"] == behind["sections-fsdp2"] == [[1]], behind
 
 
+@pytest.mark.job
 def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):
     env = _env(tmp_path, "off", DDP_EXPORTER_HEARTBEAT_S="1", DDP_EXPORTER_ABORT_AFTER_S="12")
     with Ranks(RANKS, [WORKER, str(tmp_path), "--stuck", "1:40"], env=env) as job:

@@ -1,6 +1,10 @@
 """The one hang definition (exporter.hangs.definition): behind, waiting, symmetric, and excused."""
 
+import pytest
+
 from exporter.hangs.definition import DEFAULT_POLICY, SeqState, find_hangs
+
+pytestmark = pytest.mark.unit
 
 STALL = DEFAULT_POLICY.stall_seconds(None)
 

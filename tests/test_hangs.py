@@ -5,9 +5,13 @@ import json
 import os
 from contextlib import redirect_stdout
 
+import pytest
+
 from exporter.hangs import verdict as hangs
 from exporter.ranklist import format_ranks
 from exporter.tools import cli
+
+pytestmark = pytest.mark.unit
 
 TRAIN = "/job/train.py"
 

@@ -9,6 +9,8 @@ from exporter.errors import ErrorCounter
 from exporter.sources.heartbeat import LATE_AFTER_INTERVALS, Heartbeat
 from exporter.storekeys import for_run
 
+pytestmark = pytest.mark.unit
+
 KEYS = for_run("r")
 
 

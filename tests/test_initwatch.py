@@ -63,6 +63,7 @@ def _watch(run: str, peer_series: int = 64) -> InitWatch:
     return InitWatch(settings.identity(run=run), endpoint, serve=True, initialized=lambda: False)
 
 
+@pytest.mark.unit
 def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
     watch = _watch("u")
     try:
@@ -88,6 +89,7 @@ def test_monitoring_rank_names_peers_that_have_not_checked_in(agent_env):
         scrape_text(url, timeout=2)
 
 
+@pytest.mark.unit
 def test_beyond_peer_series_only_missing_peers_are_published(agent_env):
     watch = _watch("b", peer_series=1)
     try:
@@ -103,6 +105,7 @@ def test_beyond_peer_series_only_missing_peers_are_published(agent_env):
         watch.close()
 
 
+@pytest.mark.unit
 def test_unreachable_store_keeps_phase_store_and_says_so_once(agent_env, caplog, monkeypatch):
     monkeypatch.setattr(initwatch, "STORE_CONNECT_TIMEOUT_S", 0.2)
     monkeypatch.setattr(initwatch, "STORE_PROBE_S", 0.2)
@@ -121,6 +124,7 @@ def test_unreachable_store_keeps_phase_store_and_says_so_once(agent_env, caplog,
         watch.close()
 
 
+@pytest.mark.unit
 def test_without_agent_store_a_lasting_refusal_of_master_port_is_said_once(
     agent_env, caplog, monkeypatch
 ):
@@ -148,6 +152,7 @@ def test_without_agent_store_a_lasting_refusal_of_master_port_is_said_once(
         watch.close()
 
 
+@pytest.mark.unit
 def test_without_agent_store_phase_only_then_instrument_takes_over(request, caplog, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     caplog.set_level(logging.INFO, logger="exporter")
@@ -186,6 +191,7 @@ def test_without_agent_store_phase_only_then_instrument_takes_over(request, capl
         scrape_text(url, timeout=2)
 
 
+@pytest.mark.unit
 def test_watch_init_rejects_bad_settings(monkeypatch):
     with pytest.raises(ValueError, match="peer_series"):
         exporter.watch_init(port=0, peer_series=-1)
@@ -198,6 +204,7 @@ def test_watch_init_rejects_bad_settings(monkeypatch):
     assert exporter.api.running_watch() is None
 
 
+@pytest.mark.job
 def test_torchrun_late_rank_is_named_and_instrument_takes_over(tmp_path: Path):
     go, stop = tmp_path / "go", tmp_path / "stop"
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_HEARTBEAT_S": "0.5"}

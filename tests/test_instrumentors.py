@@ -7,6 +7,8 @@ from exporter.errors import ErrorCounter
 from exporter.sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from exporter.sources.recorder import Recorder
 
+pytestmark = pytest.mark.unit
+
 accelerate = pytest.importorskip("accelerate")
 
 

@@ -7,6 +7,7 @@ import pytest
 from harness import REPO
 
 
+@pytest.mark.tool
 def test_import_exporter_imports_no_framework():
     code = (
         "import sys, exporter, exporter.integrations\n"
@@ -20,6 +21,7 @@ def test_import_exporter_imports_no_framework():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.unit
 def test_callbacks_reject_bad_arguments():
     pytest.importorskip("transformers")
     pytest.importorskip("lightning")

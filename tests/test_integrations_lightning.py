@@ -14,6 +14,8 @@ import math
 import pytest
 from integrations_util import worker_job
 
+pytestmark = pytest.mark.job
+
 pytest.importorskip("lightning", reason="extra ddp-exporter[lightning] not installed")
 
 BATCHES, ACCUM = 24, 2  # as in the worker

@@ -41,6 +41,7 @@ def _check_common(r: dict, where: str) -> None:
     assert r["errors"] == 0.0, where
 
 
+@pytest.mark.job
 def test_trainer_callback_with_a_data_straggler(verdicts):
     for rank, per_rank in enumerate(verdicts):
         r = per_rank["trainer"]
@@ -57,6 +58,7 @@ def test_trainer_callback_with_a_data_straggler(verdicts):
     assert data[1] > 5 * data[0], data
 
 
+@pytest.mark.unit
 def test_accelerate_recipe(verdicts):
     for rank, per_rank in enumerate(verdicts):
         r = per_rank["accelerate"]

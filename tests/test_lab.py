@@ -17,9 +17,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from harness import wait_for
 from lab import PREFIX, Lab, available, clean_leftovers, ip, lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
+
+pytestmark = pytest.mark.lab
 
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
 PORT = 19400

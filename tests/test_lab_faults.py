@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from harness import wait_for
 from lab import Lab, lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
@@ -30,6 +31,8 @@ from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
 from exporter.tools import top
+
+pytestmark = pytest.mark.lab
 
 MASTER_PORT = 29500
 WORKER = os.path.join("tests", "workers", "restart_worker.py")

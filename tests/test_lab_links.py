@@ -19,6 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from harness import wait_for
 from lab import lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
@@ -26,6 +27,8 @@ from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
 from exporter.tools import top
+
+pytestmark = pytest.mark.lab
 
 WORKER = os.path.join("tests", "workers", "link_worker.py")
 PORT = 19400

@@ -32,6 +32,7 @@ TORCHRUN = {settings.TORCHELASTIC_RUN_ID: "job", settings.TORCHELASTIC_RESTART_C
 
 
 # -- the launch form ----------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("env", "shared", "left", "in_place"),
     [
@@ -61,6 +62,7 @@ def _server() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
 
 
+@pytest.mark.unit
 def test_forget_attempt_deletes_the_process_groups_keys_and_nothing_else():
     """A real gloo group writes its pair addresses into a real agent-like store; only they go."""
     server = _server()
@@ -94,6 +96,7 @@ class _StoreWithoutListing:
 SHARED = {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "2"}
 
 
+@pytest.mark.unit
 def test_restart_blocker_names_the_fix_only_where_a_restart_could_not_connect():
     server = _server()
     form = launcher.launch(SHARED)
@@ -108,6 +111,7 @@ def test_restart_blocker_names_the_fix_only_where_a_restart_could_not_connect():
     assert "torch 2.10 or later" in line, line
 
 
+@pytest.mark.unit
 def test_instrument_accepts_the_action_under_a_shared_store_it_can_clear(ddp, monkeypatch):
     import exporter
 
@@ -184,6 +188,7 @@ def _check(tmp_path: Path, name: str, jobs: list[Job], codes: list[int]) -> None
     assert f"culprit_ranks={culprit} culprit_nodes={host} " in line.read_text(), name
 
 
+@pytest.mark.job
 def test_the_job_resumes_and_finishes_under_every_launch_form(tmp_path: Path):
     """Every launch form's job at once (they idle through the 20 s hang): each resumes."""
     running: dict[str, list[Job]] = {}

@@ -97,10 +97,12 @@ def graph() -> dict[str, list[tuple[str, str, int]]]:
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
+@pytest.mark.unit
 def test_every_module_has_a_room(graph):
     assert all(_room(m) for m in graph)
 
 
+@pytest.mark.unit
 def test_no_import_cycle(graph):
     edges = {m: {t for t, _, _ in imports} for m, imports in graph.items()}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -121,6 +123,7 @@ def test_no_import_cycle(graph):
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:10])
 
 
+@pytest.mark.unit
 def test_no_private_name_imported_from_another_module(graph):
     private = [
         f"{m}:{line} imports {name} from {target}"
@@ -131,6 +134,7 @@ def test_no_private_name_imported_from_another_module(graph):
     assert not private, private
 
 
+@pytest.mark.unit
 def test_imports_run_one_way(graph):
     wrong = [
         f"{m} ({_room(m)}):{line} imports {target} ({_room(target)})"
@@ -141,6 +145,7 @@ def test_imports_run_one_way(graph):
     assert not wrong, wrong
 
 
+@pytest.mark.unit
 def test_observer_stays_small():
     lines = (PACKAGE / "observer.py").read_text().count("\n")
     assert lines < 300, f"exporter/observer.py has {lines} lines"
@@ -155,6 +160,7 @@ print("no torch")
 """
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize(
     "code",
     [
@@ -188,6 +194,7 @@ def test_offline_tools_import_no_torch(code, tmp_path):
     assert res.returncode == 0 and "no torch" in res.stdout, res.stdout + res.stderr
 
 
+@pytest.mark.tool
 def test_public_api_resolves_lazily():
     res = subprocess.run(
         [

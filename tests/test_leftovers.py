@@ -7,9 +7,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from harness import REPO
 
 from exporter.tools.reaper import Proc
+
+pytestmark = pytest.mark.tool
 
 TESTS = os.path.join(REPO, "tests")
 

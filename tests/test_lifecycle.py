@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from harness import Job, TopReader, wait_for
 from promstack import (
     Prometheus,
@@ -28,6 +29,8 @@ from promstack import (
 
 import exporter.tools.top as top
 from exporter.tools.localstack import free_port
+
+pytestmark = pytest.mark.stack
 
 WORKER = os.path.join("tests", "workers", "lifecycle_worker.py")
 RANKS = 3

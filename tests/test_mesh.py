@@ -16,7 +16,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from harness import Ranks, wait_for
+
+pytestmark = pytest.mark.job
 
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
 

@@ -25,6 +25,7 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_rendered_config_shape() -> None:
     text = alertmanager.render_alertmanager(DEFAULT)
     assert text.startswith(f"# {GENERATED_BY}")
@@ -45,6 +46,7 @@ def test_rendered_config_shape() -> None:
         assert receiver["webhook_configs"][0]["url"] == alertmanager.PRINTING_RECEIVER_URL
 
 
+@pytest.mark.tool
 def test_amtool_check_config(config_file: Path) -> None:
     amtool = require("amtool")
     proc = subprocess.run(
@@ -54,6 +56,7 @@ def test_amtool_check_config(config_file: Path) -> None:
     assert "SUCCESS" in proc.stdout
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
@@ -100,6 +103,7 @@ def _get(url: str) -> list[dict]:
         return json.loads(resp.read())
 
 
+@pytest.mark.stack
 def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
     require("prometheus-alertmanager")
 

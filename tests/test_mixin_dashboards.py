@@ -37,12 +37,14 @@ def substitute(expr: str) -> str:
     return expr
 
 
+@pytest.mark.unit
 def test_six_dashboards_with_fixed_uids() -> None:
     assert set(BUILT) == {"overview", "stragglers", "collectives", "memory", "liveness", "fleet"}
     uids = {d["uid"] for d in BUILT.values()}
     assert len(uids) == 6 and all(u.startswith("ddp-") for u in uids)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stem", sorted(BUILT))
 def test_dashboard_loads_in_grafana_11(stem: str) -> None:
     dash = BUILT[stem]
@@ -77,6 +79,7 @@ def test_dashboard_loads_in_grafana_11(stem: str) -> None:
             assert target["expr"] and target["refId"]
 
 
+@pytest.mark.unit
 def test_overview_has_the_required_panels() -> None:
     exprs = " ".join(t["expr"] for p in BUILT["overview"]["panels"] for t in p["targets"])
     types = {p["title"]: p["type"] for p in BUILT["overview"]["panels"]}
@@ -86,6 +89,7 @@ def test_overview_has_the_required_panels() -> None:
     assert catalog.STEPS.name in exprs and catalog.STEP_DURATION.name in exprs
 
 
+@pytest.mark.unit
 def test_panels_cover_their_topics() -> None:
     def exprs(stem: str) -> str:
         return " ".join(t["expr"] for p in BUILT[stem]["panels"] for t in p["targets"])
@@ -105,6 +109,7 @@ def test_panels_cover_their_topics() -> None:
     assert catalog.PEER_HEARTBEAT_AGE.name in live and "up{" in live
 
 
+@pytest.mark.unit
 def test_every_metric_name_comes_from_the_catalog_or_a_rule() -> None:
     groups = rules.rule_groups(DEFAULT)["groups"]
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
@@ -118,6 +123,7 @@ def test_every_metric_name_comes_from_the_catalog_or_a_rule() -> None:
                     assert token in recorded or token in known, (token, panel["title"])
 
 
+@pytest.mark.tool
 def test_every_panel_query_parses(tmp_path: Path) -> None:
     """Feed every panel query to promtool as a recording rule: it parses each one."""
     promtool = require("promtool")
@@ -134,6 +140,7 @@ def test_every_panel_query_parses(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.unit
 def test_committed_json_is_the_rendered_json() -> None:
     root = Path(__file__).resolve().parents[1] / "dashboards" / "grafana"
     for stem, dash in BUILT.items():
@@ -166,6 +173,7 @@ def _walk(obj: object, path: str = ""):
             yield from _walk(value, f"{path}[{i}]")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stem", sorted(BUILT))
 def test_no_legacy_keys_grafana_would_migrate(stem: str) -> None:
     dash = BUILT[stem]
@@ -193,6 +201,7 @@ def test_no_legacy_keys_grafana_would_migrate(stem: str) -> None:
     assert nulls == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stem", sorted(BUILT))
 def test_grafana_12_schema_migrations_change_nothing(stem: str) -> None:
     """Grafana 12 migrates schemaVersion 39 up to 42; each of those steps must be a no-op here.
@@ -211,6 +220,7 @@ def test_grafana_12_schema_migrations_change_nothing(stem: str) -> None:
                 assert prop["id"] != "custom.hideFrom", panel["title"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stem", sorted(BUILT))
 def test_every_panel_has_a_description_and_a_unit(stem: str) -> None:
     for panel in BUILT[stem]["panels"]:
@@ -218,6 +228,7 @@ def test_every_panel_has_a_description_and_a_unit(stem: str) -> None:
         assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
 
 
+@pytest.mark.unit
 def test_a_panel_without_a_description_is_refused() -> None:
     spec = dashboards.DashboardSpec(
         "x", "ddp-x", "DDP / X", "test", (dashboards.PanelSpec("bare", (dashboards.Target("up"),)),)
@@ -226,6 +237,7 @@ def test_a_panel_without_a_description_is_refused() -> None:
         dashboards.build(spec)
 
 
+@pytest.mark.unit
 def test_every_rate_uses_rate_interval() -> None:
     """rate()/irate()/increase() over a counter must span $__rate_interval (4 scrapes at any zoom)."""
     ranges = re.compile(r"\b(rate|irate|increase)\(([^()]*?)\[([^\]]+)\]\)")
@@ -243,6 +255,7 @@ def test_every_rate_uses_rate_interval() -> None:
     assert checked > 10
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="grafana-foundation-sdk needs Python 3.11")
 @pytest.mark.filterwarnings("ignore:Prefer using dashboardv2:DeprecationWarning")
 @pytest.mark.parametrize("stem", sorted(BUILT))

@@ -15,6 +15,7 @@ from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
 
 
+@pytest.mark.tool
 def test_check_passes_on_the_committed_files() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "exporter.mixin", "check"],
@@ -26,6 +27,7 @@ def test_check_passes_on_the_committed_files() -> None:
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr
 
 
+@pytest.mark.unit
 def test_check_fails_with_a_diff_when_a_file_is_stale(tmp_path: Path) -> None:
     for rel in generated_files(DEFAULT):
         dest = tmp_path / rel
@@ -40,6 +42,7 @@ def test_check_fails_with_a_diff_when_a_file_is_stale(tmp_path: Path) -> None:
     assert any("docs/runbook.md" in d for d in diffs)
 
 
+@pytest.mark.unit
 def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
     assert main(["generate", "--out", str(tmp_path)]) == 0
     for rel, text in generated_files(DEFAULT).items():
@@ -50,6 +53,7 @@ def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
     assert str(tmp_path / "dashboards/prometheus/rules.yml") in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
     assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
     rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()
@@ -58,6 +62,7 @@ def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
     assert f"run_rank:ddp_steps:rate{DEFAULT.rate_window}" not in rules
 
 
+@pytest.mark.unit
 def test_headers_where_the_format_allows_comments() -> None:
     for rel, text in generated_files(DEFAULT).items():
         if rel.endswith((".yml", ".yaml")):
@@ -68,6 +73,7 @@ def test_headers_where_the_format_allows_comments() -> None:
             assert rel.endswith(".json"), rel
 
 
+@pytest.mark.unit
 def test_runbook_has_an_anchor_for_every_alert_link() -> None:
     from exporter.mixin import rules
 
@@ -79,6 +85,7 @@ def test_runbook_has_an_anchor_for_every_alert_link() -> None:
         assert runbook.count(heading) == len(rules.ALERT_NAMES)
 
 
+@pytest.mark.unit
 def test_generate_set_overrides_a_setting(tmp_path: Path) -> None:
     assert main(["generate", "--out", str(tmp_path), "--set", "stalled_for=7m",
                  "--set", "straggler_ratio=2"]) == 0  # fmt: skip

@@ -171,6 +171,7 @@ def load_all(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(committed(name)) if d is not None]
 
 
+@pytest.mark.unit
 def test_every_manifest_is_generated_and_committed() -> None:
     files = {p: t for p, t in generated_files(DEFAULT).items() if p.startswith(k8s.DEPLOY_DIR)}
     assert {Path(p).name for p in files} == {
@@ -185,6 +186,7 @@ def test_every_manifest_is_generated_and_committed() -> None:
         assert (DEPLOY / resource).is_file()
 
 
+@pytest.mark.unit
 def test_pod_monitor_has_the_fields_the_crd_requires() -> None:
     (pm,) = load_all("podmonitor.yaml")
     jsonschema.validate(pm, POD_MONITOR)
@@ -203,6 +205,7 @@ def test_pod_monitor_has_the_fields_the_crd_requires() -> None:
             re.compile(relabel.get("regex", "(.*)"))
 
 
+@pytest.mark.unit
 def test_one_rank_per_pod_labels_the_rank_and_the_count_is_configurable() -> None:
     cfg = apply_overrides(DEFAULT, ["ranks_per_pod=1", "base_port=29500"])
     assert cfg.ranks_per_pod == 1 and isinstance(cfg.base_port, int)
@@ -217,6 +220,7 @@ def test_one_rank_per_pod_labels_the_rank_and_the_count_is_configurable() -> Non
             dataclasses.replace(DEFAULT, **bad)
 
 
+@pytest.mark.unit
 def test_example_pod_matches_the_pod_monitor() -> None:
     (pod,) = load_all("training-pod.example.yaml")
     (pm,) = load_all("podmonitor.yaml")
@@ -266,6 +270,7 @@ def _scrape_config(cfg: MixinConfig, sd_file: Path) -> dict[str, Any]:
     return {"global": {"scrape_interval": cfg.scrape_interval}, "scrape_configs": jobs}
 
 
+@pytest.mark.stack
 def test_pod_monitor_relabeling_in_a_real_prometheus(tmp_path: Path) -> None:
     """Prometheus itself applies the relabelings to pods of a plain Pod, a PyTorchJob and a JobSet."""
     require("prometheus")
@@ -310,6 +315,7 @@ def test_pod_monitor_relabeling_in_a_real_prometheus(tmp_path: Path) -> None:
     assert got == want
 
 
+@pytest.mark.tool
 def test_prometheus_rule_carries_exactly_the_rules(tmp_path: Path) -> None:
     (rule,) = load_all("prometheusrule.yaml")
     jsonschema.validate(rule, PROMETHEUS_RULE)
@@ -326,6 +332,7 @@ def test_prometheus_rule_carries_exactly_the_rules(tmp_path: Path) -> None:
     assert f"SUCCESS: {total} rules found" in proc.stdout
 
 
+@pytest.mark.unit
 def test_dashboard_configmaps_hold_the_committed_json() -> None:
     maps = load_all("grafana-dashboards.yaml")
     files = sorted((ROOT / "dashboards/grafana").glob("*.json"))
@@ -341,6 +348,7 @@ def test_dashboard_configmaps_hold_the_committed_json() -> None:
     assert seen == {f.name: f.read_text(encoding="utf-8") for f in files}
 
 
+@pytest.mark.tool
 def test_alertmanager_values_are_the_alertmanager_config(tmp_path: Path) -> None:
     (values,) = load_all("alertmanager-values.yaml")
     committed_am = yaml.safe_load((ROOT / "dashboards/alertmanager/alertmanager.yml").read_text())

@@ -26,6 +26,8 @@ import yaml
 from exporter.mixin.cluster import aggregations
 from exporter.mixin.config import DEFAULT
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Every generated rule file: the single server's, a shard's and the global server's, and the
 #: Kubernetes PrometheusRule (its ``spec``).

@@ -21,6 +21,8 @@ from promstack import Prometheus, require, run_prometheus, write_file_sd
 from exporter.mixin import dashboards, rules, stack
 from exporter.mixin.config import DEFAULT
 
+pytestmark = pytest.mark.stack
+
 RUN = "mixin-live"
 RANKS = 2
 SUBSTITUTE = {

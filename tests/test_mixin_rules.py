@@ -34,6 +34,7 @@ def _write_fast_rules(directory: Path) -> None:
     (directory / "rules_global.yml").write_text(yaml.safe_dump(fleet, sort_keys=False))
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize("cfg", [DEFAULT, FAST], ids=["default", "fast"])
 def test_promtool_check_rules(tmp_path: Path, cfg: MixinConfig) -> None:
     promtool = require("promtool")
@@ -46,6 +47,7 @@ def test_promtool_check_rules(tmp_path: Path, cfg: MixinConfig) -> None:
     assert "SUCCESS" in proc.stdout
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize("unit", UNIT_FILES, ids=[p.stem for p in UNIT_FILES])
 def test_promtool_unit(tmp_path: Path, unit: Path) -> None:
     promtool = require("promtool")
@@ -61,6 +63,7 @@ def test_promtool_unit(tmp_path: Path, unit: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.unit
 def test_every_alert_has_positive_and_negative_unit_cases() -> None:
     positive: set[str] = set()
     negative: set[str] = set()
@@ -72,6 +75,7 @@ def test_every_alert_has_positive_and_negative_unit_cases() -> None:
     assert set(rules.ALERT_NAMES) <= negative, set(rules.ALERT_NAMES) - negative
 
 
+@pytest.mark.unit
 def test_alert_contract() -> None:
     for alert in rules.every_alert(DEFAULT):
         rule = alert.rule(DEFAULT)
@@ -98,11 +102,13 @@ def test_alert_contract() -> None:
     assert len([a for a in in_groups if a == "DDPSuspectNode"]) == 1
 
 
+@pytest.mark.unit
 def test_timeout_imminent_has_warning_and_critical_levels() -> None:
     levels = {a.severity for a in rules.alerts(DEFAULT) if a.name == "DDPCollectiveTimeoutImminent"}
     assert levels == {"warning", "critical"}
 
 
+@pytest.mark.unit
 def test_straggler_never_blames_collective_latency() -> None:
     (straggler,) = [a for a in rules.alerts(DEFAULT) if a.name == "DDPRankStraggler"]
     assert catalog.COLLECTIVE_DURATION.name not in straggler.expr
@@ -120,6 +126,7 @@ def _shape(text: str) -> str:
     return re.sub(r"\b\d+(\.\d+)?\b", "N", text)
 
 
+@pytest.mark.unit
 def test_fast_variant_has_the_same_expressions() -> None:
     default = rules.rule_groups(DEFAULT)["groups"]
     fast = rules.rule_groups(FAST)["groups"]
@@ -129,6 +136,7 @@ def test_fast_variant_has_the_same_expressions() -> None:
             assert rd.get("labels") == rf.get("labels")
 
 
+@pytest.mark.unit
 def test_expressions_use_only_catalog_metrics_and_defined_records() -> None:
     groups = rules.rule_groups(DEFAULT)["groups"]
     defined = {r["record"] for g in groups for r in g["rules"] if "record" in r}
@@ -145,6 +153,7 @@ def test_expressions_use_only_catalog_metrics_and_defined_records() -> None:
         assert any(metric in (m.name, m.family) for m in catalog.METRICS), record
 
 
+@pytest.mark.tool
 def test_a_stalled_job_of_1024_ranks_is_one_alert_per_fact(tmp_path: Path) -> None:
     """At 1024 ranks a stalled run (every rank inside one collective) pages once, not 1024 times."""
     promtool = require("promtool")

@@ -36,6 +36,7 @@ def _compose_schema() -> dict:
     pytest.skip("compose spec schema missing: pip install --no-deps docker-compose==1.29.2")
 
 
+@pytest.mark.tool
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     """Check the committed stack config with its container paths mapped into a temp dir."""
     promtool = require("promtool")
@@ -69,6 +70,7 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert "SUCCESS" in proc.stdout
 
 
+@pytest.mark.unit
 def test_file_sd_example_labels_every_target_with_run_and_rank() -> None:
     groups = json.loads((ROOT / "dashboards/prometheus/file_sd.example.json").read_text())
     assert groups
@@ -77,6 +79,7 @@ def test_file_sd_example_labels_every_target_with_run_and_rank() -> None:
         assert set(group["labels"]) == {"run", "rank"}
 
 
+@pytest.mark.unit
 def test_grafana_provisioning() -> None:
     files = generated_files(DEFAULT)
     ds = yaml.safe_load(files["dashboards/grafana/provisioning/datasources/ddp.yml"])
@@ -93,6 +96,7 @@ def test_grafana_provisioning() -> None:
     assert "dashboards/grafana/overview.json" in files
 
 
+@pytest.mark.unit
 def test_compose_validates_against_the_compose_spec() -> None:
     schema = _compose_schema()
     text = (ROOT / "docker-compose.yml").read_text()
@@ -107,6 +111,7 @@ def test_compose_validates_against_the_compose_spec() -> None:
     assert list(validator.iter_errors(broken)), "the schema must reject unknown service keys"
 
 
+@pytest.mark.unit
 def test_compose_services_and_pins() -> None:
     services = stack.compose(DEFAULT)["services"]
     assert set(services) == {"prometheus", "alertmanager", "grafana", "trainer", "receiver"}

@@ -132,6 +132,7 @@ def _prom_name(name: str, unit: str, kind: str) -> str:
     return "_".join(tokens)
 
 
+@pytest.mark.unit
 def test_push_carries_the_scraped_series_under_the_same_names(receiver, ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(
@@ -208,6 +209,7 @@ def test_push_carries_the_scraped_series_under_the_same_names(receiver, ddp):
     assert len(receiver.requests) == n + 1 and time.monotonic() - t0 < 5
 
 
+@pytest.mark.unit
 def test_failed_push_is_counted_not_raised_and_the_sdk_stays_quiet(ddp, caplog, monkeypatch):
     model, loader, opt = ddp
     caplog.set_level("DEBUG")
@@ -227,6 +229,7 @@ def test_failed_push_is_counted_not_raised_and_the_sdk_stays_quiet(ddp, caplog, 
     assert len(ours) == 1 and "dropped" in ours[0].getMessage()
 
 
+@pytest.mark.unit
 def test_docs_map_every_catalog_metric():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "otlp.md").read_text()
     rows = dict(re.findall(r"^\| `(ddp_\w+)` \|[^|]*\| `?([^|`]*?)`? \|", doc, re.M))
@@ -250,6 +253,7 @@ def _env(endpoint: str, interval_ms: int, **more: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.job
 def test_two_rank_job_pushes_both_ranks(receiver):
     env = _env(receiver.url, 500)
     with Job(2, _demo("--duration", "60", "--step-time", "0.01"), env=env) as job:
@@ -285,6 +289,7 @@ def test_two_rank_job_pushes_both_ranks(receiver):
         assert sum(hist.bucket_counts) == hist.count > 0
 
 
+@pytest.mark.job
 def test_final_flush_delivers_the_last_step_count(receiver):
     env = _env(receiver.url, 60000)
     with Job(2, _demo("--duration", "0", "--steps", "30", "--step-time", "0"), env=env) as job:
@@ -296,6 +301,7 @@ def test_final_flush_delivers_the_last_step_count(receiver):
     assert len(receiver.requests) == 2
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("collector", ["dead", "slow"])
 def test_unreachable_collector_does_not_slow_or_break_training(collector):
     slow = Receiver(delay=30.0) if collector == "slow" else None

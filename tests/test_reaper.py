@@ -8,9 +8,12 @@ import sys
 import textwrap
 import time
 
+import pytest
 from harness import wait_for
 
 from exporter.tools.reaper import Proc, descendants, stop_tree
+
+pytestmark = pytest.mark.tool
 
 # A launcher like torchrun: it starts workers in sessions of their own and, on SIGTERM,
 # exits without stopping them. One worker ignores SIGTERM, one is stopped (SIGSTOP).

@@ -4,6 +4,8 @@ import pytest
 
 from exporter.sources.recorder import Histogram, Recorder
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

@@ -11,6 +11,8 @@ from exporter import settings
 from exporter.errors import ErrorCounter
 from exporter.sources.reducer import ReducerTiming, choose_timing, unsupported
 
+pytestmark = pytest.mark.unit
+
 
 def test_setting_parses_keyword_then_environment():
     assert settings.comm_timing("instrument") == "auto"

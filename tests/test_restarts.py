@@ -36,6 +36,7 @@ def _entry(attempt: int, furthest: int, streak: int, decision: str = "abort") ->
 
 
 # -- the ledger's judgement ---------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("chain", "start", "steps", "want"),
     [
@@ -57,12 +58,14 @@ def test_judge_progress_streak_and_decision(chain, start, steps, want):
     assert (got.furthest, got.progress, got.streak, got.decision) == want
 
 
+@pytest.mark.unit
 def test_a_limit_of_zero_never_stops():
     chain = [_entry(a, 110, a + 1) for a in range(7)]
     got = restarts.judge(chain, RestartPolicy(limit=0), start_step=100, steps=10)
     assert (got.streak, got.decision) == (8, "abort")
 
 
+@pytest.mark.unit
 def test_the_ledger_chains_only_to_the_attempt_before(tmp_path: Path):
     d = str(tmp_path)
     assert restarts.load_chain(d, "r", "1") == []  # no ledger yet
@@ -84,6 +87,7 @@ def test_the_ledger_chains_only_to_the_attempt_before(tmp_path: Path):
         restarts.load_chain(d, "bad", "1")
 
 
+@pytest.mark.unit
 def test_the_launcher_line_says_whether_to_requeue_and_where_the_culprit_is():
     entry = dict(_entry(2, 110, 3, "give_up"), exit_code=69, folder="d/r-attempt-2-hang-1")
     assert restarts.launcher_line(entry, 3) == (
@@ -95,6 +99,7 @@ def test_the_launcher_line_says_whether_to_requeue_and_where_the_culprit_is():
     assert line.startswith("requeue=yes exit_code=75 ") and "culprit_ranks=none " in line
 
 
+@pytest.mark.unit
 def test_the_published_state_rearms_once_the_attempt_gets_past_the_mark():
     chain = [_entry(0, 110, 1), _entry(1, 110, 2), _entry(2, 110, 3, "give_up")]
     state = restarts.RestartState(POLICY, chain, start_step=100)
@@ -107,6 +112,7 @@ def test_the_published_state_rearms_once_the_attempt_gets_past_the_mark():
 
 
 # -- the drill ------------------------------------------------------------------------------------
+@pytest.mark.stack
 def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_path: Path):
     require("prometheus")
     run = "loop"
@@ -163,6 +169,7 @@ def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_p
     assert line.endswith("RESTART LOOP: the hang action stopped"), line
 
 
+@pytest.mark.job
 def test_a_resubmitting_script_continues_the_ledger_with_the_attempt_offset(tmp_path: Path):
     """One process per rank (srun), each "job" a new one: the script passes the attempt on.
 

@@ -81,6 +81,7 @@ def _firing(prom, alertname: str) -> list[dict]:
     return [s["metric"] for s in prom.query(query)]
 
 
+@pytest.mark.stack
 def test_two_shards_and_a_global_server_name_the_bad_node_once(tmp_path: Path) -> None:
     sd = tmp_path / "sd"
     sd.mkdir()
@@ -137,6 +138,7 @@ def test_two_shards_and_a_global_server_name_the_bad_node_once(tmp_path: Path) -
             assert suspects() == [("lab", "bad")]
 
 
+@pytest.mark.tool
 def test_the_generated_sharded_deployment_is_valid_and_splits_runs(tmp_path: Path) -> None:
     files = sharding.render_sharded(replace(DEFAULT, shards=4))
     shard_files = sorted(p for p in files if "prometheus-shard-" in p)

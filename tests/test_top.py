@@ -36,6 +36,7 @@ def _reads(*tables):
     return out
 
 
+@pytest.mark.unit
 def test_sequence_lag_on_a_live_job_accuses_nobody():
     # The reads of issue 9: ranks read milliseconds apart differ by 1-2 collectives.
     a = [_row(0, 768), _row(1, 768), _row(2, 770, age=0.0203)]
@@ -44,6 +45,7 @@ def test_sequence_lag_on_a_live_job_accuses_nobody():
         assert not any(table.values()), table
 
 
+@pytest.mark.unit
 def test_hang_needs_an_age_past_the_stall_threshold_in_two_reads():
     stall = FAST.hang_policy.stall_seconds(0.02)
     below = [_row(0, 10, age=stall - 1), _row(1, 9), _row(2, 10, age=stall - 1)]
@@ -54,6 +56,7 @@ def test_hang_needs_an_age_past_the_stall_threshold_in_two_reads():
     assert third[0] == third[2] == ""
 
 
+@pytest.mark.unit
 def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     slow = [_row(0, 5), _row(1, 5, compute=0.2), _row(2, 5)]
     later = [_row(0, 6, steps=200), _row(1, 6, compute=0.2, steps=200), _row(2, 6, steps=200)]
@@ -78,6 +81,7 @@ def _linked(rank, steps, rtt, comm=0.7, node=""):
     return r
 
 
+@pytest.mark.unit
 def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits():
     def read(steps, rtt2, comm=0.7, host_rtt=0.0002):
         return [_linked(0, steps, host_rtt, comm), _linked(1, steps, 0.0003, comm),
@@ -95,6 +99,7 @@ def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits()
     assert not any(_reads(read(100, 0.09, comm=0.01), read(200, 0.09, comm=0.01))[1].values())
 
 
+@pytest.mark.unit
 def test_down_needs_two_failed_reads_and_survives_in_the_table():
     up = [_row(0, 1), _row(1, 1)]
     down = [_row(0, 1, steps=110), top.RankRow("t1", up=False)]
@@ -112,6 +117,7 @@ def _in_section(row, started, deadline=600.0, name="checkpoint"):
     return row
 
 
+@pytest.mark.unit
 def test_a_rank_in_a_declared_section_and_the_ranks_it_holds_up_are_not_hung():
     now = time.time()
     # Rank 0 saves a checkpoint inside exporter.deadline(); ranks 1 and 2 wait in the allreduce.
@@ -132,6 +138,7 @@ def test_a_rank_in_a_declared_section_and_the_ranks_it_holds_up_are_not_hung():
     assert second[0].verdict.startswith("HUNG"), second[0].verdict
 
 
+@pytest.mark.unit
 def test_a_rank_that_ended_cleanly_is_finished_not_down():
     last_read = [_row(0, 5), _row(1, 5)]
     last_read[1].finished = time.time()  # its final scrape said so
@@ -143,6 +150,7 @@ def test_a_rank_that_ended_cleanly_is_finished_not_down():
     )
 
 
+@pytest.mark.tool
 def test_top_judges_with_the_config_the_rules_were_generated_with(tmp_path):
     from exporter.mixin.config import config_json, load_config
 
@@ -178,6 +186,7 @@ def _stack(tmp_path) -> tuple[LocalStack, object]:
     return LocalStack(tmp_path / "stack", sd), sd
 
 
+@pytest.mark.stack
 def test_healthy_then_hung_job_under_torchrun(tmp_path):
     st, sd = _stack(tmp_path)
     run = "top-hang"
@@ -214,6 +223,7 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
     print(f"\ntop: {healthy_reads} healthy reads per source, no verdict")
 
 
+@pytest.mark.stack
 def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
     st, sd = _stack(tmp_path)
     run = "top-straggler"
@@ -235,6 +245,7 @@ def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
             assert not table[0] and not table[1], (mode, i, table)
 
 
+@pytest.mark.unit
 def test_the_table_says_the_attempt_and_the_restart_loop():
     rows = [_row(0, 5), _row(1, 5)]
     assert "restarts" not in top.render(top.diagnose(rows))  # a first attempt, no action
@@ -254,6 +265,7 @@ def test_the_table_says_the_attempt_and_the_restart_loop():
     assert top.restart_line(rows) == "restarts: attempt 3; hang aborts without progress 0 of 3"
 
 
+@pytest.mark.stack
 def test_the_same_run_name_in_two_clusters_is_never_merged(tmp_path):
     """Two real jobs named alike, labelled cluster a and b by discovery: top picks one."""
     from promstack import fast_config, file_sd_scrape, run_prometheus, write_file_sd

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import platform
 
+import pytest
 import torch
 from harness import parse, scrape_text
 
 import exporter
 from exporter import catalog
 from exporter.sources.versions import versions
+
+pytestmark = pytest.mark.unit
 
 
 def test_versions_name_torch_python_cuda_and_nccl() -> None:

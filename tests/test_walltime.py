@@ -19,6 +19,7 @@ from exporter.sources.walltime import JobClock, resolve_job_clock
 NOW = 1_800_000_000.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
@@ -35,6 +36,7 @@ def test_exporter_variable_takes_a_unix_time_or_a_duration(raw: str, expected: f
     assert parse_job_deadline(settings.JOB_DEADLINE, raw, NOW) == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -50,12 +52,14 @@ def test_bad_exporter_deadlines_name_the_variable(raw: str, message: str) -> Non
         parse_job_deadline(settings.JOB_DEADLINE, raw, NOW)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("raw", ["72h", "soon", "12"])
 def test_slurm_end_time_must_be_a_unix_time(raw: str) -> None:
     # Not a Unix time: logged, and the job has no deadline (exporter.settings never raises).
     assert resolve_job_clock(environ={settings.SLURM_JOB_END_TIME: raw}) == JobClock()
 
 
+@pytest.mark.unit
 def test_deadline_sources_and_precedence() -> None:
     assert resolve_job_clock(environ={}) == JobClock()
     assert resolve_job_clock(environ={settings.SLURM_JOB_END_TIME: "0"}).deadline_unix is None
@@ -70,6 +74,7 @@ def test_deadline_sources_and_precedence() -> None:
     assert (both.deadline_unix, both.deadline_source) == (1767229200.0, settings.JOB_DEADLINE)
 
 
+@pytest.mark.unit
 def test_total_steps_from_the_keyword_or_dataloader_length_times_epochs() -> None:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(10, 1)), 3)
     assert resolve_job_clock(total_steps=500, environ={}).total_steps == 500
@@ -81,6 +86,7 @@ class _Stream(torch.utils.data.IterableDataset):
         return iter(range(3))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -119,6 +125,7 @@ _PARENT = textwrap.dedent(
 )
 
 
+@pytest.mark.tool
 def test_job_start_is_the_launcher_start_under_torchrun_else_the_process_start() -> None:
     parent = _LIGHT_IMPORT + f"IMPORT = {_LIGHT_IMPORT!r}\n" + _PARENT
     out = subprocess.run(
@@ -135,6 +142,7 @@ def test_job_start_is_the_launcher_start_under_torchrun_else_the_process_start()
     assert abs(plain_start - plain_child) < 0.05  # the rank's own process start
 
 
+@pytest.mark.unit
 def test_instrument_publishes_deadline_and_total_steps(ddp, monkeypatch) -> None:
     model, loader, opt = ddp
     monkeypatch.setenv(settings.SLURM_JOB_END_TIME, "1767225600")
@@ -144,6 +152,7 @@ def test_instrument_publishes_deadline_and_total_steps(ddp, monkeypatch) -> None
     assert value(s, "ddp_job_total_steps") == len(loader) * 3
 
 
+@pytest.mark.unit
 def test_a_bad_deadline_is_logged_naming_the_variable(ddp, monkeypatch, caplog) -> None:
     model, _, _ = ddp
     monkeypatch.setenv(settings.JOB_DEADLINE, "two days")
@@ -155,6 +164,7 @@ def test_a_bad_deadline_is_logged_naming_the_variable(ddp, monkeypatch, caplog) 
     obs.close()
 
 
+@pytest.mark.unit
 def test_without_a_deadline_or_total_nothing_is_published(ddp, monkeypatch) -> None:
     model, _, _ = ddp
     monkeypatch.delenv(settings.JOB_DEADLINE, raising=False)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from harness import value, wait_for
 from worker_job import WorkerJob, fast_prometheus, firing
 
 from exporter.mixin.config import FAST
 from exporter.mixin.rules import recorded
+
+pytestmark = pytest.mark.stack
 
 ENV: dict[str, str] = {}
 

@@ -28,13 +28,16 @@ from exporter.sources.flight import dump_functions
 
 # No conftest.py here: a second module named "conftest" would shadow tests/conftest.py, whose
 # helpers other test modules import by that name.
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason=(
-        f"no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
-        "run scripts/gpu-check.sh on a GPU machine"
+pytestmark = [
+    pytest.mark.job,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason=(
+            f"no CUDA device (torch {torch.__version__}, CUDA build: "
+            f"{torch.version.cuda or 'none'}); run scripts/gpu-check.sh on a GPU machine"
+        ),
     ),
-)
+]
 
 WORKER = os.path.join("tests", "gpu", "nccl_worker.py")
 TRAINER = os.path.join(REPO, "exporter", "tools", "trainer.py")
