@@ -92,7 +92,8 @@ def test_stack_without_binaries_says_how_to_install():
 
     env = dict(os.environ, PATH=os.path.dirname(sys.executable))
     res = subprocess.run(
-        [sys.executable, "-m", "exporter.tools.cli", "demo", "--stack"], capture_output=True,
+        [sys.executable, "-m", "exporter.tools.cli", "demo", "--stack", "--port", "0"],
+        capture_output=True,
         text=True, timeout=60, cwd=REPO, env=env,
     )  # fmt: skip
     assert res.returncode == 2

@@ -48,7 +48,8 @@ from harness import Process, free_port, wait_for
 from promstack import require
 from release_util import source_copy
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
+# The compose file's ranks serve on the default ports: one test at a time may hold them.
+pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("default-ports"), pytest.mark.timeout(900)]
 
 HOST_ENV = {"DDP_FAULT": "hang", "DDP_FAULT_RANK": "1"}
 RANK_PORTS = (19400, 19401, 19402)

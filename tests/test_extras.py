@@ -98,7 +98,8 @@ def test_the_demo_stack_without_the_mixin_extra(blocker: Path) -> None:
 
     if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
         pytest.skip("prometheus and prometheus-alertmanager not installed: --stack names those")
-    res = _run(blocker, ("yaml",), "-m", "exporter.tools.cli", "demo", "--stack", "--ranks", "1")
+    res = _run(blocker, ("yaml",), "-m", "exporter.tools.cli", "demo", "--stack", "--ranks", "1",
+               "--port", "0")  # fmt: skip
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().endswith("pip install 'ddp-exporter[mixin]'"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -17,6 +17,8 @@ from integrations_util import worker_job
 pytest.importorskip("transformers", reason="extra ddp-exporter[transformers] not installed")
 pytest.importorskip("accelerate", reason="extra ddp-exporter[transformers] not installed")
 
+pytestmark = pytest.mark.job
+
 N, BATCH, ACCUM = 96, 4, 3  # as in the worker
 STEPS = N // 2 // BATCH // ACCUM  # optimizer steps per rank
 
@@ -41,7 +43,6 @@ def _check_common(r: dict, where: str) -> None:
     assert r["errors"] == 0.0, where
 
 
-@pytest.mark.job
 def test_trainer_callback_with_a_data_straggler(verdicts):
     for rank, per_rank in enumerate(verdicts):
         r = per_rank["trainer"]
@@ -58,7 +59,6 @@ def test_trainer_callback_with_a_data_straggler(verdicts):
     assert data[1] > 5 * data[0], data
 
 
-@pytest.mark.unit
 def test_accelerate_recipe(verdicts):
     for rank, per_rank in enumerate(verdicts):
         r = per_rank["accelerate"]

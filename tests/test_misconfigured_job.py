@@ -18,7 +18,8 @@ import pytest
 from harness import REPO, Job, wait_for
 from promstack import fast_config, run_prometheus, static_scrape
 
-pytestmark = pytest.mark.stack
+# A bad DDP_EXPORTER_PORT means the default ports: one test at a time may hold them.
+pytestmark = [pytest.mark.stack, pytest.mark.xdist_group("default-ports")]
 
 #: What a user might mistype, for every variable the training process reads.
 BAD = {
