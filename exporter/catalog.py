@@ -19,6 +19,9 @@ __all__ = [
     "PHASES",
     "PARALLELISMS",
     "COLLECTIVE_OPS",
+    "COMM_TIMING_MODES",
+    "INFLIGHT_SOURCES",
+    "LABEL_HELP",
     "STEP_BUCKETS",
     "ERROR_WHERE",
     "RANK_INFO",
@@ -101,6 +104,57 @@ ERROR_WHERE: tuple[str, ...] = (
     "forensics",
     "section",
 )
+
+#: Values of ``ddp_rank_info{comm_timing}``: what times this rank's communication. DDP's own
+#: reducer timers, the timing comm hook, the ``torch.distributed`` wrappers (FSDP2, FSDP, no
+#: model), or nothing (a comm hook of the user's registered before ``instrument()``).
+COMM_TIMING_MODES: tuple[str, ...] = ("reducer", "hook", "collectives", "none")
+
+#: Values of ``ddp_rank_info{inflight_source}``: where in-flight collective state comes from.
+INFLIGHT_SOURCES: tuple[str, ...] = ("flight_recorder", "comm_hook")
+
+#: What each label of the exporter's series means (the metrics reference page lists them).
+LABEL_HELP: dict[str, str] = {
+    "run": "The job: ``DDP_EXPORTER_RUN``, else torchrun's run id, Slurm's job id or "
+    "``MASTER_ADDR:MASTER_PORT``. A restarted job keeps it.",
+    "rank": "The global rank.",
+    "local_rank": "The rank on its node (the endpoint's port is the base port plus it).",
+    "node": "The machine the rank runs on: ``DDP_EXPORTER_NODE``, else the hostname.",
+    "world_size": "Ranks in the job.",
+    "backend": "The default process group's backend (``nccl``, ``gloo``).",
+    "device": "``cuda`` or ``cpu``.",
+    "torch_version": "torch's version on this rank (DDPVersionSkew compares it across ranks).",
+    "python_version": "Python's version (compared across ranks).",
+    "cuda_version": "CUDA's version, ``none`` on a CPU build (compared across ranks).",
+    "nccl_version": "NCCL's version, ``none`` on a CPU build (compared across ranks).",
+    "exporter_version": "This package's version.",
+    "inflight_source": "Where in-flight state comes from: "
+    + ", ".join(f"``{v}``" for v in INFLIGHT_SOURCES)
+    + " (the comm hook's bookkeeping: DDP's buckets only).",
+    "comm_timing": "What times communication: "
+    + ", ".join(f"``{v}``" for v in COMM_TIMING_MODES)
+    + ". ``reducer`` and ``hook`` time DDP; ``collectives`` every torch.distributed collective "
+    "of a job without DDP; ``none``: not measured.",
+    "parallelism": "What the rank trains: " + ", ".join(f"``{v}``" for v in PARALLELISMS)
+    + " (DDP, FSDP2's ``fully_shard``, classic FSDP, another module, no model).",
+    "attempt": "Which attempt of the run: torchrun's restart count, else Slurm's requeue count, "
+    "plus ``DDP_EXPORTER_ATTEMPT``.",
+    "phase": "A step phase: " + ", ".join(f"``{v}``" for v in PHASES)
+    + "; they add up to the step time. On the init series: "
+    "``store``, ``process_group``, ``done``.",
+    "op": "The kind of collective: " + ", ".join(f"``{v}``" for v in COLLECTIVE_OPS)
+    + " (DDP's gradient buckets are ``allreduce``).",
+    "pg": "The process group (torch's name for it; ``0`` is the default group).",
+    "peer_rank": "The peer a monitoring rank's series is about.",
+    "where": "Where an exporter error was caught: " + ", ".join(f"``{v}``" for v in ERROR_WHERE)
+    + ".",
+    "variable": "The ``DDP_EXPORTER_*`` variable holding a value the exporter cannot use.",
+    "file": "The source file where a hung rank's training thread is stuck.",
+    "line": "Its line.",
+    "function": "Its function.",
+    "section": "The name given to ``exporter.deadline``.",
+    "culprit_rank": "The rank a hang action blamed (empty for a symmetric hang).",
+}
 
 #: Histogram bounds (seconds) for whole training steps.
 STEP_BUCKETS: tuple[float, ...] = (

@@ -5,89 +5,9 @@ as a keyword can come from the environment, so a launcher can configure jobs it 
 keyword always wins over the environment; the environment wins over the default. The resolvers
 at the end (:func:`identity`, :func:`endpoint`) are the only place these rules are applied.
 
-==============================  =====================================================  =========
-Variable                        Meaning                                                Default
-==============================  =====================================================  =========
-``DDP_EXPORTER_PORT``           Base port; each rank serves ``port + LOCAL_RANK``.     19400
-                                ``0`` picks a free port.
-``DDP_EXPORTER_ADDR``           Bind address of the metrics endpoint.                  0.0.0.0
-``DDP_EXPORTER_RUN``            ``run`` label value; else ``TORCHELASTIC_RUN_ID``.     see below
-``DDP_EXPORTER_HEARTBEAT_S``    Seconds between c10d-store heartbeats.                 5
-``DDP_EXPORTER_MONITOR_RANK``   Rank that publishes peer heartbeat ages; ``-1`` none.  0
-``DDP_EXPORTER_PEER_SERIES``    Most peer-heartbeat series the monitoring rank         64
-                                publishes: all peers up to this world size, beyond it
-                                only late peers, oldest first. ``0`` none.
-``DDP_EXPORTER_FLIGHT_RECORDER``  ``0`` ignores the Flight Recorder (comm-hook         1
-                                bookkeeping only).
-``DDP_EXPORTER_COMM_TIMING``    How DDP's communication is timed: ``auto``,            auto
-                                ``reducer`` (DDP's own timers; its built-in allreduce
-                                stays; CPU only), or ``hook`` (a timing comm hook:
-                                per-bucket detail). ``auto`` picks ``reducer`` where
-                                it gives the same blame (see
-                                :mod:`exporter.sources.reducer`).
-``DDP_EXPORTER_ADVERTISE_ADDR``  Host or IP registered for discovery (``/sd``,          see below
-                                file_sd): where Prometheus scrapes this rank.
-``DDP_EXPORTER_FILE_SD``        Directory where each rank writes its file_sd target    unset
-                                file (removed at a clean exit).
-``DDP_EXPORTER_DUMP_DIR``       Folder for hang dumps (one subfolder per episode,      ./ddp-
-                                user-only permissions; see exporter.hangs).            exporter-
-                                                                                       dumps
-``DDP_EXPORTER_FINAL_SCRAPE_S``  Most seconds a rank that ends cleanly waits for its    10
-                                scrapers to read its final state (``0``: no wait).
-``DDP_EXPORTER_ON_HANG``        What a hang does besides alerts and dumps: ``off``,    off
-                                or ``abort`` (every rank of the run exits once the
-                                hang has lasted ``DDP_EXPORTER_ABORT_AFTER_S``; see
-                                :mod:`exporter.hangs.action`).
-``DDP_EXPORTER_ABORT_AFTER_S``  Seconds a hang lasts before ``abort`` acts when its     20
-                                evidence is complete (1.5x as long otherwise; also at
-                                least twice the threshold that declared it, at most
-                                half the process group's timeout).
-``DDP_EXPORTER_ABORT_EXIT_CODE``  Exit code of every rank that ``abort`` ends           75
-                                (EX_TEMPFAIL: try again); 1..255.
-``DDP_EXPORTER_ABORT_LIMIT``    Aborts in a row without progress after which the       3
-                                action stops: the last one exits with the give-up
-                                code, later hangs only alert and dump (``0``: never
-                                stop; see :mod:`exporter.hangs.restarts`).
-``DDP_EXPORTER_ABORT_PROGRESS_STEPS``  Steps an attempt must get past the furthest       50
-                                step of the run's earlier attempts to count as
-                                progress.
-``DDP_EXPORTER_GIVE_UP_EXIT_CODE``  Exit code of the abort that reaches the limit:       69
-                                "do not requeue" (EX_UNAVAILABLE); 1..255, not the
-                                abort exit code.
-``DDP_EXPORTER_ATTEMPT``        Attempts of the run before this job, for a script      0
-                                that resubmits a run as a new job (added to torchrun's
-                                restart or Slurm's requeue count; see docs/slurm.md).
-``DDP_EXPORTER_NODE``           ``node`` label: the machine this rank runs on, the     hostname
-                                unit a fleet drains (``ddp-exporter nodes``). On
-                                Kubernetes the node name (downward API
-                                ``spec.nodeName``), not the pod's hostname.
-``DDP_EXPORTER_JOB_DEADLINE``   The job's wall-clock limit: a Unix time, or a          unset
-                                duration (``72h``, ``90m``, ``3600s``, ``1d12h``)
-                                from the job's start (torchrun's start under
-                                torchrun, else the rank's process start; see
-                                :mod:`exporter.sources.walltime`). Wins over
-                                ``SLURM_JOB_END_TIME``.
-==============================  =====================================================  =========
-
-The ``run`` label falls back to ``TORCHELASTIC_RUN_ID`` (set by torchrun; ignored when it is
-torchrun's placeholder ``none``), then to ``SLURM_JOB_ID`` (set by Slurm on every task of a
-job), then to ``MASTER_ADDR:MASTER_PORT`` (identical on all ranks of one job, distinct between
-concurrent jobs), then to ``local``. An explicit rendezvous id (``torchrun --rdzv-id``) thus
-wins over the Slurm job id; pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way.
-A restarted job keeps its ``run``; the attempt (``ddp_rank_info{attempt}``) is torchrun's
-``TORCHELASTIC_RESTART_COUNT``, else Slurm's ``SLURM_RESTART_COUNT`` (a requeue), else ``0``,
-plus ``DDP_EXPORTER_ATTEMPT``.
-
-The advertised address defaults to the bind address when it names one interface; when bound
-to all interfaces (0.0.0.0), to the IP of the interface that routes to ``MASTER_ADDR``, else
-the hostname's address, else the default route's interface IP (never a loopback address),
-else the hostname (see :func:`exporter.export.discovery.advertise_host`).
-
-Test-only (never set in production; ``ddp-exporter doctor`` would report a skew that is not there):
-
-``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``: comma-separated ``KEY=VERSION`` (KEY one of ``python``,
-``torch``, ``cuda``, ``nccl``) that this rank's doctor reports instead of its real versions, so a
-test can inject version skew between ranks, e.g. ``torch=9.9.9``.
+Every variable of the exporter, what it accepts, its default and what it means are in one
+table, :data:`SETTINGS` (rendered as the settings reference page, docs/reference/settings.md);
+the variables it reads but does not own (OpenTelemetry's, the launchers') in :data:`OTHER_VARIABLES`.
 
 :func:`exporter.watch_init` reads the same settings. Under torchrun it checks in through the
 agent's store when ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun sets it), at
@@ -164,6 +84,7 @@ __all__ = [
     "OTEL_METRIC_EXPORT_INTERVAL",
     "OTEL_METRIC_EXPORT_TIMEOUT",
     "OTEL_SDK_DISABLED",
+    "OTHER_VARIABLES",
     "OnHang",
     "PEER_SERIES",
     "SETTINGS",
@@ -347,6 +268,8 @@ class Setting:
     keyword: str = ""
     #: How the default reads in messages when it is not a plain value (e.g. "the hostname").
     shown_default: str = ""
+    #: What the setting does, for people (the settings reference page is rendered from it).
+    meaning: str = ""
 
     @property
     def default_text(self) -> str:
@@ -555,47 +478,157 @@ SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
         Setting(PORT, "an int in 0..65535 (0: a free port)", DEFAULT_PORT, _parse_int,
-                _integer(0, 65535), "port"),
+                _integer(0, 65535), "port",
+                meaning="Base port of the metrics endpoint: each rank serves ``/metrics`` on "
+                "``port + LOCAL_RANK`` (19400 lies outside the 9100-9999 range Prometheus "
+                "exporters share). ``0`` picks a free port; ``Observer.port`` says which."),
         Setting(ADDR, "a bind address (an IP address or host name)", DEFAULT_ADDR, str.strip,
-                _bind, "addr"),
+                _bind, "addr",
+                meaning="Bind address of the metrics endpoint; ``127.0.0.1`` keeps it on the "
+                "node."),
         Setting(RUN, "a run name", None, str.strip, _same, "run",
-                "torchrun's run id, Slurm's job id or MASTER_ADDR:MASTER_PORT"),
+                "torchrun's run id, Slurm's job id or MASTER_ADDR:MASTER_PORT",
+                meaning="The ``run`` label, which keeps concurrent jobs apart. Unset: torchrun's "
+                "``TORCHELASTIC_RUN_ID`` (ignored when it is torchrun's placeholder ``none``), "
+                "then Slurm's ``SLURM_JOB_ID``, then ``MASTER_ADDR:MASTER_PORT`` (the same on "
+                "every rank of a job, distinct between concurrent jobs), then ``local``. An "
+                "explicit rendezvous id (``torchrun --rdzv-id``) thus wins over the Slurm job "
+                "id: pass ``--rdzv-id $SLURM_JOB_ID`` to get the same value either way. A "
+                "restarted or requeued job keeps its run; ``ddp_rank_info{attempt}`` tells the "
+                "attempts apart."),
         Setting(HEARTBEAT_S, "seconds >= 0 (0: off)", DEFAULT_HEARTBEAT_S, _parse_float,
-                _seconds(0, inclusive=True), "heartbeat_s"),
+                _seconds(0, inclusive=True), "heartbeat_s",
+                meaning="Seconds between a rank's c10d-store heartbeats: liveness (peer "
+                "heartbeat ages), the store round trip that names a slow link, the hang "
+                "watcher's reports and the init watch's check-in. ``0`` turns them off."),
         Setting(MONITOR_RANK, "a rank >= -1 (-1: none)", 0, _parse_int, _integer(-1),
-                "monitor_rank"),
-        Setting(PEER_SERIES, "an int >= 0", DEFAULT_PEER_SERIES, _parse_int, _integer(0), "peer_series"),
+                "monitor_rank",
+                meaning="The rank that reads every peer's heartbeat and publishes its age, "
+                "serves ``/sd`` (the job's targets for Prometheus) and watches for hangs. "
+                "``-1``: none."),
+        Setting(PEER_SERIES, "an int >= 0", DEFAULT_PEER_SERIES, _parse_int, _integer(0),
+                "peer_series",
+                meaning="Most peer-heartbeat (and init check-in) series the monitoring rank "
+                "publishes: every peer in jobs of up to this many ranks, beyond that only late "
+                "peers, oldest first. ``0``: none."),
         Setting(FLIGHT_RECORDER, "1 or 0 (true/false, yes/no, on/off)", True, _parse_switch,
-                bool, "flight_recorder", "1"),
+                bool, "flight_recorder", "1",
+                meaning="Read in-flight collective state from torch's Flight Recorder (every "
+                "collective of every process group). ``0``: the comm hook's own bookkeeping only "
+                "(DDP's gradient buckets)."),
         Setting(COMM_TIMING, "one of 'auto', 'reducer', 'hook'", "auto", _lower,
-                _one_of(("auto", "reducer", "hook")), "comm_timing"),
-        Setting(DUMP_DIR, "a folder path", DEFAULT_DUMP_DIR, str.strip, _path, "dump_dir"),
+                _one_of(("auto", "reducer", "hook")), "comm_timing",
+                meaning="How a DDP model's communication is timed. ``reducer``: DDP's own "
+                "reducer timers, its built-in allreduce untouched (CPU only). ``hook``: a timing "
+                "comm hook, per-bucket detail (the choice on CUDA). ``auto``: ``reducer`` where "
+                "it gives the same blame, else ``hook``. Without DDP every ``torch.distributed`` "
+                "collective is timed where it is called, whatever this says."),
+        Setting(DUMP_DIR, "a folder path", DEFAULT_DUMP_DIR, str.strip, _path, "dump_dir",
+                meaning="Folder for hang dumps, relative to each rank's working directory: one "
+                "subfolder per hang episode, one JSON and one text file per rank, folders 0700 "
+                "and files 0600. Checked at start: created, or one log line says where dumps "
+                "go instead."),
         Setting(ADVERTISE_ADDR, "a host name or IP address without port or scheme (the port "
                 "is the metrics port)", None, str.strip, _host, "",
-                "the address of the interface that reaches MASTER_ADDR"),
-        Setting(FILE_SD, "a folder path", None, str.strip, _path, "", "unset: no file_sd"),
+                "the address of the interface that reaches MASTER_ADDR",
+                meaning="Host or IP registered for discovery (``/sd``, file_sd): where "
+                "Prometheus scrapes this rank. Unset: the bind address when it names one "
+                "interface; when bound to every interface, the IP of the interface that routes "
+                "to ``MASTER_ADDR``, else the hostname's address, else the default route's "
+                "interface IP (never a loopback address), else the hostname."),
+        Setting(FILE_SD, "a folder path", None, str.strip, _path, "", "unset: no file_sd",
+                meaning="Folder where each rank writes its own file_sd target file "
+                "(atomically), for Prometheus' ``file_sd_configs``; removed at a clean exit, "
+                "kept when the rank dies."),
         Setting(JOB_DEADLINE, "a Unix time or a duration like 72h, 90m, 3600s or 1d12h", None,
-                _deadline(JOB_DEADLINE), _same, "", "none (SLURM_JOB_END_TIME, else no deadline)"),
+                _deadline(JOB_DEADLINE), _same, "", "none (SLURM_JOB_END_TIME, else no deadline)",
+                meaning="The job's wall-clock limit: a Unix time, or a duration from the job's "
+                "start (torchrun's start under torchrun, so restarted workers keep it; else the "
+                "rank's process start). With the steps to run (``instrument(total_steps=...)`` "
+                "or ``epochs``) the rules project whether the job finishes in time "
+                "(DDPJobWillMissDeadline). Wins over ``SLURM_JOB_END_TIME``."),
         Setting(SLURM_JOB_END_TIME, "a Unix time (seconds since 1970)", None,
-                _deadline(SLURM_JOB_END_TIME), _same, "", "none (no deadline)"),
+                _deadline(SLURM_JOB_END_TIME), _same, "", "none (no deadline)",
+                meaning="Set by Slurm 23.02 and later: the Unix time the job's ``--time`` limit "
+                "ends it. ``0`` or empty: no deadline."),
         Setting(FINAL_SCRAPE_S, "seconds >= 0 (0: no wait)", DEFAULT_FINAL_SCRAPE_S, _parse_float,
-                _seconds(0, inclusive=True)),
+                _seconds(0, inclusive=True),
+                meaning="Most seconds a rank that ends cleanly (or leaves on a hang action) "
+                "waits for its scrapers to read its final state, so that a finished job is not "
+                "taken for a dead one. ``0``: no wait."),
         Setting(ON_HANG, "'off' or 'abort'", "off", _lower, _one_of(("off", "abort")),
-                "on_hang"),
-        Setting(ABORT_AFTER_S, "seconds > 0", DEFAULT_ABORT_AFTER_S, _parse_float, _seconds(0, inclusive=False),
-                "abort_after"),
-        Setting(ABORT_EXIT_CODE, _EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, _parse_int, _integer(1, 255)),
-        Setting(ABORT_LIMIT, "an int >= 0 (0: never stop)", DEFAULT_ABORT_LIMIT, _parse_int, _integer(0),
-                "abort_limit"),
-        Setting(ABORT_PROGRESS_STEPS, "steps >= 1", DEFAULT_ABORT_PROGRESS_STEPS, _parse_int, _integer(1)),
-        Setting(GIVE_UP_EXIT_CODE, _EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE, _parse_int, _integer(1, 255)),
-        Setting(ATTEMPT, "a count of earlier attempts (0, 1, ...)", 0, _parse_attempt),
+                "on_hang",
+                meaning="What a hang does besides alerts and dumps. ``abort``: every rank of "
+                "the run exits with the abort exit code once the hang has lasted "
+                "``DDP_EXPORTER_ABORT_AFTER_S``, for the launcher to restart the job from its "
+                "last checkpoint."),
+        Setting(ABORT_AFTER_S, "seconds > 0", DEFAULT_ABORT_AFTER_S, _parse_float,
+                _seconds(0, inclusive=False), "abort_after",
+                meaning="Seconds a hang whose evidence is complete lasts before ``abort`` acts; "
+                "1.5x as long when it is not, at least twice the threshold that declared the "
+                "hang, at most half the process group's timeout."),
+        Setting(ABORT_EXIT_CODE, _EXIT_CODE, DEFAULT_ABORT_EXIT_CODE, _parse_int,
+                _integer(1, 255),
+                meaning="Exit code of every rank the hang action ends (EX_TEMPFAIL: try "
+                "again)."),
+        Setting(ABORT_LIMIT, "an int >= 0 (0: never stop)", DEFAULT_ABORT_LIMIT, _parse_int,
+                _integer(0), "abort_limit",
+                meaning="Aborts in a row without progress after which the hang action stops: "
+                "the last one exits with the give-up code, later hangs only alert and dump. "
+                "``0``: never stop."),
+        Setting(ABORT_PROGRESS_STEPS, "steps >= 1", DEFAULT_ABORT_PROGRESS_STEPS, _parse_int,
+                _integer(1),
+                meaning="Steps an attempt must get past the furthest step of the run's earlier "
+                "attempts to count as progress."),
+        Setting(GIVE_UP_EXIT_CODE, _EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE, _parse_int,
+                _integer(1, 255),
+                meaning="Exit code of the abort that reaches the limit: \"do not requeue\" "
+                "(EX_UNAVAILABLE). Must differ from the abort exit code."),
+        Setting(ATTEMPT, "a count of earlier attempts (0, 1, ...)", 0, _parse_attempt,
+                meaning="Attempts of the run before this job, for a script that resubmits a run "
+                "as a new job; added to torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``) "
+                "or Slurm's requeue count (``SLURM_RESTART_COUNT``) to make "
+                "``ddp_rank_info{attempt}``."),
         Setting(NODE, "a node name (letters, digits, '.', '_', '-'; up to 253)", None, str.strip,
-                _node, "", "the hostname"),
+                _node, "", "the hostname",
+                meaning="The ``node`` label: the machine this rank runs on, what the fleet "
+                "rules blame and a drain acts on. On Kubernetes, the node name (downward API "
+                "``spec.nodeName``; the generated manifests set it), not the pod's hostname."),
         Setting(DOCTOR_FAKE_VERSIONS, "comma-separated KEY=VERSION with KEY in "
-                + ", ".join(VERSION_KEYS), {}, _parse_fake_versions, _same, "", "none"),
+                + ", ".join(VERSION_KEYS), {}, _parse_fake_versions, _same, "", "none",
+                meaning="For tests only, never in production: versions this rank's ``ddp-exporter "
+                "doctor`` reports instead of its real ones, to inject version skew "
+                "(e.g. ``torch=9.9.9``)."),
     )
 }  # fmt: skip
+
+#: Variables the exporter reads but does not own, and what it reads them for.
+OTHER_VARIABLES: dict[str, str] = {
+    OTEL_ENDPOINT: "OpenTelemetry's endpoint: when set (or its metrics-only form), each rank "
+    "also pushes its series over OTLP/HTTP (extra ``otlp``).",
+    OTEL_METRICS_ENDPOINT: "OpenTelemetry's metrics-only endpoint; as above.",
+    OTEL_METRIC_EXPORT_INTERVAL: "Milliseconds between OTLP pushes (the SDK's own variable).",
+    OTEL_METRIC_EXPORT_TIMEOUT: "Milliseconds an OTLP push may take (the SDK's own variable).",
+    OTEL_SDK_DISABLED: "``true`` switches the OTLP push off.",
+    RANK: "Set by the launcher; the rank until the process group exists.",
+    LOCAL_RANK: "Set by the launcher; the endpoint's port is the base port plus it.",
+    WORLD_SIZE: "Set by the launcher; the world size until the process group exists.",
+    MASTER_ADDR: "Set by the launcher; the init watch and the doctor probe it, the advertised "
+    "address is the interface that routes to it.",
+    MASTER_PORT: "Set by the launcher; probed by the init watch and the doctor.",
+    TORCHELASTIC_RUN_ID: "Set by torchrun: the default ``run`` label.",
+    TORCHELASTIC_RESTART_COUNT: "Set by torchrun: the attempt of a restarted job.",
+    TORCHELASTIC_MAX_RESTARTS: "Set by torchrun: whether a hang action's abort can be "
+    "restarted.",
+    TORCHELASTIC_USE_AGENT_STORE: "Set by torchrun: the init watch checks in through its "
+    "agent's store.",
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE: "Read by torchrun's c10d rendezvous: ``1`` gives each "
+    "attempt a store of its own (the doctor's ``restart`` check reads it).",
+    SLURM_JOB_ID: "Set by Slurm: the ``run`` label when torchrun gives none.",
+    SLURM_RESTART_COUNT: "Set by Slurm: the attempt of a requeued job.",
+    GLOO_SOCKET_IFNAME: "Read by gloo: the doctor checks the interface exists and is reachable.",
+    NCCL_SOCKET_IFNAME: "Read by NCCL: the doctor checks the interface exists.",
+}
 
 
 # -- parsers -----------------------------------------------------------------------------------

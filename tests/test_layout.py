@@ -38,6 +38,8 @@ ROOMS = {
     "exporter.api": "api",
     "exporter.integrations": "integrations",
     "exporter.mixin": "mixin",
+    # python -m exporter.mixin: an alias of the front door, like python -m exporter.doctor.
+    "exporter.mixin.__main__": "tools",
     "exporter.tools": "tools",
     "exporter.doctor": "tools",
 }

@@ -13,6 +13,7 @@ from exporter.mixin import DEFAULT, FAST
 from exporter.mixin.__main__ import REPO_ROOT, apply_overrides, check, main
 from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
+from exporter.tools.cli import build_parser
 
 
 @pytest.mark.tool
@@ -29,7 +30,7 @@ def test_check_passes_on_the_committed_files() -> None:
 
 @pytest.mark.unit
 def test_check_fails_with_a_diff_when_a_file_is_stale(tmp_path: Path) -> None:
-    for rel in generated_files(DEFAULT):
+    for rel in generated_files(DEFAULT, build_parser()):
         dest = tmp_path / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / rel, dest)
@@ -45,7 +46,7 @@ def test_check_fails_with_a_diff_when_a_file_is_stale(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
     assert main(["generate", "--out", str(tmp_path)]) == 0
-    for rel, text in generated_files(DEFAULT).items():
+    for rel, text in generated_files(DEFAULT, build_parser()).items():
         assert (tmp_path / rel).read_text() == text
     assert (tmp_path / "docker-compose.yml").exists()
     assert (tmp_path / "docs/runbook.md").exists()
@@ -64,7 +65,7 @@ def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_headers_where_the_format_allows_comments() -> None:
-    for rel, text in generated_files(DEFAULT).items():
+    for rel, text in generated_files(DEFAULT, build_parser()).items():
         if rel.endswith((".yml", ".yaml")):
             assert text.startswith(f"# {GENERATED_BY}\n"), rel
         elif rel.endswith(".md"):

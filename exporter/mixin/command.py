@@ -28,7 +28,7 @@ from typing import Any
 
 from .config import DEFAULT, FAST, MixinConfig, load_config
 
-__all__ = ["REPO_ROOT", "add_parser", "apply_overrides", "check", "main", "run"]
+__all__ = ["REPO_ROOT", "add_parser", "apply_overrides", "check", "run"]
 
 #: Modules of the ``mixin`` extra, and what to install for them.
 MIXIN_MODULES: tuple[str, ...] = ("yaml", "grafanalib")
@@ -58,13 +58,20 @@ def _renderers() -> tuple[Any, Any]:
     return generated_files, write_files
 
 
-def check(root: Path | None = REPO_ROOT, cfg: MixinConfig = DEFAULT) -> list[str]:
-    """Regenerate into a temporary folder and return unified diffs against ``root`` (empty: ok)."""
+def check(
+    root: Path | None = REPO_ROOT,
+    cfg: MixinConfig = DEFAULT,
+    cli: argparse.ArgumentParser | None = None,
+) -> list[str]:
+    """Regenerate into a temporary folder and return unified diffs against ``root`` (empty: ok).
+
+    ``cli``: the ``ddp-exporter`` parser, whose reference page is then checked too.
+    """
     if root is None:
         raise ValueError("no checkout to compare with: give --root DIR")
     generated_files, write_files = _renderers()
     diffs = []
-    files = generated_files(cfg)
+    files = generated_files(cfg, cli)
     with tempfile.TemporaryDirectory(prefix="ddp-mixin-") as tmp:
         fresh_root = Path(tmp)
         write_files(fresh_root, files)
@@ -171,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     root = args.root or REPO_ROOT
     if root is None:
         parser.error("no checkout found to compare with: give --root DIR")
-    diffs = check(root, cfg)
+    diffs = check(root, cfg, _cli(args))
     if diffs:
         sys.stdout.writelines(diffs)
         print(
@@ -192,14 +199,12 @@ def _generate(args: argparse.Namespace, cfg: MixinConfig) -> int:
             "where your monitoring lives, e.g. --out ./monitoring"
         )
     generated_files, write_files = _renderers()
-    for path in write_files(out, generated_files(cfg)):
+    for path in write_files(out, generated_files(cfg, _cli(args))):
         print(path)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m exporter.mixin`` (the same as ``ddp-exporter mixin``)."""
-    parser = argparse.ArgumentParser(prog="python -m exporter.mixin", description=__doc__)
-    _actions(parser)
-    args = parser.parse_args(argv)
-    return args.tool(args)
+def _cli(args: argparse.Namespace) -> argparse.ArgumentParser | None:
+    """Return a fresh ``ddp-exporter`` parser, built by the front door that parsed ``args``."""
+    build = getattr(args, "build_parser", None)
+    return build() if build is not None else None

@@ -104,6 +104,7 @@ class MixinConfig:
     stall_min_seconds: float = DEFAULT_POLICY.stall_min_seconds
     #: In-flight age as a fraction of the collective timeout: warning and critical levels.
     timeout_warning_ratio: float = 0.5
+    #: ... (DDPCollectiveTimeoutImminent warns at the first, is critical at the second).
     timeout_critical_ratio: float = 0.8
     #: Peer heartbeat age (seen by the monitoring rank) after which a rank counts as down.
     heartbeat_stale_seconds: float = 60.0
@@ -115,20 +116,30 @@ class MixinConfig:
     #: before DDPInitStuck names it (or, when peers never checked in, names those peers).
     init_stuck_seconds: float = 300.0
 
-    # --- for durations -------------------------------------------------------------------------
+    # --- for durations: how long a condition must hold before its alert fires ----------------
+    #: DDPRankStraggler.
     straggler_for: str = "5m"
+    #: DDPInputBound.
     input_bound_for: str = "10m"
+    #: DDPCollectiveStalled.
     stalled_for: str = "1m"
+    #: DDPCollectiveTimeoutImminent.
     timeout_for: str = "15s"
+    #: DDPRankDown.
     rank_down_for: str = "1m"
+    #: DDPTrainingStalled.
     training_stalled_for: str = "5m"
+    #: DDPGPUMemoryNearLimit.
     gpu_memory_for: str = "5m"
+    #: DDPThroughputDrop.
     throughput_for: str = "10m"
+    #: DDPInitStuck.
     init_stuck_for: str = "1m"
 
     # --- evaluation and deployment -------------------------------------------------------------
-    #: Scrape and rule evaluation interval of the generated Prometheus config.
+    #: Scrape interval of the generated Prometheus config ...
     scrape_interval: str = "5s"
+    #: ... and its rule evaluation interval.
     evaluation_interval: str = "5s"
     #: Base URL of the generated runbook; each alert links to ``<base>#<anchor>``. The default
     #: is the runbook in the project's repository; point it at your own copy (the generator
@@ -173,7 +184,7 @@ class MixinConfig:
     #: Pod labels tried in order for a target's ``node_rank`` label (comma-separated).
     k8s_node_rank_labels: str = "ddp-exporter/node-rank,batch.kubernetes.io/job-completion-index"
 
-    # --- outside the training loop (issue 12) --------------------------------------------------
+    # --- outside the training loop: versions, sections, the job's deadline --------------------
     #: How long ranks of one run must disagree on a version before DDPVersionSkew fires (ranks
     #: of a restarting job briefly mix old and new processes).
     version_skew_for: str = "2m"
@@ -184,6 +195,7 @@ class MixinConfig:
     #: DDPJobWillMissDeadline fires when the projected finish is later than the job's deadline
     #: minus this many seconds (time to checkpoint and resubmit before the kill).
     job_deadline_margin_seconds: float = 1800.0
+    #: How long the projection must miss before DDPJobWillMissDeadline fires.
     job_deadline_for: str = "10m"
     #: How long a rank must report a variable it cannot use before DDPExporterMisconfigured.
     misconfigured_for: str = "1m"
@@ -195,6 +207,7 @@ class MixinConfig:
     #: ``fleet_runs`` distinct runs (within ``fleet_window``), each time with most of the run's
     #: other nodes not blamed.
     fleet_runs: int = 10
+    #: (see ``fleet_runs``)
     fleet_blamed_runs: int = 3
     #: Evaluation interval of the fleet group. Its records carry their state from one
     #: evaluation to the next (cheap at any fleet size) ...
@@ -202,6 +215,7 @@ class MixinConfig:
     #: ... over at most this gap: a Prometheus outage longer than this forgets the fleet's
     #: history (the rules count again from then on).
     fleet_carry: str = "30m"
+    #: How long a node must meet the definition before DDPSuspectNode fires.
     suspect_node_for: str = "15m"
 
     # --- past one Prometheus: shards under a global server (exporter.mixin.sharding) ---------

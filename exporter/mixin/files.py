@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from .alertmanager import render_alertmanager
+from .apiref import render_api
+from .cliref import render_cli
 from .config import CONFIG_FILE, DEFAULT, MixinConfig, config_json
 from .dashboards import render_dashboards
 from .kubernetes import render_kubernetes
+from .reference import PAGES, reference_pages
 from .rules import render_rules
 from .runbook import render_runbook
 from .sharding import render_sharded
@@ -16,12 +20,24 @@ from .stack import render_stack
 __all__ = ["generated_files", "write_files"]
 
 
-def generated_files(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
-    """Return ``{repo-relative path: text}`` of everything the generator writes."""
+def generated_files(
+    cfg: MixinConfig = DEFAULT, cli: argparse.ArgumentParser | None = None
+) -> dict[str, str]:
+    """Return ``{repo-relative path: text}`` of everything the generator writes.
+
+    ``cli`` is the ``ddp-exporter`` parser (the front door, :mod:`exporter.tools.cli`, builds it
+    and hands it down: the tools sit above this module), whose reference page is written from
+    it; without it that page is left out. The other reference pages document the code and the
+    default configuration, whatever ``cfg`` is.
+    """
     out = {f"dashboards/grafana/{name}": text for name, text in render_dashboards(cfg).items()}
     out["dashboards/prometheus/rules.yml"] = render_rules(cfg)
     out["dashboards/alertmanager/alertmanager.yml"] = render_alertmanager(cfg)
     out["docs/runbook.md"] = render_runbook(cfg)
+    out.update(reference_pages())
+    out[f"{PAGES}/api.md"] = render_api()
+    if cli is not None:
+        out[f"{PAGES}/cli.md"] = render_cli(cli)
     out.update(render_stack(cfg))
     out.update(render_kubernetes(cfg))
     out.update(render_sharded(cfg))

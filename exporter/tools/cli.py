@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for tool in TOOLS:
         tool.add_parser(sub)
+    # The generator documents this very parser (docs/reference/cli.md) but sits below the tools
+    # in the import order: it is handed the builder instead of importing it.
+    p.set_defaults(build_parser=build_parser)
     return p
 
 

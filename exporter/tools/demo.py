@@ -102,10 +102,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        description="Run a small instrumented DDP training on gloo under torchrun "
                        "with a live per-rank table, optionally a fault, and (when installed) "
                        "Prometheus and Alertmanager printing the alerts as they arrive.")  # fmt: skip
-    d.add_argument("--ranks", type=int, default=3)
-    d.add_argument("--fault", choices=FAULTS, default="none")
-    d.add_argument("--fault-rank", type=int, default=1)
-    d.add_argument("--fault-after", type=float, default=10.0)
+    d.add_argument("--ranks", type=int, default=3, help="training processes (ranks)")
+    d.add_argument("--fault", choices=FAULTS, default="none", help="the fault to inject")
+    d.add_argument("--fault-rank", type=int, default=1, help="the rank the fault hits")
+    d.add_argument("--fault-after", type=float, default=10.0,
+                   help="seconds of healthy training before the fault")  # fmt: skip
     d.add_argument("--duration", type=float, default=60.0, help="seconds (0: until Ctrl-C)")
     d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
     d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
@@ -120,7 +121,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="also run Prometheus + Alertmanager (default: when installed; needs the mixin "
         "extra)",
     )
-    g.add_argument("--no-stack", dest="stack", action="store_false")
+    g.add_argument("--no-stack", dest="stack", action="store_false",
+                   help="never start Prometheus and Alertmanager")  # fmt: skip
     d.set_defaults(tool=run, parser=d)
     return d
 
