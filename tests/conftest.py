@@ -20,8 +20,9 @@ if "DDP_EXPORTER_DUMP_DIR" not in os.environ:
 # Nothing a test starts may outlive the session: these hooks tag and then check every process.
 from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: E402, F401
 
-# Every test carries exactly one tier marker (unit, tool, job, stack, lab): registered and checked.
-from tiers import pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+# Every test carries exactly one tier marker (unit, tool, job, stack, lab): registered and
+# checked; the workers of a parallel run share the machine by tests/scheduling.py's rules.
+pytest_plugins = ["tiers", "scheduling"]
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -57,3 +57,74 @@ def test_a_module_mark_is_the_tier_of_each_of_its_tests(pytester: pytest.Pyteste
     )
     result = pytester.runpytest_inprocess("--strict-markers", "-m", "tool")
     result.assert_outcomes(passed=1)
+
+
+def test_the_costliest_tests_come_first_and_solo_tests_after_the_jobs(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
+    pytester.makepyfile(
+        test_a_units="import pytest\npytestmark = pytest.mark.unit\ndef test_u():\n    pass\n",
+        test_b_mixed=(
+            "import pytest\n"
+            "@pytest.mark.unit\ndef test_cheap():\n    pass\n"
+            "@pytest.mark.stack\ndef test_drill():\n    pass\n"
+            "@pytest.mark.stack\n@pytest.mark.solo\ndef test_healthy():\n    pass\n"
+        ),
+        test_c_jobs="import pytest\npytestmark = pytest.mark.job\ndef test_j():\n    pass\n",
+        test_d_lab="import pytest\npytestmark = pytest.mark.lab\ndef test_l():\n    pass\n",
+    )
+    result = pytester.runpytest_inprocess("--strict-markers", "--collect-only", "-q")
+    order = [line for line in result.outlines if "::" in line]
+    assert order == [
+        "test_d_lab.py::test_l",
+        "test_b_mixed.py::test_cheap",  # its module goes where its costliest test puts it
+        "test_b_mixed.py::test_drill",
+        "test_c_jobs.py::test_j",
+        "test_b_mixed.py::test_healthy",
+        "test_a_units.py::test_u",
+    ]
+
+
+def test_a_waiting_solo_test_keeps_new_shared_holders_out(tmp_path) -> None:
+    import fcntl
+    import threading
+
+    from harness import wait_for
+    from scheduling import turn
+
+    entered: list[str] = []
+    release = {name: threading.Event() for name in "ASB"}
+
+    def hold(name: str, exclusive: bool) -> None:
+        with turn(tmp_path, exclusive):
+            entered.append(name)
+            release[name].wait(30)
+
+    def turnstile_taken() -> bool:
+        with open(tmp_path / "turnstile", "a") as gate:
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            return False
+
+    threads = {
+        "A": threading.Thread(target=hold, args=("A", False)),
+        "S": threading.Thread(target=hold, args=("S", True)),
+        "B": threading.Thread(target=hold, args=("B", False)),
+    }
+    threads["A"].start()
+    wait_for(lambda: entered == ["A"], 10, "the first shared holder in")
+    threads["S"].start()
+    wait_for(turnstile_taken, 10, "the solo test waiting at the turnstile")
+    threads["B"].start()
+    release["A"].set()
+    wait_for(lambda: "S" in entered, 10, "the solo test in once the room is empty")
+    assert entered == ["A", "S"]  # B came after S began to wait: it waits for S
+    release["S"].set()
+    wait_for(lambda: entered == ["A", "S", "B"], 10, "the later shared holder in after")
+    release["B"].set()
+    for t in threads.values():
+        t.join(10)

@@ -1,0 +1,134 @@
+"""Share one machine between the suite's workers: costliest tests first, groups, solo tests.
+
+A pytest plugin (loaded by tests/conftest.py after :mod:`tiers`). Most of the suite's time is
+spent waiting on alert windows and on training steps that sleep, so it runs on several
+pytest-xdist workers (``--dist loadgroup``, see pyproject.toml). Three rules keep that both
+fast and honest:
+
+- **Costliest first.** The collection is ordered by tier (lab, stack, job, tool, unit), a
+  module where its costliest test puts it, its tests kept together so that a module-scoped
+  fixture is set up once: the long drills start at once and the short tests fill in behind
+  them, instead of one long drill starting last and running alone at the end.
+- **Groups.** The lab's tests run one after another on one worker (they share the root
+  namespace's bridge); a test that needs a fixed resource (the default ports) names a group of
+  its own with ``pytest.mark.xdist_group``.
+- **Solo tests.** A test marked ``solo`` asserts something about timing on a healthy job (no
+  alert even pending over minutes; a link's bandwidth) that another job's CPU load on the same
+  cores would falsify: it runs while no other ``job``, ``stack`` or ``lab`` test runs. Every such
+  test holds a shared lock while it runs and a solo test the exclusive one (``flock`` on files
+  in a folder the controller makes for the run); a solo test waiting keeps new shared holders
+  out, so it waits only for the tests already running. Solo tests are ordered after the other
+  costly tests, where the workers that wait for them have only in-process tests left to run.
+
+Without xdist (``-n 0``) every test runs alone anyway and nothing is locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tiers import TIERS, tier_of
+
+__all__ = [
+    "LOCKS",
+    "ORDER",
+    "SERIAL",
+    "SHARING",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_runtest_protocol",
+    "pytest_unconfigure",
+    "turn",
+]
+
+#: The order the tiers run in: costliest first.
+ORDER = ("lab", "stack", "job", "tool", "unit")
+assert set(ORDER) == set(TIERS)
+
+#: Tiers whose tests run one after another on one worker (``--dist loadgroup``).
+SERIAL = ("lab",)
+
+#: Tiers whose tests share the machine with each other but never with a solo test.
+SHARING = ("lab", "stack", "job")
+
+#: The variable naming the run's lock folder; the controller sets it before it starts workers.
+LOCKS = "DDP_EXPORTER_TEST_LOCKS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register ``solo``; on the controller of a parallel run, make the run's lock folder."""
+    config.addinivalue_line(
+        "markers", "solo: runs while no other job, stack or lab test runs (tests/scheduling.py)"
+    )
+    config.addinivalue_line("markers", "xdist_group(name): run on the worker of this group")
+    workers = getattr(config.option, "numprocesses", None)
+    if not hasattr(config, "workerinput") and workers:
+        os.environ[LOCKS] = tempfile.mkdtemp(prefix="ddp-exporter-test-locks-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's lock folder (the controller's; workers have ended by now)."""
+    if not hasattr(config, "workerinput") and os.environ.get(LOCKS):
+        shutil.rmtree(os.environ.pop(LOCKS), ignore_errors=True)
+
+
+def _solo(item: pytest.Item) -> bool:
+    return item.get_closest_marker("solo") is not None
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Group the serial tiers' tests; order every test costliest first, solo tests after."""
+    cost: dict[str, float] = {}
+    for item in items:
+        if tier_of(item) in SERIAL and not _solo(item):
+            item.add_marker(pytest.mark.xdist_group(tier_of(item)))
+        module = item.nodeid.split("::")[0]
+        cost[module] = min(cost.get(module, len(ORDER)), ORDER.index(tier_of(item)))
+
+    def key(item: pytest.Item) -> float:
+        # After the last sharing tier, before the tools: see the module docstring.
+        return ORDER.index("job") + 0.5 if _solo(item) else cost[item.nodeid.split("::")[0]]
+
+    # A stable sort: every xdist worker computes the same order, as it must.
+    items.sort(key=key)
+
+
+@contextlib.contextmanager
+def turn(folder: Path, exclusive: bool) -> Iterator[None]:
+    """Hold the run's lock, shared or exclusive, until the block ends; a writer waits first.
+
+    Two locks: whoever wants the room passes the turnstile first. A solo test keeps the
+    turnstile while it waits for the room, so no new shared holder gets in meanwhile.
+    """
+    with open(folder / "turnstile", "a") as gate, open(folder / "room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Run a costly test under the shared lock, a solo test under the exclusive one."""
+    folder = os.environ.get(LOCKS)
+    if not folder or not hasattr(item.config, "workerinput"):
+        return (yield)
+    solo = _solo(item)
+    if not solo and tier_of(item) not in SHARING:
+        return (yield)
+    with turn(Path(folder), exclusive=solo):
+        return (yield)
