@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-after", type=float, default=10.0)
+    p.add_argument("--hang-after", type=float, default=0.0,
+                   help="then --fault-rank hangs after this many seconds (0: never): a straggler "
+                   "that later stops entering collectives")  # fmt: skip
     p.add_argument("--step-time", type=float, default=0.05, help="emulated compute per step, s")
     p.add_argument("--straggle", type=float, default=0.15, help="extra compute of a straggler, s")
     p.add_argument("--data-delay", type=float, default=0.05, help="per-sample delay of slow-data")
@@ -231,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif args.fault == "hang":
                     _load_batch_that_never_returns()
+            if args.hang_after and rank == args.fault_rank and elapsed >= args.hang_after:
+                say(f"rank {rank}: injecting fault hang")
+                _load_batch_that_never_returns()
             try:
                 x, y = x.to(device), y.to(device)
                 loss = torch.nn.functional.mse_loss(model(x), y)
