@@ -13,8 +13,8 @@ Usage::
         save_checkpoint()
 
 The names above are loaded on first use, so the offline parts of the package (``python -m
-exporter.mixin``, ``ddp-exporter top`` and ``hangs``) import no torch. See README's Development
-section for the layout: settings and catalog, sources, export and hangs, observer, API, tools.
+exporter.mixin``, ``ddp-exporter top`` and ``hangs``) import no torch. See docs/development.md
+for the layout: settings and catalog, sources, export and hangs, observer, API, tools.
 """
 
 from __future__ import annotations

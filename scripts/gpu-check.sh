@@ -8,7 +8,7 @@
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default: gpu-report/
 #
 # Uses the python3 (and its CUDA torch) already there; installs nothing from the network. Pure-
-# Python dependencies missing there can be carried as wheels in .whl/ (README, "GPU proof").
+# Python dependencies missing there can be carried as wheels in .whl/ (docs/how-it-works/compatibility.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report}

@@ -40,7 +40,7 @@ def misconfigured_alert(cfg: MixinConfig = DEFAULT) -> Alert:
         "and the default used. Query `ddp_exporter_invalid_setting_info` for the ranks that "
         "report it.",
         "Fix the variable in the job's launch script, Slurm batch file or pod spec (the log "
-        "line says what it accepts; the settings table of the README lists every variable), "
+        "line says what it accepts; the settings reference, docs/reference/settings.md, lists every variable), "
         "then restart the job from its next checkpoint. Nothing is lost meanwhile but what the "
         "default does differently.",
     )

@@ -1,6 +1,6 @@
 """Split the monitoring over Prometheus shards under one global server.
 
-At fleet scale one Prometheus cannot hold every rank (docs: README's capacity plan). The
+At fleet scale one Prometheus cannot hold every rank (docs/performance.md: the capacity plan). The
 per-run rules need every rank of a run on one server, the fleet rules need every run's
 accusations on one server. So:
 

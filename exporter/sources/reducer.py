@@ -22,7 +22,7 @@ CPU only. On CUDA the reducer's timer synchronises the host with each recorded e
 logger converts them (``CudaTimer::measureDifference`` calls ``cudaEventSynchronize``); with the
 sample rate at 1 that would be one added host-device synchronisation per iteration, so CUDA
 models keep the hook, whose CUDA events are resolved off the training thread
-(``benchmarks/README.md``, "Timing communication without a hook (CPU) and on a GPU").
+(docs/how-it-works/timing.md).
 """
 
 from __future__ import annotations
