@@ -480,8 +480,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(PORT, "an int in 0..65535 (0: a free port)", DEFAULT_PORT, _parse_int,
                 _integer(0, 65535), "port",
                 meaning="Base port of the metrics endpoint: each rank serves ``/metrics`` on "
-                "``port + LOCAL_RANK`` (19400 lies outside the 9100-9999 range Prometheus "
-                "exporters share). ``0`` picks a free port; ``Observer.port`` says which."),
+                "``port + LOCAL_RANK`` (the default lies outside the 9100-9999 range that "
+                "Prometheus exporters share). ``0`` picks a free port; ``Observer.port`` says which."),
         Setting(ADDR, "a bind address (an IP address or host name)", DEFAULT_ADDR, str.strip,
                 _bind, "addr",
                 meaning="Bind address of the metrics endpoint; ``127.0.0.1`` keeps it on the "
