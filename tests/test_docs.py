@@ -201,3 +201,35 @@ def test_site_builds_strict(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert (tmp_path / "site" / "reference" / "metrics" / "index.html").is_file()
+
+
+def _defaults() -> list[tuple[str, str]]:
+    """Return ``(regex, the value it must capture)`` for defaults the guides restate."""
+    from exporter import settings as s
+    from exporter.mixin.config import duration_seconds
+
+    days = duration_seconds(DEFAULT.fleet_window) // 86400
+    return [
+        (r"base port \(?(\d+)", str(s.DEFAULT_PORT)),
+        (r"`(\d+) \+ LOCAL_RANK`", str(s.DEFAULT_PORT)),
+        (r"DDP_EXPORTER_ABORT_AFTER_S`, (\d+) s", f"{s.DEFAULT_ABORT_AFTER_S:g}"),
+        (r"with code \*\*(\d+)\*\*", str(s.DEFAULT_ABORT_EXIT_CODE)),
+        (r"exits with \*\*(\d+)\*\*", str(s.DEFAULT_GIVE_UP_EXIT_CODE)),
+        (r"(\d+ of \d+ within \d+) days", f"{DEFAULT.fleet_blamed_runs} of {DEFAULT.fleet_runs} "
+         f"within {days}"),  # fmt: skip
+        (r"`job_deadline_margin_seconds`, (\d+) minutes",
+         f"{DEFAULT.job_deadline_margin_seconds / 60:g}"),  # fmt: skip
+    ]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("pattern, value", _defaults(), ids=lambda v: str(v)[:24])
+def test_restated_defaults_agree_with_the_code(pattern, value):
+    found = [
+        (path, m.group(1))
+        for path, text in _handwritten().items()
+        for m in re.finditer(pattern, text)
+    ]
+    assert found, f"no page restates {pattern!r} any more: drop it from this test"
+    wrong = [f"{path}: {got}" for path, got in found if got != value]
+    assert not wrong, f"pages say {wrong}, the code says {value}"
