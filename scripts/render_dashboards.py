@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,8 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
                 data["started"] = started
                 return data
         finally:
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
             for proc in procs:
                 stop_tree(proc, grace=5)
 
