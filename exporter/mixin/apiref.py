@@ -39,7 +39,7 @@ def _tree(rel: str) -> tuple[ast.Module, list[str]]:
     text = (PACKAGE / rel).read_text(encoding="utf-8")
     tree = ast.parse(text)
     _CONSTANTS.clear()
-    _CONSTANTS.update(_constants(tree))
+    _CONSTANTS.update(_constants(tree, rel))
     return tree, text.splitlines()
 
 
@@ -76,7 +76,8 @@ def _find(tree: ast.Module, name: str) -> ast.AST:
 _CONSTANTS: dict[str, str] = {}
 
 
-def _constants(tree: ast.Module) -> dict[str, str]:
+def _constants(tree: ast.Module, rel: str) -> dict[str, str]:
+    """Return the literal module-level constants of ``tree`` and those it imports from siblings."""
     out = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
@@ -85,6 +86,11 @@ def _constants(tree: ast.Module) -> dict[str, str]:
             except ValueError:
                 continue
             out[node.targets[0].id] = ast.unparse(node.value)
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            sibling = Path(rel).parent / f"{node.module.replace('.', '/')}.py"
+            if (PACKAGE / sibling).is_file():
+                found = _constants(ast.parse((PACKAGE / sibling).read_text("utf-8")), str(sibling))
+                out.update({a.name: found[a.name] for a in node.names if a.name in found})
     return out
 
 
