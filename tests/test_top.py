@@ -301,3 +301,26 @@ def test_the_same_run_name_in_two_clusters_is_never_merged(tmp_path):
                                  timeout=60, cwd=REPO)  # fmt: skip
             assert res.returncode == 0, res.stderr
             assert sorted(line.split()[0] for line in res.stdout.splitlines()[1:]) == ["0", "1"]
+
+
+@pytest.mark.job
+@pytest.mark.solo  # the healthy ranks' compute is judged too: no other job's load on the cores
+def test_once_names_a_straggler_that_began_after_the_job(tmp_path):
+    """``top --once`` judges the intervals the streaming view judges, not averages since start.
+
+    Rank 2 trains healthy for 8 s (about 160 steps), then straggles: its compute averaged
+    since its start is still close to the others', but every interval after the onset shows it.
+    """
+    args = ["--fault", "straggler", "--fault-rank", "2", "--fault-after", "8", "--straggle",
+            "0.15", "--step-time", "0.05", "--port", "0", "--addr", "127.0.0.1"]  # fmt: skip
+    with Job(3, args, env={"DDP_EXPORTER_RUN": "top-once", "OMP_NUM_THREADS": "1"}) as job:
+        urls = job.wait_urls()
+        wait_for(lambda: job.seen("injecting fault straggler"), 60, "the straggler's onset")
+        targets = ",".join(urls[r].split("//")[1].split("/")[0] for r in sorted(urls))
+        cli = [sys.executable, "-m", "exporter.tools.cli", "top", "--targets", targets, "--once",
+               "--refresh", "2"]  # fmt: skip
+        res = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()[1:] if line.strip()}
+    assert "straggler: compute" in rows["2"], res.stdout
+    assert "straggler" not in rows["0"] + rows["1"], res.stdout  # nobody else accused

@@ -566,7 +566,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    f"alerts', {DEFAULT.rate_window} or the config's)")  # fmt: skip
     t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
     t.add_argument("--once", action="store_true",
-                   help="read twice, --refresh apart, print one table and exit")  # fmt: skip
+                   help="judge two intervals, --refresh apart, print one table and exit")  # fmt: skip
     t.set_defaults(tool=run, parser=t)
     return t
 
@@ -600,7 +600,14 @@ def run(args: argparse.Namespace) -> int:
             args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
         )
 
+    # A verdict needs a suspicion in two consecutive judged reads, like an alert's "for". A
+    # rank's endpoint gives counters since its start: its first read only sets the baseline of
+    # the intervals that follow (judged alone, a straggler that began mid-run would be
+    # averaged away). Prometheus gives each read its own rate window. So --once judges what the
+    # streaming view judges by its third read from endpoints, by its second from Prometheus.
+    reads_before_once = 2 if targets else 1
     previous: dict[str, RankRow] | None = None
+    reads = 0
     try:
         while True:
             try:
@@ -608,9 +615,8 @@ def run(args: argparse.Namespace) -> int:
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1
-            first, previous = previous is None, {r.target: r for r in rows}
-            if first and args.once:
-                # A verdict needs two reads (like an alert's "for"): take the second one.
+            previous, reads = {r.target: r for r in rows}, reads + 1
+            if args.once and reads <= reads_before_once:
                 time.sleep(args.refresh)
                 continue
             tty = sys.stdout.isatty()
