@@ -40,7 +40,7 @@ from typing import Any
 from exporter.mixin.config import FAST
 from exporter.mixin.dashboards import render_dashboards
 from exporter.tools.localstack import LocalStack, free_port
-from exporter.tools.reaper import become_subreaper, raise_on_signals, stop_tree
+from exporter.tools.reaper import Interrupted, become_subreaper, raise_on_signals, stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
 #: The dashboards in the order the docs show them.
@@ -395,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             data = drill(args)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print("render: interrupted; every process it started is stopped", file=sys.stderr)
-            return 130
+            return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
     if args.save:
         args.save.write_text(json.dumps(data))
     args.out.mkdir(parents=True, exist_ok=True)
