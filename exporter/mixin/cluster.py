@@ -2,20 +2,24 @@
 
 A Slurm job id or a run name can repeat across clusters. The monitoring-mixin convention
 (kubernetes-mixin's ``clusterLabel``) is to carry a cluster label through every aggregation and
-vector match: :func:`scoped` adds :attr:`MixinConfig.cluster_label` to every ``by (...)`` and
-``on (...)`` clause of an expression. The rules are written once, per run; where the cluster
-label is absent (one Prometheus per cluster, the label only an external label added on
-federation or remote write) an empty label groups exactly as before, and where a global
-server holds several clusters' series the same run name stays two runs.
+vector match: every ``by (...)`` and ``on (...)`` clause the generator writes comes from
+:class:`Clauses`, which puts :attr:`MixinConfig.cluster_label` first. The rules are written
+once, per run; where the cluster label is absent (one Prometheus per cluster, the label only an
+external label added on federation or remote write) an empty label groups exactly as before,
+and where a global server holds several clusters' series the same run name stays two runs.
+
+:func:`scoped` adds the label to a query written by hand elsewhere (the tools' queries); the
+tests use it to check that no generated clause lacks it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .config import MixinConfig
 
-__all__ = ["aggregations", "cluster_matcher", "scoped"]
+__all__ = ["Clauses", "aggregations", "clauses", "cluster_matcher", "scoped"]
 
 # ``by (a, b)`` or ``on (a, b)``; ``\b`` keeps ``..._on (`` of a metric name out (``_`` is a
 # word character). ``without`` and ``ignoring`` keep every other label, the cluster's too.
@@ -25,6 +29,33 @@ _AGGREGATION = re.compile(
     r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile|limitk|"
     r"limit_ratio)\b *(by|without)? *(\(([^()]*)\))? *\("
 )
+
+
+@dataclass(frozen=True)
+class Clauses:
+    """Write the ``by`` and ``on`` clauses of one configuration, the cluster label first."""
+
+    #: The cluster label (:attr:`MixinConfig.cluster_label`); empty: none.
+    label: str
+
+    def labels(self, labels: str) -> str:
+        """Return ``labels`` (comma-separated, may be empty) with the cluster label first."""
+        if not self.label:
+            return labels
+        return ", ".join([self.label, labels]) if labels else self.label
+
+    def by(self, labels: str) -> str:
+        """Return ``by (cluster, labels)``."""
+        return f"by ({self.labels(labels)})"
+
+    def on(self, labels: str = "") -> str:
+        """Return ``on (cluster, labels)``: a match never pairs series of two clusters."""
+        return f"on ({self.labels(labels)})"
+
+
+def clauses(cfg: MixinConfig) -> Clauses:
+    """Return the clause writer of ``cfg``."""
+    return Clauses(cfg.cluster_label)
 
 
 def _labels(text: str) -> list[str]:
