@@ -38,6 +38,7 @@ from typing import Any
 
 from .. import catalog
 from .alert import Alert, selector
+from .cluster import clauses
 from .config import MixinConfig, duration_seconds
 
 __all__ = [
@@ -99,7 +100,7 @@ def _accusations(cfg: MixinConfig) -> str:
     )
     down = f'ALERTS{{alertname="DDPRankDown", {firing}}}'
     return (
-        "max by (run, rank, cause) (\n"
+        f"max {clauses(cfg).by('run, rank, cause')} (\n"
         f"  {straggler}\n  or\n"
         f'  label_replace({behind}, "cause", "hang", "", "")\n  or\n'
         f'  label_replace({aborted}, "cause", "abort", "", "")\n  or\n'
@@ -109,11 +110,12 @@ def _accusations(cfg: MixinConfig) -> str:
 
 def _node_of_rank(cfg: MixinConfig) -> str:
     """Return a (run, rank, node) vector: each rank's node, also for a rank gone lately."""
+    c = clauses(cfg)
     info = selector(cfg, catalog.RANK_INFO.name)
     # One node per rank even when a restarted attempt moved it (topk keeps one).
     return (
-        "topk by (run, rank) (1,\n"
-        f"  max by (run, rank, node) (last_over_time({info}[{cfg.baseline_window}]))\n)"
+        f"topk {c.by('run, rank')} (1,\n"
+        f"  max {c.by('run, rank, node')} (last_over_time({info}[{cfg.baseline_window}]))\n)"
     )
 
 
@@ -128,27 +130,28 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
     Rules run in order within a group: each reads the records above it as of this evaluation
     and its own (and the live pairs') as of the previous one.
     """
-    f = fleet_recorded(cfg)
+    f, c = fleet_recorded(cfg), clauses(cfg)
     info = selector(cfg, catalog.RANK_INFO.name)
     nl = "\n"
-    pairs = f"max by (node, run) ({info})"
+    node, node_run, run = c.on("node"), c.on("node, run"), c.on("run")
+    pairs = f"max {c.by('node, run')} ({info})"
     new_runs = (
-        f"count by (node) ({nl}  {pairs}{nl}  unless on (node, run){nl}  {_last(f.live, cfg)}{nl})"
+        f"count {c.by('node')} ({nl}  {pairs}{nl}  unless {node_run}{nl}  {_last(f.live, cfg)}{nl})"
     )
     prev_total = _last(f.runs_total, cfg)
     blamed_now = (
-        f"max by (node, run, cause) ({nl}{_accusations(cfg)} * 0{nl}"
-        f"+ on (run, rank) group_left (node){nl}({_node_of_rank(cfg)} * 0){nl}) + time()"
+        f"max {c.by('node, run, cause')} ({nl}{_accusations(cfg)} * 0{nl}"
+        f"+ {c.on('run, rank')} group_left (node){nl}({_node_of_rank(cfg)} * 0){nl}) + time()"
     )
-    blamed_pairs = f"max by (node, run) ({f.blamed})"
+    blamed_pairs = f"max {c.by('node, run')} ({f.blamed})"
     # A run's nodes, also ranks gone lately (a rank down still counts among its run's nodes).
     run_nodes = (
-        f"count by (run) ({nl}  max by (node, run) "
+        f"count {c.by('run')} ({nl}  max {c.by('node, run')} "
         f"(last_over_time({info}[{cfg.baseline_window}])){nl})"
     )
     alone_now = (
-        f"{blamed_pairs}{nl}and on (run){nl}"
-        f"(count by (run) ({blamed_pairs}) * 2{nl}<= on (run){nl}{run_nodes})"
+        f"{blamed_pairs}{nl}and {run}{nl}"
+        f"(count {c.by('run')} ({blamed_pairs}) * 2{nl}<= {run}{nl}{run_nodes})"
     )
     window = duration_seconds(cfg.fleet_window)
     total, n = f.runs_total, int(cfg.fleet_runs)
@@ -158,7 +161,7 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
             # evaluation (read before this evaluation's live pairs are written below).
             "record": total,
             "expr": (
-                f"{prev_total}{nl}+ on (node){nl}({new_runs}{nl}or{nl}{prev_total} * 0){nl}"
+                f"{prev_total}{nl}+ {node}{nl}({new_runs}{nl}or{nl}{prev_total} * 0){nl}"
                 f"or{nl}{new_runs}"
             ),
         },
@@ -173,8 +176,8 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
             # runs (its last N runs are those above runs_total - N).
             "record": f.blamed_index,
             "expr": (
-                f"({_last(f.blamed_index, cfg)} and on (node, run) {blamed_pairs}){nl}or{nl}"
-                f"({blamed_pairs} * 0{nl}+ on (node) group_left (){nl}{total})"
+                f"({_last(f.blamed_index, cfg)} and {node_run} {blamed_pairs}){nl}or{nl}"
+                f"({blamed_pairs} * 0{nl}+ {node} group_left (){nl}{total})"
             ),
         },
         {
@@ -183,7 +186,7 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
             "record": f.blamed_alone,
             "expr": (
                 f"{alone_now}{nl}or{nl}({nl}  {_last(f.blamed_alone, cfg)}{nl}"
-                f"  and on (node, run){nl}  {blamed_pairs}{nl}  unless on (run){nl}"
+                f"  and {node_run}{nl}  {blamed_pairs}{nl}  unless {run}{nl}"
                 f"  {run_nodes}{nl})"
             ),
         },
@@ -193,18 +196,18 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
             "record": f.runs_seen,
             "expr": f"({total} - {total} offset {cfg.fleet_window}) >= 0{nl}or{nl}{total}",
         },
-        {"record": f.runs_blamed, "expr": f"count by (node) ({f.blamed_alone})"},
+        {"record": f.runs_blamed, "expr": f"count {c.by('node')} ({f.blamed_alone})"},
         {
             "record": f.recent_blamed,
             "expr": (
-                f"count by (node) ({nl}  ({f.blamed_index} and on (node, run) "
-                f"{f.blamed_alone}){nl}  > on (node) group_left (){nl}  ({total} - {n}){nl})"
+                f"count {c.by('node')} ({nl}  ({f.blamed_index} and {node_run} "
+                f"{f.blamed_alone}){nl}  > {node} group_left (){nl}  ({total} - {n}){nl})"
             ),
         },
         {
             "record": f.cause_runs,
             "expr": (
-                f"count by (node, cause) ({nl}  {f.blamed}{nl}  and on (node, run){nl}"
+                f"count {c.by('node, cause')} ({nl}  {f.blamed}{nl}  and {node_run}{nl}"
                 f"  {f.blamed_alone}{nl})"
             ),
         },

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from .config import DEFAULT, MixinConfig
 from .render import header
 from .rules import ALERT_NAMES, Alert, every_alert
@@ -82,9 +84,13 @@ def _section(group: list[Alert]) -> str:
 
 
 def render_runbook(cfg: MixinConfig = DEFAULT) -> str:
-    """Return docs/runbook.md text; each alert's section anchor is its lower-cased name."""
+    """Return docs/runbook.md text; each alert's section anchor is its lower-cased name.
+
+    Each expression is shown as a person reads it: without the cluster label, which every
+    clause of the rule file carries and which one Prometheus per cluster never sees.
+    """
     by_name: dict[str, list[Alert]] = {}
-    for a in every_alert(cfg):
+    for a in every_alert(dataclasses.replace(cfg, cluster_label="")):
         by_name.setdefault(a.name, []).append(a)
     toc = "\n".join(f"- [{n}](#{n.lower()})" for n in ALERT_NAMES)
     body = "\n".join(_section(by_name[n]) for n in ALERT_NAMES)

@@ -7,9 +7,10 @@ run and variable, counting the ranks that report it.
 
 from __future__ import annotations
 
-from .. import catalog
-from .alert import Alert, selector
-from .config import DEFAULT, MixinConfig
+from ... import catalog
+from ..alert import Alert, selector
+from ..cluster import clauses
+from ..config import DEFAULT, MixinConfig
 
 __all__ = ["misconfigured_alert"]
 
@@ -20,7 +21,7 @@ def misconfigured_alert(cfg: MixinConfig = DEFAULT) -> Alert:
     return Alert(
         "DDPExporterMisconfigured",
         "warning",
-        f"count by (run, variable) ({invalid})",
+        f"count {clauses(cfg).by('run, variable')} ({invalid})",
         cfg.misconfigured_for,
         "A variable of the exporter holds a value it cannot use; its default is used instead.",
         (

@@ -1,0 +1,18 @@
+"""The alerting rules, one module per domain, each a function of the configuration.
+
+- :mod:`.liveness`: ranks down, a run killed, training stalled;
+- :mod:`.collectives`: collectives stalled or near their timeout, naming the rank behind;
+- :mod:`.hang_action`: the hang action aborted a run, or stopped after aborts without progress;
+- :mod:`.performance`: stragglers, input-bound ranks, throughput drops, GPU memory;
+- :mod:`.outside_loop`: init stuck, version skew, sections overdue, a deadline missed;
+- :mod:`.misconfigured`: a variable of the exporter the ranks cannot use.
+
+What several domains read (the ranks that ended cleanly, the runs the hang action ended, where
+a hung rank is stuck) is in :mod:`.shared`. The fleet's alerts (a node across runs, a shard the
+global server cannot read) belong to the fleet's own rule group: :mod:`exporter.mixin.fleet`.
+:mod:`exporter.mixin.rules` puts them all in order and writes the rule file.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

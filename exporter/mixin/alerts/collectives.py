@@ -1,0 +1,147 @@
+"""Build the collective and hang alerts: a collective stalled, or near its timeout.
+
+A hung rank is the one whose collective sequence number stops advancing, so these alerts name
+the ranks whose ``last_enqueued_seq`` is behind the run's maximum (role=behind, one alert per
+rank); with nobody behind, every rank waits inside the collective and the process group is one
+alert (role=waiting). The stall bound is the one hang definition (:mod:`exporter.hangs
+.definition`) that ``top`` and the hang watcher use too.
+"""
+
+from __future__ import annotations
+
+from ... import catalog
+from ..alert import Alert, selector
+from ..cluster import clauses
+from ..config import DEFAULT, MixinConfig
+from ..recording import Recorded, recorded
+from .shared import finished_ranks, hang_location, with_role
+
+__all__ = ["collective_alerts", "collective_stalled", "timeout_imminent"]
+
+#: The description's sentence on the role label: who the alert names.
+_WHO = (
+    '{{ if eq $labels.role "behind" }}Rank {{ $labels.rank }} is behind: its last enqueued '
+    "sequence number is below the run's maximum, so it never entered the collective (the hung "
+    "rank; a rank in a declared section within its deadline is never named).{{ else }}No rank "
+    "is visibly behind: the ranks are stuck inside the collective (waiting), the condition of "
+    "the whole process group.{{ end }}"
+)
+
+
+def collective_alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
+    """Return DDPCollectiveTimeoutImminent (warning, critical) and DDPCollectiveStalled."""
+    return [
+        timeout_imminent(cfg, "warning", cfg.timeout_warning_ratio),
+        timeout_imminent(cfg, "critical", cfg.timeout_critical_ratio),
+        collective_stalled(cfg),
+    ]
+
+
+def _every_rank_in_section(cfg: MixinConfig, r: Recorded) -> str:
+    """Return a (run) vector of the runs whose every reporting rank is in a declared section."""
+    c = clauses(cfg)
+    info = selector(cfg, catalog.RANK_INFO.name)
+    return (
+        f"count {c.by('run')} ({r.in_section})\n>= {c.on('run')}\n"
+        f"count {c.by('run')} (max {c.by('run, rank')} ({info}))"
+    )
+
+
+def _name_ranks(cfg: MixinConfig, run_pg_condition: str, rank_condition: str) -> str:
+    """Return an expr naming the ranks behind in a stuck (run, pg), else the stuck (run, pg).
+
+    ``run_pg_condition`` is a (run, pg) vector whose value is carried over to each rank behind
+    (role=behind: a condition of that rank). A rank inside a declared section within its
+    deadline, or one that ended cleanly, is not behind: it is saving, evaluating or gone, and
+    the ranks it holds up are not stuck either. With nobody behind, ``rank_condition`` (a
+    (run, rank, pg) vector) says whether ranks are stuck inside the collective: one alert per
+    (run, pg) (role=waiting: a condition of the run), unless every rank is in a section.
+    """
+    r, c = recorded(cfg), clauses(cfg)
+    rank = c.on("run, rank")
+    # Behind: a lower sequence number, and not itself stuck inside a collective of any group
+    # (one that is waits, as the hang definition says: its reading is older, or, in a 2-D
+    # mesh, it is held up in another group: the replicate group waits for a rank that waits
+    # in its shard group for the real culprit).
+    late = f"({r.seq_behind} > 0)\n  unless {rank}\n  ({rank_condition})"
+    excused = f"{r.in_section}\nor {rank}\n{finished_ranks(cfg)}"
+    behind = (
+        f"(\n  {late}\n  unless {rank}\n  ({excused})\n) * 0\n"
+        f"+ {c.on('run, pg')} group_left ()\n({run_pg_condition})"
+    )
+    waiting = (
+        f"max {c.by('run, pg')} ({rank_condition})\nunless {c.on('run, pg')}\n({late})\n"
+        f"unless {c.on('run')}\n({_every_rank_in_section(cfg, r)})"
+    )
+    return f"{with_role(behind, 'behind')}\nor\n{with_role(waiting, 'waiting')}"
+
+
+def timeout_imminent(cfg: MixinConfig, severity: str, ratio: float) -> Alert:
+    """Return DDPCollectiveTimeoutImminent at ``severity``: ``ratio`` of the timeout used."""
+    r = recorded(cfg)
+    return Alert(
+        "DDPCollectiveTimeoutImminent",
+        severity,
+        _name_ranks(
+            cfg,
+            f"{r.inflight_ratio_run} > {ratio:g}",
+            f"{r.inflight_ratio_rank} > {ratio:g}",
+        ),
+        cfg.timeout_for,
+        f"A collective has used over {ratio:.0%} of its timeout; the job will be killed soon.",
+        (
+            "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} "
+            "has been in flight for {{ $value | humanizePercentage }} of its timeout. " + _WHO
+        )
+        + hang_location(cfg),
+        "A collective (DDP's gradient allreduce) is not completing. The rank labelled "
+        "role=behind stopped advancing its collective sequence number: it is the hung one; "
+        "the others wait for it. When the watchdog's timeout expires, the job dies.",
+        "Collectives dashboard: in-flight age against the timeout budget, and the "
+        "sequence-number lag per rank; the hung rank's lag is above zero.",
+        "Read the hang verdict: every rank's stack was dumped automatically; the "
+        "monitoring rank logs the verdict and `ddp-exporter hangs DUMP_DIR` prints it "
+        "(culprit file:line first). Check the named rank's data loader, its host and "
+        "its GPU (`nvidia-smi`, Xid errors). Kill and restart "
+        "from the last checkpoint if it does not recover; raise the timeout only if the "
+        "work legitimately takes longer.",
+    )
+
+
+def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
+    """Return DDPCollectiveStalled: in flight far longer than the run's normal latency."""
+    r, c = recorded(cfg), clauses(cfg)
+    run_pg = c.on("run, pg")
+    inflight = selector(cfg, catalog.INFLIGHT_AGE.name)
+    bound = (
+        f"clamp_min(\n  {cfg.stall_latency_factor:g} * (max {c.by('run, pg')} "
+        f"(max_over_time({r.coll_mean_run}[{cfg.baseline_window}])) > 0),\n"
+        f"  {cfg.stall_min_seconds:g}\n)\nor {run_pg}\n"
+        f"(0 * {r.inflight_max_run} + {cfg.stall_min_seconds:g})"
+    )
+    return Alert(
+        "DDPCollectiveStalled",
+        "warning",
+        _name_ranks(
+            cfg,
+            f"{r.inflight_max_run}\n> {run_pg}\n({bound})",
+            f"max {c.by('run, rank, pg')} ({inflight})\n> {run_pg} group_left ()\n({bound})",
+        ),
+        cfg.stalled_for,
+        "A collective has been in flight far longer than this run's normal collective latency.",
+        (
+            "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} has been "
+            "in flight for {{ $value | humanizeDuration }}, over "
+            f"{cfg.stall_latency_factor:g}x the run's normal latency (and at least "
+            f"{cfg.stall_min_seconds:g}s). " + _WHO
+        )
+        + hang_location(cfg),
+        "Collective latency normally stays near its recent mean; an in-flight age many times "
+        "that mean means a rank has not joined (role=behind names it) or the network stalled.",
+        "Collectives dashboard: in-flight age against the mean latency and the timeout; "
+        "sequence-number lag per rank.",
+        "Treat as an early DDPCollectiveTimeoutImminent: read the hang verdict "
+        "(`ddp-exporter hangs DUMP_DIR`; the description names the culprit's file:line) and "
+        "inspect the rank labelled behind (data loader, host, GPU). With role=waiting on all "
+        "ranks, check the network fabric (NCCL_DEBUG=INFO logs, link errors).",
+    )

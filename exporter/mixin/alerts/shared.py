@@ -1,0 +1,71 @@
+"""Write what alerts of several domains read: ranks that ended, runs the hang action ended.
+
+A job has edges, and every domain must respect them: a rank that ended cleanly is neither down
+nor behind; a run the hang action ended is neither killed nor stalled while its launcher
+restarts it. The vectors here say so once. :func:`hang_location` is the description suffix of
+every alert that names a hung rank.
+"""
+
+from __future__ import annotations
+
+from ... import catalog
+from ..alert import selector
+from ..cluster import clauses
+from ..config import DEFAULT, MixinConfig
+
+__all__ = ["WHERE", "aborted_runs", "finished_ranks", "hang_location", "looping_runs", "with_role"]
+
+#: How a description names the alert's rank.
+WHERE = "rank {{ $labels.rank }} of run {{ $labels.run }}"
+
+
+def with_role(expr: str, role: str) -> str:
+    """Return ``expr`` with a constant ``role`` label (behind = never entered, waiting = stuck)."""
+    return f'label_replace(\n{expr},\n"role", "{role}", "run", ".*")'
+
+
+def finished_ranks(cfg: MixinConfig) -> str:
+    """Return a (run, rank) vector of the ranks that ended cleanly within the baseline window."""
+    return (
+        f"max {clauses(cfg).by('run, rank')} (last_over_time("
+        f"{selector(cfg, catalog.FINISHED.name)}[{cfg.baseline_window}]))"
+    )
+
+
+def aborted_runs(cfg: MixinConfig) -> str:
+    """Return a (run, culprit_rank, node) vector of the runs the hang action ended recently."""
+    metric = selector(cfg, catalog.HANG_ABORT.name)
+    by = clauses(cfg).by("run, culprit_rank, node")
+    return f"max {by} (last_over_time({metric}[{cfg.hang_abort_window}]))"
+
+
+def looping_runs(cfg: MixinConfig) -> str:
+    """Return a (run) vector of the runs whose hang action stopped: aborts without progress."""
+    c = clauses(cfg)
+    streak = selector(cfg, catalog.HANG_ABORT_STREAK.name)
+    limit = selector(cfg, catalog.HANG_ABORT_LIMIT.name)
+    w = cfg.restart_loop_window
+    return (
+        f"max {c.by('run')} (last_over_time({streak}[{w}]))\n>= {c.on('run')}\n"
+        f"(max {c.by('run')} (last_over_time({limit}[{w}])) > 0)"
+    )
+
+
+def hang_location(cfg: MixinConfig = DEFAULT, rank_label: str = "rank", window: str = "") -> str:
+    """Return a description suffix saying where the alert's rank is stuck, when it is known.
+
+    The culprit of a hang episode publishes ``ddp_hang_location_info`` (exporter.hangs.watcher);
+    a template ``query`` looks it up for the alert's run and the rank in label ``rank_label``
+    (over ``window`` when the rank is gone) and adds nothing otherwise.
+    """
+    # The selector goes through printf: a literal % in it must be doubled.
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q", "rank=%q") if m]
+    metric = f"{catalog.HANG_LOCATION.name}{{{', '.join(matchers)}}}"
+    if window:
+        metric = f"last_over_time({metric}[{window}])"
+    return (
+        f"{{{{ with printf `{metric}` $labels.run $labels.{rank_label} | query }}}}"
+        "{{ with first . }} Its hang dump says it is at {{ .Labels.file }}:{{ .Labels.line }} "
+        "in {{ .Labels.function }} (ddp-exporter hangs DUMP_DIR prints every rank's stack)."
+        "{{ end }}{{ end }}"
+    )
