@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import settings
 from .config import DEFAULT, MixinConfig
+from .prose import spoken_duration
 from .render import header
 from .rules import ALERT_NAMES, Alert, every_alert
 
 __all__ = ["render_runbook"]
 
-_INTRO = """\
+
+def _intro(cfg: MixinConfig) -> str:
+    """Return the runbook's opening: the rules of thumb, in ``cfg``'s and the settings' numbers."""
+    code, window = settings.DEFAULT_ABORT_EXIT_CODE, spoken_duration(cfg.hang_abort_window)
+    limit, give_up = settings.DEFAULT_ABORT_LIMIT, settings.DEFAULT_GIVE_UP_EXIT_CODE
+    return f"""\
 # ddp-exporter runbook
 
 One section per alert of the ddp-exporter monitoring mixin. Every alert carries the label `run`,
@@ -33,12 +40,12 @@ These rules of thumb hold throughout:
   is not stalled; past the deadline **DDPSectionOverdue** names it and the hang alerts apply
   again. A rank that ended cleanly (`ddp_finished_timestamp_seconds`) is not down; a run whose
   ranks all vanish without a clean end is one **DDPJobKilled**. A restarted attempt continues
-  the same `run` (`ddp_rank_info{attempt}`).
-- A hang can end the run (`instrument(on_hang="abort")`): every rank exits with code 75 for the
+  the same `run` (`ddp_rank_info{{attempt}}`).
+- A hang can end the run (`instrument(on_hang="abort")`): every rank exits with code {code} for the
   launcher to restart the job from its last checkpoint, and **DDPHangAborted** names the
-  culprit, its node and where it was stuck; the run then has 10 minutes (`hang_abort_window`)
-  to come back before it counts as killed. After 3 aborts in a row without progress the last
-  one exits 69 ("do not requeue"), the action stops and **DDPRestartLoop** names every
+  culprit, its node and where it was stuck; the run then has {window} (`hang_abort_window`)
+  to come back before it counts as killed. After {limit} aborts in a row without progress the last
+  one exits {give_up} ("do not requeue"), the action stops and **DDPRestartLoop** names every
   attempt's culprit.
 
 - A node, not only a rank: every accusation above (straggler, hung rank, rank down) is also
@@ -48,9 +55,23 @@ These rules of thumb hold throughout:
   jobs never makes a node suspect. `ddp-exporter nodes --prometheus URL` ranks nodes by
   evidence.
 
-Thresholds and durations below are those of the committed configuration; regenerate with your
-own settings (`ddp-exporter mixin generate --out DIR --set FIELD=VALUE`) to change them.
+{_whose_numbers(cfg)}
 """
+
+
+def _whose_numbers(cfg: MixinConfig) -> str:
+    """Return the sentence that says which configuration the numbers below are from."""
+    if cfg == DEFAULT:
+        return (
+            "Thresholds and durations below are those of the committed configuration; regenerate "
+            "with your\nown settings (`ddp-exporter mixin generate --out DIR --set FIELD=VALUE`) "
+            "to change them."
+        )
+    return (
+        "Thresholds and durations below are those of the configuration this runbook was "
+        "generated\nwith (`dashboards/mixin.json`); regenerate (`ddp-exporter mixin generate "
+        "--out DIR --set\nFIELD=VALUE`) to change them."
+    )
 
 
 def _section(group: list[Alert]) -> str:
@@ -94,4 +115,4 @@ def render_runbook(cfg: MixinConfig = DEFAULT) -> str:
         by_name.setdefault(a.name, []).append(a)
     toc = "\n".join(f"- [{n}](#{n.lower()})" for n in ALERT_NAMES)
     body = "\n".join(_section(by_name[n]) for n in ALERT_NAMES)
-    return header("<!--").rstrip("\n") + " -->\n\n" + _INTRO + "\n" + toc + "\n\n" + body
+    return header("<!--").rstrip("\n") + " -->\n\n" + _intro(cfg) + "\n" + toc + "\n\n" + body
