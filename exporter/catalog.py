@@ -30,6 +30,7 @@ __all__ = [
     "STEP_PHASE",
     "COLLECTIVE_DURATION",
     "COLLECTIVE_BYTES",
+    "COLLECTIVE_UNTIMED",
     "LAST_ENQUEUED_SEQ",
     "LAST_COMPLETED_SEQ",
     "INFLIGHT_AGE",
@@ -269,7 +270,8 @@ COLLECTIVE_DURATION = MetricDef(
     "to completion (comm_timing hook), or one iteration's, first bucket launched to last "
     "completed (comm_timing reducer); other parallelism (FSDP2, FSDP, no model): each "
     "torch.distributed collective from call to completion, per kind (comm_timing collectives; "
-    "see ddp_rank_info). "
+    "see ddp_rank_info); with any parallelism, each functional collective (DTensor's: tensor "
+    "parallelism, clip_grad_norm_ on DTensor parameters) from launch to the return of its wait. "
     "A straggler shows the SHORTEST latency: its peers wait for it inside the collective.",
     ("op", "pg"),
     unit="seconds",
@@ -279,9 +281,21 @@ COLLECTIVE_BYTES = MetricDef(
     "ddp_collective_bytes_total",
     "counter",
     "Payload bytes of collectives launched by this rank: DDP's gradient buckets, or the input "
-    "tensors of torch.distributed collectives (other parallelism).",
+    "tensors of torch.distributed collectives (other parallelism) and of functional "
+    "collectives (DTensor's).",
     ("op", "pg"),
     unit="bytes",
+)
+COLLECTIVE_UNTIMED = MetricDef(
+    "ddp_collective_untimed_total",
+    "counter",
+    "Collectives this rank called that ended without a latency the exporter could observe, by "
+    "kind and group: every one on a CUDA device (NCCL completes on the device), an "
+    "asynchronous one never waited for (or consumed through its future), a functional "
+    "collective whose wait it did not see (a compiled graph's), one that raised. Counted "
+    "beside ddp_collective_duration_seconds_count, which counts the timed ones: their sum is "
+    "every collective seen. A collective whose wait is not seen is not in comm_wait either.",
+    ("op", "pg"),
 )
 LAST_ENQUEUED_SEQ = MetricDef(
     "ddp_collective_last_enqueued_seq",
@@ -478,6 +492,7 @@ METRICS: tuple[MetricDef, ...] = (
     STEP_PHASE,
     COLLECTIVE_DURATION,
     COLLECTIVE_BYTES,
+    COLLECTIVE_UNTIMED,
     LAST_ENQUEUED_SEQ,
     LAST_COMPLETED_SEQ,
     INFLIGHT_AGE,
@@ -575,14 +590,15 @@ def series_per_rank(
     """Return how many series one rank exposes by default.
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
-    + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 4 in-flight
-    gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
+    + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 1 untimed
+    + 4 in-flight gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there). The in-flight gauges cover every process
-    group the Flight Recorder reports; the collective histogram and bytes cover each
-    ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind of
-    collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
-    HSDP mesh adds the replicate group's all-reduce, 3).
+    group the Flight Recorder reports; the collective histogram, bytes and untimed count cover
+    each ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind
+    of collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
+    HSDP mesh adds the replicate group's all-reduce, 3; tensor parallelism adds an all-reduce
+    on its group, and clip_grad_norm_ one per mesh dimension).
     Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
     time while one runs; at most 16 names), 1 job deadline, 1 total steps; with
     ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
@@ -592,7 +608,8 @@ def series_per_rank(
     holding a value the exporter cannot use).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
-    n += ((len(COLLECTIVE_BUCKETS) + 3) + 1) * timed_collectives  # histogram + bytes per (op, pg)
+    # histogram + bytes + untimed per (op, pg)
+    n += ((len(COLLECTIVE_BUCKETS) + 3) + 2) * timed_collectives
     n += 4 * process_groups
     n += 1  # host RSS, on every rank
     n += 1  # hang dumps; the hang location exists only on a culprit during an episode

@@ -171,6 +171,8 @@ class DDPCollector(Collector):
         for op, pg, buckets, total, _count, nbytes in snap.collectives:
             fams[c.COLLECTIVE_DURATION.name].add_metric(base + [op, pg], buckets, total)
             fams[c.COLLECTIVE_BYTES.name].add_metric(base + [op, pg], nbytes)
+        for op, pg, n in snap.untimed:
+            fams[c.COLLECTIVE_UNTIMED.name].add_metric(base + [op, pg], n)
         if snap.steps or snap.collectives:
             fams[c.HEARTBEAT.name].add_metric(base, snap.last_progress_unix)
 

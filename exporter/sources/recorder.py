@@ -84,6 +84,9 @@ class Snapshot:
         default_factory=list
     )
     last_progress_unix: float = 0.0
+    #: ``(op, pg, n)``: collectives of each (op, pg) that completed untimed, in the order of
+    #: ``collectives``.
+    untimed: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 class Recorder:
@@ -94,7 +97,9 @@ class Recorder:
     are: data (time inside ``next()``), optimizer (time inside ``optimizer.step()``), comm_wait
     (DDP: from the launch of the step's last gradient bucket to the completion of its latest
     collective, communication the backward pass had to wait for; without DDP: the training
-    thread's time inside ``Work.wait()``, see :meth:`comm_blocked`), and compute (the rest).
+    thread's time inside ``Work.wait()``; with either, its time inside the waits of functional
+    collectives, DTensor's: see :meth:`comm_blocked`), and compute (the rest). A wait inside
+    ``optimizer.step()`` is communication too: it moves from the optimizer phase to comm_wait.
 
     A declared section (``exporter.deadline``) entered on the training thread that interrupts
     training (no step activity inside it: a checkpoint, rank 0's evaluation) is left out of the
@@ -139,6 +144,7 @@ class Recorder:
         self._last_done = 0.0
         self._opt_t0 = 0.0
         self._blocked = 0.0
+        self._blocked_opt = 0.0  # the part of _blocked inside optimizer.step()
 
     def _finish_step(self, now: float, reading: Any = None) -> None:
         """Close the current step at ``now`` and open the next; caller holds the lock.
@@ -159,12 +165,16 @@ class Recorder:
             if duration < 0.0:
                 duration = 0.0
             data, opt = self._data, self._opt
+            # Waits inside optimizer.step() (a DTensor optimizer's collectives) are
+            # communication, not optimizer time.
+            opt = opt - self._blocked_opt if opt > self._blocked_opt else 0.0
             if reading is not None:
-                comm = reading.exposed_s
+                comm = reading.exposed_s + self._blocked
             elif self._exposed_from_waits:
                 comm = self._blocked
             else:
                 comm = self._last_done - self._last_launch if self._last_launch else 0.0
+                comm += self._blocked  # waits outside DDP's buckets (functional collectives)
             rest = duration - data - opt
             if comm < 0.0:
                 comm = 0.0
@@ -338,8 +348,32 @@ class Recorder:
         Not inside a section that interrupts training: that time is out of the step already.
         """
         with self.lock:
-            if self._paused is None:
-                self._blocked += seconds
+            self._add_blocked(seconds)
+
+    def _add_blocked(self, seconds: float) -> None:
+        if self._paused is None:
+            self._blocked += seconds
+            if self._opt_t0:
+                self._blocked_opt += seconds
+
+    def collective_waited(
+        self, stats: CollectiveStats | None, t0: float, timed: bool, blocked: float
+    ) -> None:
+        """Record a wait that ended a collective called at ``t0`` (``stats`` None: unknown).
+
+        The training thread waited ``blocked`` seconds (0 elsewhere): this step's comm_wait.
+        ``timed``: observe the collective's latency, launch to now (see
+        :meth:`collective_finished`). One lock for both, on the training path.
+        """
+        now = self.clock()
+        with self.lock:
+            if stats is not None:
+                if timed:
+                    self._collective_done(stats, t0, now - t0, now)
+                else:
+                    self._settle(stats, t0)
+            if blocked:
+                self._add_blocked(blocked)
 
     def bucket_done(self, stats: CollectiveStats, t0: float, is_last: bool) -> None:
         """Record the completion of a collective launched at ``t0`` (wall-clock timing)."""
@@ -408,6 +442,7 @@ class Recorder:
                 phase_sum=list(self.phase_sum),
                 collectives=colls,
                 last_progress_unix=self.unix(self.last_progress),
+                untimed=[(st.op, st.pg, st.completed - st.hist.count) for st in self.collectives],
             )
 
     def collective_totals(self) -> tuple[float, int]:
