@@ -30,7 +30,7 @@ def test_a_plain_module_or_no_model_is_watched(world1):
     """Not DDP: the torch.distributed collectives are wrapped, and restored exactly on close."""
     import torch.distributed as dist
 
-    before = (dist.all_reduce, dist.all_gather_single, dist.Work.wait)
+    before = (dist.all_reduce, dist.all_gather_single, dist.Work.wait, dist.Work.get_future)
     for model in (torch.nn.Linear(2, 2), None):
         obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
         assert obs.parallelism == ("module" if model is not None else "none")
@@ -38,12 +38,17 @@ def test_a_plain_module_or_no_model_is_watched(world1):
         with exporter.step():
             dist.all_reduce(torch.ones(4))
             dist.all_gather_single(torch.empty(2), torch.ones(2), async_op=True).wait()
+            # Consumed through its future: counted, untimed, not held until a wait.
+            dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
         s = parse(scrape_text(obs.url))
         (labels,) = [lab for lab, _ in s["ddp_rank_info"]]
         assert labels["parallelism"] == obs.parallelism and labels["comm_timing"] == "collectives"
-        assert value(s, "ddp_collective_bytes_total", op="allreduce", pg="0") == 16
+        assert value(s, "ddp_collective_bytes_total", op="allreduce", pg="0") == 24
         assert value(s, "ddp_collective_bytes_total", op="allgather", pg="0") == 8
         assert value(s, "ddp_collective_duration_seconds_count", op="allgather", pg="0") == 1
+        assert value(s, "ddp_collective_duration_seconds_count", op="allreduce", pg="0") == 1
+        assert value(s, "ddp_collective_untimed_total", op="allreduce", pg="0") == 1
+        assert value(s, "ddp_collective_untimed_total", op="allgather", pg="0") == 0
         assert value(s, "ddp_steps_total") == 1
         # The documented budget: a histogram and bytes per (op, pg) pair timed, here two.
         lines = [x for x in scrape_text(obs.url).splitlines() if x and not x.startswith("#")]
@@ -51,7 +56,8 @@ def test_a_plain_module_or_no_model_is_watched(world1):
             process_groups=1, store_heartbeat=False, timed_collectives=2
         )
         obs.close()
-        assert (dist.all_reduce, dist.all_gather_single, dist.Work.wait) == before
+        assert (dist.all_reduce, dist.all_gather_single, dist.Work.wait,
+                dist.Work.get_future) == before  # fmt: skip
 
 
 def test_rejects_bad_arguments_by_name(ddp):

@@ -22,6 +22,10 @@ once) and ``Work.wait``:
   straggler itself does not, so blame by compute stays right);
 * in-flight bookkeeping for the fallback when no Flight Recorder is usable.
 
+An asynchronous collective consumed through ``Work.get_future()`` (a DDP comm hook's, a
+``then()`` chain) is never waited for on the training thread: it is counted complete, untimed
+(``ddp_collective_untimed_total``), when its future is taken, and not held until then.
+
 On a CUDA device the latency is not observed (an NCCL future completes when the collective is
 enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are.
 Cost: about 10 µs per collective on the calling thread (``benchmarks/hotpath.py``).
@@ -123,6 +127,7 @@ class CollectiveTiming:
         self._work = work_class if work_class is not None else getattr(dist, "Work", None)
         self._patched: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
         self._wait: tuple[Any, Any] | None = None
+        self._future: tuple[Any, Any] | None = None
         # Process group -> (op -> stats): a group's name is read once, not per call.
         self._stats: dict[Any, dict[str, CollectiveStats]] = {}
         self._lock = threading.Lock()
@@ -157,6 +162,14 @@ class CollectiveTiming:
                 self._wait = (wait, waiter)
             except (AttributeError, TypeError):
                 self._wait = None  # an immutable Work type: asynchronous waits go unseen
+        future = getattr(self._work, "get_future", None) if self._wait is not None else None
+        if callable(future):
+            taker = self._wrap_get_future(future)
+            try:
+                self._work.get_future = taker
+                self._future = (future, taker)
+            except (AttributeError, TypeError):
+                self._future = None  # bounded by MAX_UNWAITED instead
         return bool(self._patched)
 
     def uninstrument(self) -> None:
@@ -170,6 +183,11 @@ class CollectiveTiming:
             if self._work.__dict__.get("wait") is waiter:
                 self._work.wait = original
             self._wait = None
+        if self._future is not None:
+            original, taker = self._future
+            if self._work.__dict__.get("get_future") is taker:
+                self._work.get_future = original
+            self._future = None
 
     # -- wrappers ------------------------------------------------------------------------------
     def _stats_for(self, group: Any, op: str) -> CollectiveStats:
@@ -256,3 +274,19 @@ class CollectiveTiming:
                     errors.record("comm_timing", exc)
 
         return timed_wait
+
+    def _wrap_get_future(self, get_future: Callable) -> Callable:
+        rec, errors, works = self._rec, self._errors, self._works
+
+        @functools.wraps(get_future)
+        def untimed_future(work: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                mine = works.pop(id(work), None)
+                if mine is not None and mine[0] is work:
+                    # Its completion is a callback's business, off the training thread.
+                    rec.collective_finished(mine[1], mine[2], timed=False)
+            except Exception as exc:  # noqa: BLE001
+                errors.record("comm_timing", exc)
+            return get_future(work, *args, **kwargs)
+
+        return untimed_future
