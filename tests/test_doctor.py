@@ -10,6 +10,7 @@ import torch
 from harness import Job, Ranks, free_port
 
 from exporter import settings
+from exporter.sources import netcheck
 from exporter.tools import doctor
 from exporter.tools.doctor import Check, Report
 
@@ -248,7 +249,7 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
     reps[2].reach, reps[2].reach_why = "127.0.1.1:4000", "the hostname node2"
     checks, _ = doctor.judge_reach(reps, failed, 4)
     assert "advertises a loopback address (the hostname node2)" in checks[2].fix
-    assert doctor.netcheck.gloo_address({"GLOO_SOCKET_IFNAME": "lo"}) == (
+    assert netcheck.gloo_address({"GLOO_SOCKET_IFNAME": "lo"}) == (
         "127.0.0.1",
         "GLOO_SOCKET_IFNAME=lo",
     )

@@ -1,0 +1,100 @@
+"""Run ``ddp-exporter top``: its parser and its read, judge and print loop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from ...mixin.config import DEFAULT, duration_seconds, load_config
+from .diagnose import diagnose
+from .fetch import fetch, fetch_prometheus
+from .render import render
+from .rows import RankRow
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``top`` to the ``ddp-exporter`` subcommands."""
+    t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints",
+                       description="Show every rank of a run in one table, the outlier first "
+                       "with its reason, from the ranks' endpoints or from Prometheus. Exit 1 "
+                       "when the ranks or Prometheus cannot be read.")  # fmt: skip
+    t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
+    t.add_argument("--prometheus", help="read from this Prometheus URL instead")
+    t.add_argument("--run", help="with --prometheus: the run label to show")
+    t.add_argument("--cluster", default="",
+                   help="with --prometheus: the run's cluster (needed where a run name repeats)")  # fmt: skip
+    t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
+    t.add_argument("--config", default=None,
+                   help="the mixin config the rules were generated with (dashboards/mixin.json): "
+                   "judge with their thresholds (default: the DEFAULT config)")  # fmt: skip
+    t.add_argument("--window", default=None,
+                   help="with --prometheus: rate window of the per-step figures (default: the "
+                   f"alerts', {DEFAULT.rate_window} or the config's)")  # fmt: skip
+    t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
+    t.add_argument("--once", action="store_true",
+                   help="judge two intervals, --refresh apart, print one table and exit")  # fmt: skip
+    t.set_defaults(tool=run, parser=t)
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ddp-exporter top`` with parsed ``args``; return its exit status."""
+    parser = args.parser
+    targets = [t for t in (args.targets or "").split(",") if t]
+    if bool(targets) == bool(args.prometheus):
+        parser.error("give either --targets host:port[,...] or --prometheus URL --run RUN")
+    if args.prometheus and not args.run:
+        parser.error("--prometheus needs --run (the run label to show)")
+    if args.cluster and not args.prometheus:
+        parser.error("--cluster goes with --prometheus (a rank's own page has no cluster)")
+    if args.refresh <= 0:
+        parser.error("--refresh must be positive")
+    try:
+        cfg = load_config(args.config) if args.config else DEFAULT
+    except ValueError as exc:
+        parser.error(f"--config: {exc}")
+    window = args.window or cfg.rate_window
+    try:
+        duration_seconds(window)
+    except ValueError as exc:
+        parser.error(f"--window: {exc}")
+
+    def read() -> list[RankRow]:
+        if targets:
+            return fetch(targets)
+        return fetch_prometheus(
+            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
+        )
+
+    # A verdict needs a suspicion in two consecutive judged reads, like an alert's "for". A
+    # rank's endpoint gives counters since its start: its first read only sets the baseline of
+    # the intervals that follow (judged alone, a straggler that began mid-run would be
+    # averaged away). Prometheus gives each read its own rate window. So --once judges what the
+    # streaming view judges by its third read from endpoints, by its second from Prometheus.
+    reads_before_once = 2 if targets else 1
+    previous: dict[str, RankRow] | None = None
+    reads = 0
+    try:
+        while True:
+            try:
+                rows = diagnose(read(), previous, config=cfg)
+            except (OSError, RuntimeError) as exc:
+                print(f"ddp-exporter top: {exc}", file=sys.stderr)
+                return 1
+            previous, reads = {r.target: r for r in rows}, reads + 1
+            if args.once and reads <= reads_before_once:
+                time.sleep(args.refresh)
+                continue
+            tty = sys.stdout.isatty()
+            print(
+                ("\x1b[2J\x1b[H" if tty else "") + render(rows, args.worst, color=tty), flush=True
+            )
+            if args.once:
+                return 0
+            time.sleep(args.refresh)
+    except KeyboardInterrupt:
+        return 130

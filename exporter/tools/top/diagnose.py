@@ -1,0 +1,202 @@
+"""Judge a read of every rank: per-step figures, then DOWN, HUNG, straggler or a note.
+
+The same definitions as the generated alerts: a straggler by compute or data time per step
+(:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
+:mod:`exporter.hangs.definition`, a slow link by the store round trips of the ranks behind it.
+Every accusation must hold in two consecutive reads, as an alert must hold for its ``for``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from ... import catalog as c
+from ...hangs.definition import SeqState, find_hangs
+from ...mixin.config import DEFAULT, MixinConfig
+from ...ranklist import format_ranks
+from .rows import COUNTERS, RankRow
+
+__all__ = ["ACCUSATIONS", "accuses", "diagnose"]
+
+
+def _increases(r: RankRow, p: RankRow | None) -> dict[str, float]:
+    """Return the counters' increases since ``p`` (or over the source's window)."""
+    if r.window is not None:
+        return r.window
+    now = {c.STEPS.name: r.steps, COUNTERS[1]: r.step_sum, COUNTERS[3]: r.coll_sum,
+           COUNTERS[4]: r.coll_count}  # fmt: skip
+    for phase, v in r.phase_sum.items():
+        now[f"{COUNTERS[2]}:{phase}"] = v
+    if p is None or not p.up:
+        return now
+    before = _increases(p, None)
+    return {k: v - before.get(k, 0.0) for k, v in now.items()}
+
+
+def _normal_latency(rows: list[RankRow]) -> float | None:
+    """Return the run's mean collective latency since the ranks started (None: none yet)."""
+    total = sum(r.coll_sum for r in rows)
+    count = sum(r.coll_count for r in rows)
+    return total / count if count > 0 else None
+
+
+def diagnose(
+    rows: list[RankRow],
+    previous: dict[str, RankRow] | None = None,
+    *,
+    config: MixinConfig = DEFAULT,
+    now: float | None = None,
+) -> list[RankRow]:
+    """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
+
+    A suspicion becomes a verdict only when the previous read held the same suspicion.
+    Strongest first: DOWN, HUNG (behind in a stalled collective), straggler; a weaker
+    signal never replaces a stronger one. ``STUCK`` (every rank inside a stalled collective,
+    nobody behind) and "waiting" notes describe the job and accuse no rank; nor do a declared
+    section within its deadline (on the rank or on the ranks it holds up) and a clean end
+    (``finished``).
+    """
+    previous = previous or {}
+    now = time.time() if now is None else now
+    straggler_ratio = config.straggler_ratio
+    straggler_min_excess = config.straggler_min_excess_seconds
+    policy = config.hang_policy
+    for r in rows:
+        p = previous.get(r.target)
+        if r.rank < 0 and p is not None:
+            r.rank = p.rank  # a rank that went down keeps its number
+        if not r.node and p is not None:
+            r.node = p.node  # a rank that went down keeps its node
+        if not r.finished and p is not None and p.finished:
+            r.finished = p.finished  # its clean end was in its last read before it left
+        inc = _increases(r, p)
+        steps = inc.get(c.STEPS.name, 0.0)
+        if steps > 0:
+            r.step_time = inc.get(COUNTERS[1], 0.0) / steps
+            prefix = COUNTERS[2] + ":"
+            r.phases = {k[len(prefix) :]: v / steps for k, v in inc.items() if k.startswith(prefix)}
+        n = inc.get(COUNTERS[4], 0.0)
+        if n > 0:
+            r.coll_latency = inc.get(COUNTERS[3], 0.0) / n
+    live = [r for r in rows if r.up and not r.finished]
+
+    # Hangs, by the one definition shared with the alert rules and the hang watcher.
+    states = [
+        SeqState(
+            r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg), bool(r.in_section(now))
+        )
+        for r in live
+        for pg, seq in r.pg_seq.items()
+    ]
+    findings = find_hangs(states, _normal_latency(live), policy)
+    by_rank = {r.rank: r for r in live}
+    # A group stalled with nobody behind while another has a rank behind is held up by that
+    # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
+    culprit_pgs = sorted({f.pg for f in findings if f.kind == "behind"})
+    for f in findings:
+        for rank in f.behind:
+            by_rank[rank].suspect = "behind"
+            by_rank[rank].note = (
+                f"{f.seq - by_rank[rank].pg_seq.get(f.pg, 0.0):.0f} collectives behind in pg "
+                f"{f.pg}: never entered #{f.seq:.0f}, which ranks {_ranks(f.waiting)} "
+                f"wait in for {f.age:.0f} s"
+            )
+        for rank in f.excused:
+            r = by_rank[rank]
+            name = r.in_section(now)
+            started, deadline = r.sections.get(name, (now, 0.0))
+            r.note = f"in section {name} for {now - started:.0f} s of {deadline:.0f} s"
+        for rank in f.waiting:
+            r = by_rank[rank]
+            if f.kind == "behind":
+                r.note = f"waiting for rank(s) {_ranks(f.behind)} in pg {f.pg} for {f.age:.0f} s"
+            elif f.kind == "section":
+                if rank not in f.excused:
+                    r.note = (
+                        f"waiting for rank(s) {_ranks(f.excused)} in a declared section, pg "
+                        f"{f.pg}, {f.age:.0f} s"
+                    )
+            elif f.kind == "waiting" and culprit_pgs:
+                r.note = r.note or (
+                    f"waiting in pg {f.pg} for {f.age:.0f} s, held up by the hang in pg "
+                    f"{', '.join(culprit_pgs)}"
+                )
+            else:
+                r.suspect = r.suspect or "stuck"
+                r.note = (
+                    f"inside collective #{f.seq:.0f} of pg {f.pg} for {f.age:.0f} s, no rank behind"
+                )
+
+    # Stragglers, by compute and data time per step (never by collective latency).
+    for key in ("compute", "data"):
+        values = [r.phases.get(key, 0.0) for r in live if r.phases]
+        med = statistics.median(values) if values else 0.0
+        for r in live:
+            v = r.phases.get(key, 0.0)
+            if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
+                if not r.suspect:
+                    r.suspect = f"straggler:{key}"
+                    r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+
+    # A slow link slows every rank alike; the store round trips of the ranks behind it stand
+    # out (the same test as DDPRankStraggler cause=link, on this read's last heartbeat).
+    trips = [r.store_rtt for r in live if r.store_rtt >= 0]
+    med = statistics.median(trips) if trips else 0.0
+    for r in live:
+        total = sum(r.phases.values())
+        waits = total > 0 and r.phases.get("comm_wait", 0.0) / total > config.link_comm_share
+        rtt = r.store_rtt
+        if (
+            med > 0 and waits and not r.suspect and rtt > config.link_rtt_ratio * med
+            and rtt > config.link_min_rtt_seconds
+        ):  # fmt: skip
+            r.suspect = "straggler:link"
+            r.note = (
+                f"link: store round trip {rtt * 1e3:.0f} ms vs median {med * 1e3:.1f} ms: the "
+                "network link of its node is slow"
+            )
+
+    top_seq = {}
+    for s in states:
+        top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
+    for r in rows:
+        if r.finished:
+            r.suspect = ""
+            r.note = time.strftime("ended cleanly at %H:%M:%S", time.localtime(r.finished))
+            r.verdict = f"finished: {r.note}"
+            continue
+        if not r.up:
+            r.suspect, r.note = "down", "endpoint unreachable"
+        else:
+            r.seq_lag = max((top_seq[pg] - seq for pg, seq in r.pg_seq.items()), default=0.0)
+        p = previous.get(r.target)
+        confirmed = bool(r.suspect) and p is not None and p.suspect == r.suspect
+        if not confirmed:
+            if r.suspect == "down":
+                r.note = "unreachable in this read"
+            continue
+        if r.suspect == "down":
+            r.verdict = "DOWN: endpoint unreachable"
+        elif r.suspect == "behind":
+            r.verdict = f"HUNG: {r.note}"
+        elif r.suspect == "stuck":
+            r.verdict = f"STUCK: {r.note}"
+        else:
+            r.verdict = f"straggler: {r.note}"
+        if r.node and accuses(r):
+            r.verdict += f" (node {r.node})"
+    return rows
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return format_ranks(ranks, most=8)
+
+
+#: Verdict prefixes that blame a rank, strongest first (STUCK describes the whole job).
+ACCUSATIONS = ("DOWN", "HUNG", "straggler")
+
+
+def accuses(row: RankRow) -> bool:
+    """Say whether the row's verdict blames this rank (DOWN, HUNG or straggler)."""
+    return row.verdict.startswith(ACCUSATIONS)

@@ -1,0 +1,183 @@
+"""Read a run's ranks for ``top``: from their own endpoints, or from Prometheus.
+
+From endpoints, a row holds the counters since the rank started (``diagnose`` differences two
+reads); from Prometheus, the increases over a rate window, so each read stands on its own.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from ... import catalog as c
+from ...mixin.cluster import cluster_matcher
+from ...mixin.config import DEFAULT, MixinConfig
+from ..promapi import instant_query
+from .rows import COUNTERS, RankRow
+
+__all__ = ["fetch", "fetch_prometheus"]
+
+
+def _read(target: str, timeout: float) -> RankRow:
+    row = RankRow(target)
+    url = target if "://" in target else f"http://{target}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return row
+    row.up = True
+    # Imported here: a command line that never reads an endpoint starts without it.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            _apply(row, s.name, s.labels, s.value)
+    return row
+
+
+def _counter_key(n: str, labels: dict[str, str]) -> str:
+    return f"{n}:{labels['phase']}" if n == c.STEP_PHASE.name + "_sum" else n
+
+
+def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
+    """Fold one sample into ``row``."""
+    if "rank" in labels and row.rank < 0:
+        row.rank = int(labels["rank"])
+    if n == c.STEPS.name:
+        row.steps = v
+    elif n == c.STEP_DURATION.name + "_sum":
+        row.step_sum = v
+    elif n == c.STEP_PHASE.name + "_sum":
+        row.phase_sum[labels["phase"]] = v
+    elif n == c.COLLECTIVE_DURATION.name + "_sum":
+        row.coll_sum += v
+    elif n == c.COLLECTIVE_DURATION.name + "_count":
+        row.coll_count += v
+    elif n == c.LAST_ENQUEUED_SEQ.name:
+        row.pg_seq[labels.get("pg", "")] = v
+    elif n == c.INFLIGHT_AGE.name:
+        row.pg_age[labels.get("pg", "")] = v
+    elif n == c.COLLECTIVE_TIMEOUT.name:
+        row.pg_timeout[labels.get("pg", "")] = v
+    elif n == c.HEARTBEAT.name:
+        row.heartbeat = v
+    elif n == c.STORE_ROUND_TRIP.name:
+        row.store_rtt = v
+    elif n == c.GPU_MEM_ALLOCATED.name or (n == c.HOST_MEM_RESIDENT.name and not row.memory):
+        row.memory = v
+    elif n == c.SECTION_STARTED.name:
+        name = labels.get("section", "")
+        row.sections[name] = (v, row.section_deadline.get(name, float("inf")))
+    elif n == c.SECTION_DEADLINE.name:
+        name = labels.get("section", "")
+        row.section_deadline[name] = v
+        if name in row.sections:
+            row.sections[name] = (row.sections[name][0], v)
+    elif n == c.FINISHED.name:
+        row.finished = v
+    elif n == c.RANK_INFO.name:
+        row.attempt = labels.get("attempt", row.attempt)
+        row.node = labels.get("node", row.node)
+    elif n == c.HANG_ABORT_STREAK.name:
+        row.abort_streak = v
+    elif n == c.HANG_ABORT_LIMIT.name:
+        row.abort_limit = v
+    elif n == c.HANG_ABORTED_ATTEMPT.name:
+        row.aborted_attempts.append(
+            (labels.get("attempt", ""), labels.get("culprit_rank", ""), labels.get("node", ""), v)
+        )
+
+
+_PROM_NAMES = (
+    *COUNTERS,
+    c.LAST_ENQUEUED_SEQ.name,
+    c.INFLIGHT_AGE.name,
+    c.COLLECTIVE_TIMEOUT.name,
+    c.HEARTBEAT.name,
+    c.GPU_MEM_ALLOCATED.name,
+    c.HOST_MEM_RESIDENT.name,
+    c.SECTION_DEADLINE.name,
+    c.SECTION_STARTED.name,
+    c.RANK_INFO.name,
+    c.HANG_ABORT_STREAK.name,
+    c.HANG_ABORT_LIMIT.name,
+    c.HANG_ABORTED_ATTEMPT.name,
+)
+
+
+def fetch_prometheus(
+    url: str,
+    run: str,
+    timeout: float = 5.0,
+    window: str = DEFAULT.rate_window,
+    *,
+    cluster: str = "",
+    config: MixinConfig = DEFAULT,
+) -> list[RankRow]:
+    """Read one run's ranks from Prometheus with six or seven queries (any number of ranks).
+
+    Per-step figures come from the increase over ``window`` (the alerts' rate window by
+    default), so each table stands on its own whatever the scrape and refresh intervals.
+    ``cluster`` picks the run of that cluster (``config.cluster_label``); a run name found in
+    several clusters without it is an error, never two runs merged.
+    """
+
+    def query(expr: str) -> list[dict]:
+        return instant_query(url, expr, timeout)
+
+    quoted = run.replace("\\", "\\\\").replace('"', '\\"')
+    run_sel = ", ".join(m for m in (f'run="{quoted}"', cluster_matcher(config, cluster)) if m)
+    if config.cluster_label and not cluster:
+        label = config.cluster_label
+        found = query(f"count by ({label}) ({c.RANK_INFO.name}{{{run_sel}}})")
+        clusters = sorted(s["metric"].get(label, "") for s in found)
+        if len(clusters) > 1:
+            raise RuntimeError(
+                f"run {run!r} is in {len(clusters)} clusters ({', '.join(clusters)}): "
+                f"choose one with --cluster"
+            )
+    rows: dict[str, RankRow] = {}
+
+    def row_of(lab: dict[str, str]) -> RankRow:
+        key = f"rank {lab.get('rank', '?')}"
+        row = rows.setdefault(key, RankRow(key, up=True, window={}))
+        if lab.get("rank", "").isdigit():
+            row.rank = int(lab["rank"])
+        return row
+
+    for s in query(f'{{__name__=~"{"|".join(_PROM_NAMES)}", {run_sel}}}'):
+        lab = s["metric"]
+        _apply(row_of(lab), lab["__name__"], lab, float(s["value"][1]))
+    # increase() drops the metric name: carry it over in a label of its own.
+    increases = " or ".join(
+        f"label_replace(sum by (rank, phase) (increase({n}{{{run_sel}}}[{window}])), "
+        f'"counter", "{n}", "", "")'
+        for n in COUNTERS
+    )
+    for s in query(increases):
+        lab = s["metric"]
+        window_row = row_of(lab).window
+        assert window_row is not None
+        key = _counter_key(lab["counter"], lab)
+        window_row[key] = float(s["value"][1])
+    # The store round trip's median over the window, as the rules take it: one beat is noisy.
+    trip = f"{c.STORE_ROUND_TRIP.name}{{{run_sel}}}"
+    for s in query(f"max by (rank) (quantile_over_time(0.5, {trip}[{window}]))"):
+        row_of(s["metric"]).store_rtt = float(s["value"][1])
+    for s in query(f"up{{{run_sel}}}"):
+        row_of(s["metric"]).up = float(s["value"][1]) == 1.0
+    # A rank that went down has no fresh series: its node from its last info over the window.
+    for s in query(f"last_over_time({c.RANK_INFO.name}{{{run_sel}}}[{window}])"):
+        row = row_of(s["metric"])
+        row.node = row.node or s["metric"].get("node", "")
+    # A clean end is in the rank's final scrapes only: look back over the window.
+    for s in query(f"last_over_time({c.FINISHED.name}{{{run_sel}}}[{window}])"):
+        row_of(s["metric"]).finished = float(s["value"][1])
+    return sorted(rows.values(), key=lambda r: r.rank)
+
+
+def fetch(targets: list[str], timeout: float = 2.0) -> list[RankRow]:
+    """Read every target concurrently; an unreachable one comes back with ``up=False``."""
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(targets)))) as pool:
+        return list(pool.map(lambda t: _read(t, timeout), targets))
