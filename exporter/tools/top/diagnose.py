@@ -59,29 +59,44 @@ def diagnose(
     """
     previous = previous or {}
     now = time.time() if now is None else now
-    straggler_ratio = config.straggler_ratio
-    straggler_min_excess = config.straggler_min_excess_seconds
-    policy = config.hang_policy
     for r in rows:
-        p = previous.get(r.target)
-        if r.rank < 0 and p is not None:
-            r.rank = p.rank  # a rank that went down keeps its number
-        if not r.node and p is not None:
-            r.node = p.node  # a rank that went down keeps its node
-        if not r.finished and p is not None and p.finished:
-            r.finished = p.finished  # its clean end was in its last read before it left
-        inc = _increases(r, p)
-        steps = inc.get(c.STEPS.name, 0.0)
-        if steps > 0:
-            r.step_time = inc.get(COUNTERS[1], 0.0) / steps
-            prefix = COUNTERS[2] + ":"
-            r.phases = {k[len(prefix) :]: v / steps for k, v in inc.items() if k.startswith(prefix)}
-        n = inc.get(COUNTERS[4], 0.0)
-        if n > 0:
-            r.coll_latency = inc.get(COUNTERS[3], 0.0) / n
+        _figures(r, previous.get(r.target))
     live = [r for r in rows if r.up and not r.finished]
+    states = _hangs(live, config, now)
+    _stragglers(live, config)
+    _slow_link(live, config)
+    top_seq: dict[str, float] = {}
+    for s in states:
+        top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
+    for r in rows:
+        _verdict(r, previous.get(r.target), top_seq)
+    return rows
 
-    # Hangs, by the one definition shared with the alert rules and the hang watcher.
+
+def _figures(r: RankRow, p: RankRow | None) -> None:
+    """Carry over what a rank that went down no longer says; fill in its per-step figures."""
+    if r.rank < 0 and p is not None:
+        r.rank = p.rank  # a rank that went down keeps its number
+    if not r.node and p is not None:
+        r.node = p.node  # a rank that went down keeps its node
+    if not r.finished and p is not None and p.finished:
+        r.finished = p.finished  # its clean end was in its last read before it left
+    inc = _increases(r, p)
+    steps = inc.get(c.STEPS.name, 0.0)
+    if steps > 0:
+        r.step_time = inc.get(COUNTERS[1], 0.0) / steps
+        prefix = COUNTERS[2] + ":"
+        r.phases = {k[len(prefix) :]: v / steps for k, v in inc.items() if k.startswith(prefix)}
+    n = inc.get(COUNTERS[4], 0.0)
+    if n > 0:
+        r.coll_latency = inc.get(COUNTERS[3], 0.0) / n
+
+
+def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqState]:
+    """Suspect the ranks behind a stalled collective, note who waits; return the states read.
+
+    By the one definition shared with the alert rules and the hang watcher.
+    """
     states = [
         SeqState(
             r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg), bool(r.in_section(now))
@@ -89,7 +104,7 @@ def diagnose(
         for r in live
         for pg, seq in r.pg_seq.items()
     ]
-    findings = find_hangs(states, _normal_latency(live), policy)
+    findings = find_hangs(states, _normal_latency(live), config.hang_policy)
     by_rank = {r.rank: r for r in live}
     # A group stalled with nobody behind while another has a rank behind is held up by that
     # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
@@ -127,8 +142,13 @@ def diagnose(
                 r.note = (
                     f"inside collective #{f.seq:.0f} of pg {f.pg} for {f.age:.0f} s, no rank behind"
                 )
+    return states
 
-    # Stragglers, by compute and data time per step (never by collective latency).
+
+def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
+    """Suspect a rank by its compute or data time per step (never by collective latency)."""
+    straggler_ratio = config.straggler_ratio
+    straggler_min_excess = config.straggler_min_excess_seconds
     for key in ("compute", "data"):
         values = [r.phases.get(key, 0.0) for r in live if r.phases]
         med = statistics.median(values) if values else 0.0
@@ -139,8 +159,13 @@ def diagnose(
                     r.suspect = f"straggler:{key}"
                     r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
 
-    # A slow link slows every rank alike; the store round trips of the ranks behind it stand
-    # out (the same test as DDPRankStraggler cause=link, on this read's last heartbeat).
+
+def _slow_link(live: list[RankRow], config: MixinConfig) -> None:
+    """Suspect a rank behind a slow link: its store round trips stand out while it waits.
+
+    A slow link slows every rank alike; the store round trips of the ranks behind it stand out
+    (the same test as DDPRankStraggler cause=link, on this read's last heartbeat).
+    """
     trips = [r.store_rtt for r in live if r.store_rtt >= 0]
     med = statistics.median(trips) if trips else 0.0
     for r in live:
@@ -157,36 +182,33 @@ def diagnose(
                 "network link of its node is slow"
             )
 
-    top_seq = {}
-    for s in states:
-        top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
-    for r in rows:
-        if r.finished:
-            r.suspect = ""
-            r.note = time.strftime("ended cleanly at %H:%M:%S", time.localtime(r.finished))
-            r.verdict = f"finished: {r.note}"
-            continue
-        if not r.up:
-            r.suspect, r.note = "down", "endpoint unreachable"
-        else:
-            r.seq_lag = max((top_seq[pg] - seq for pg, seq in r.pg_seq.items()), default=0.0)
-        p = previous.get(r.target)
-        confirmed = bool(r.suspect) and p is not None and p.suspect == r.suspect
-        if not confirmed:
-            if r.suspect == "down":
-                r.note = "unreachable in this read"
-            continue
+
+def _verdict(r: RankRow, p: RankRow | None, top_seq: dict[str, float]) -> None:
+    """Turn a suspicion the previous read held too into the row's verdict."""
+    if r.finished:
+        r.suspect = ""
+        r.note = time.strftime("ended cleanly at %H:%M:%S", time.localtime(r.finished))
+        r.verdict = f"finished: {r.note}"
+        return
+    if not r.up:
+        r.suspect, r.note = "down", "endpoint unreachable"
+    else:
+        r.seq_lag = max((top_seq[pg] - seq for pg, seq in r.pg_seq.items()), default=0.0)
+    confirmed = bool(r.suspect) and p is not None and p.suspect == r.suspect
+    if not confirmed:
         if r.suspect == "down":
-            r.verdict = "DOWN: endpoint unreachable"
-        elif r.suspect == "behind":
-            r.verdict = f"HUNG: {r.note}"
-        elif r.suspect == "stuck":
-            r.verdict = f"STUCK: {r.note}"
-        else:
-            r.verdict = f"straggler: {r.note}"
-        if r.node and accuses(r):
-            r.verdict += f" (node {r.node})"
-    return rows
+            r.note = "unreachable in this read"
+        return
+    if r.suspect == "down":
+        r.verdict = "DOWN: endpoint unreachable"
+    elif r.suspect == "behind":
+        r.verdict = f"HUNG: {r.note}"
+    elif r.suspect == "stuck":
+        r.verdict = f"STUCK: {r.note}"
+    else:
+        r.verdict = f"straggler: {r.note}"
+    if r.node and accuses(r):
+        r.verdict += f" (node {r.node})"
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
