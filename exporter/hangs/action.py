@@ -55,25 +55,28 @@ exit by itself. Its peers do; the launcher then ends it (torchrun stops its work
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, TypeVar
 
 from .. import settings
 from ..errors import ErrorCounter
 from ..log import log
 from ..ranklist import format_ranks
 from ..storekeys import Keys
+from . import codec
 from . import verdict as verdicts
-from .capture import innermost_user_frame
+from .capture import user_frame
+from .channel import Store
 from .definition import HangFinding
 from .dumps import write_private
+from .protocol import Action, DumpRequest, Episode, Located, Summary
 from .restarts import RestartPolicy
 from .verdict import Verdict
 
@@ -84,6 +87,7 @@ __all__ = [
     "UNCERTAIN_FACTOR",
     "abort_communicators",
     "certain",
+    "decide",
     "describe",
     "due",
     "exit_now",
@@ -131,7 +135,7 @@ class ActionPolicy:
         return due
 
 
-def certain(episode: Mapping[str, Any], found: Verdict) -> bool:
+def certain(episode: Episode | Mapping[str, Any], found: Verdict) -> bool:
     """Say whether an episode's dumps leave no doubt who hangs the run, and where.
 
     Complete evidence: a rank is behind (not a symmetric hang), every rank answered, no
@@ -139,31 +143,28 @@ def certain(episode: Mapping[str, Any], found: Verdict) -> bool:
     collective, and every other rank waits in the stalled collective (the trigger saw it
     waiting, or its Flight Recorder shows that collective in flight).
     """
-    if episode.get("kind") != "behind" or episode.get("missing") or found.mismatches:
+    ep = codec.as_episode(episode)
+    req = ep.request
+    if req.kind != "behind" or ep.missing or found.mismatches:
         return False
-    behind = {int(r) for r in episode.get("behind", [])}
-    summaries = episode.get("summaries") or {}
-    if not behind or not behind <= {int(loc["rank"]) for loc in found.located}:
+    behind = set(req.behind)
+    summaries = ep.summaries or {}
+    if not behind or not behind <= {p.rank for p in found.places}:
         return False
-    pg, seq = str(episode["pg"]), float(episode["seq"])
-    waiting = {int(r) for r in episode.get("waiting", [])}
-    for key, s in summaries.items():
-        rank = int(key)
+    pg, seq = str(req.pg), float(req.seq)
+    waiting = set(req.waiting)
+    for rank, s in summaries.items():
         if not s:
             return False
         if rank in behind:
-            if (
-                s.get("phase") == "collective"
-                or innermost_user_frame(s.get("frames") or []) is None
-            ):
+            if s.phase == "collective" or user_frame(s.frames) is None:
                 return False
             continue
-        inside = any(
-            str(e.get("pg")) == pg and float(e.get("seq", -1)) == seq for e in s.get("inflight", [])
-        )
+        inside = any(str(e.pg) == pg and float(e.seq) == seq for e in s.inflight)
         if rank not in waiting and not inside:
             return False
-    return len(summaries) == int(episode.get("world_size", len(summaries)))
+    world = ep.world_size if ep.world_size is not None else len(summaries)
+    return len(summaries) == world
 
 
 def policies(
@@ -179,7 +180,7 @@ def policies(
 
 def due(
     policy: ActionPolicy,
-    request: Mapping[str, Any],
+    request: DumpRequest | Mapping[str, Any],
     finding: HangFinding | None,
     *,
     reported_age: float,
@@ -195,31 +196,32 @@ def due(
     is not), ``steps`` the steps each rank of the group completed in this attempt, ``sure``
     whether the episode's evidence is complete (:func:`certain`).
     """
+    req = codec.as_request(request)
     if finding is None or finding.kind not in ACTIONABLE:
         return False
-    if finding.kind != request["kind"] or finding.seq != request["seq"]:
+    if finding.kind != req.kind or finding.seq != req.seq:
         return False
     if not steps or min(steps.values()) < 1:
         return False
-    return reported_age >= policy.due_s(float(request["threshold"]), timeout, sure)
+    return reported_age >= policy.due_s(float(req.threshold), timeout, sure)
 
 
-def plan(
+def decide(
     policy: ActionPolicy,
-    episode: Mapping[str, Any],
-    located: list[dict],
+    episode: Episode,
+    located: Sequence[Located],
     folder: str,
     age: float,
     timeout: float | None,
     *,
     sure: bool = False,
-    nodes: list[str] | None = None,
+    nodes: Sequence[str] | None = None,
     decision: str = "abort",
     exit_code: int | None = None,
     streak: int = 1,
     limit: int = 0,
-) -> dict:
-    """Return the action the monitoring rank publishes for ``episode`` (JSON-ready).
+) -> Action:
+    """Return the action the monitoring rank publishes for ``episode``.
 
     ``decision`` is the ledger's (:func:`exporter.hangs.restarts.judge`): ``abort``,
     ``give_up`` (the last abort, with ``exit_code``) or ``decline``; ``nodes`` the node of each
@@ -228,82 +230,106 @@ def plan(
     where = None
     if located:
         first = located[0]
-        where = f"{os.path.basename(first['file'])}:{first['line']} in {first['function']}"
-    return {
-        "action": "abort" if decision != "decline" else "none",
-        "decision": decision,
-        "episode": episode["episode"],
-        "run": episode.get("run"),
-        "attempt": episode.get("attempt", "0"),
-        "pg": episode["pg"],
-        "seq": episode["seq"],
-        "kind": episode["kind"],
-        "culprits": [int(r) for r in episode.get("behind", [])],
-        "nodes": list(nodes or []),
-        "where": where,
-        "folder": folder,
-        "age_s": round(age, 1),
-        "due_s": round(policy.due_s(float(episode["threshold"]), timeout, sure), 1),
-        "certain": sure,
-        "exit_code": policy.exit_code if exit_code is None else exit_code,
-        "streak": streak,
-        "limit": limit,
-        "decided_unix": time.time(),
-    }
+        where = f"{os.path.basename(first.file)}:{first.line} in {first.function}"
+    req = episode.request
+    return Action(
+        action="abort" if decision != "decline" else "none",
+        decision=decision,
+        episode=req.episode,
+        run=episode.run,
+        attempt=episode.attempt if episode.attempt is not None else "0",
+        pg=req.pg,
+        seq=req.seq,
+        kind=req.kind,
+        culprits=req.behind,
+        nodes=tuple(nodes or ()),
+        where=where,
+        folder=folder,
+        age_s=round(age, 1),
+        due_s=round(policy.due_s(float(req.threshold), timeout, sure), 1),
+        certain=sure,
+        exit_code=policy.exit_code if exit_code is None else exit_code,
+        streak=streak,
+        limit=limit,
+        decided_unix=time.time(),
+    )
+
+
+def plan(
+    policy: ActionPolicy,
+    episode: Episode | Mapping[str, Any],
+    located: Sequence[Located | Mapping[str, Any]],
+    folder: str,
+    age: float,
+    timeout: float | None,
+    *,
+    sure: bool = False,
+    nodes: Sequence[str] | None = None,
+    decision: str = "abort",
+    exit_code: int | None = None,
+    streak: int = 1,
+    limit: int = 0,
+) -> dict[str, Any]:
+    """Return :func:`decide` as the JSON-ready dict that travels (episode and places as dicts)."""
+    action = decide(policy, codec.as_episode(episode), [codec.as_located(x) for x in located],
+                    folder, age, timeout, sure=sure, nodes=nodes, decision=decision,
+                    exit_code=exit_code, streak=streak, limit=limit)  # fmt: skip
+    return codec.action_to_dict(action)
 
 
 def _seq(seq: float) -> str:
     return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
 
 
-def _who(action: Mapping[str, Any]) -> str:
-    culprits = action.get("culprits") or []
+def _who(action: Action) -> str:
+    culprits = action.culprits
     if not culprits:
-        return f"every rank is stuck inside collective #{_seq(action['seq'])} (pg {action['pg']})"
+        return f"every rank is stuck inside collective #{_seq(action.seq)} (pg {action.pg})"
     who = f"rank {format_ranks(culprits, ranges=True)}"
-    nodes = sorted({n for n in action.get("nodes") or [] if n})
+    nodes = sorted({n for n in action.nodes if n})
     if nodes:
         who += f" (node {', '.join(nodes)})"
-    who += f" never entered collective #{_seq(action['seq'])} (pg {action['pg']})"
-    if action.get("where"):
-        who += f", stuck at {action['where']}"
+    who += f" never entered collective #{_seq(action.seq)} (pg {action.pg})"
+    if action.where:
+        who += f", stuck at {action.where}"
     return who
 
 
-def describe(action: Mapping[str, Any]) -> str:
+def describe(action: Action | Mapping[str, Any]) -> str:
     """Return the one line every rank prints before it exits (or the monitor, on declining)."""
-    head = f"run {action.get('run')} on hang episode {action['episode']}: {_who(action)}, "
-    head += f"for {action['age_s']:.0f} s (abort after {action['due_s']:.0f} s)"
-    streak, limit = int(action.get("streak", 1)), int(action.get("limit", 0))
-    if action.get("decision") == "decline":
+    a = codec.as_action(action)
+    head = f"run {a.run} on hang episode {a.episode}: {_who(a)}, "
+    head += f"for {a.age_s:.0f} s (abort after {a.due_s:.0f} s)"
+    streak, limit = a.streak, a.limit
+    if a.decision == "decline":
         return (
             f"ddp-exporter: NOT aborting {head}: the run was aborted {streak - 1} times in a row "
             f"without progress (limit {limit}), so restarts do not help; dumps and verdict in "
-            f"{action['folder']}; the ranks wait for the collective timeout"
+            f"{a.folder}; the ranks wait for the collective timeout"
         )
     tail = "so that the launcher restarts the job from its last checkpoint"
-    if action.get("decision") == "give_up":
+    if a.decision == "give_up":
         tail = (
             f"and this is the last abort: {streak} in a row without progress (limit {limit}), "
             "do not requeue; the hang action stops here"
         )
     return (
-        f"ddp-exporter: aborting {head}; dumps and verdict in {action['folder']}; every rank "
-        f"exits with code {action['exit_code']} {tail}"
+        f"ddp-exporter: aborting {head}; dumps and verdict in {a.folder}; every rank "
+        f"exits with code {a.exit_code} {tail}"
     )
 
 
 def record(
     folder: str,
-    episode: dict,
-    summaries: dict[int, dict | None],
-    action: Mapping[str, Any],
+    episode: Episode,
+    summaries: Mapping[int, Summary | None],
+    action: Action,
     errors: ErrorCounter,
 ) -> None:
     """Add the action to the episode's ``episode.json`` and ``verdict.txt``."""
-    episode = dict(episode, action=dict(action))
+    episode = dataclasses.replace(episode, action=action)
     try:
-        write_private(os.path.join(folder, "episode.json"), json.dumps(episode, indent=1))
+        write_private(os.path.join(folder, "episode.json"), codec.episode_json(episode))
         text = verdicts.render(verdicts.verdict(episode, summaries))
         write_private(os.path.join(folder, "verdict.txt"), text)
     except OSError as exc:
@@ -365,18 +391,23 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-class Leaving:
+#: The action as a :class:`Leaving` is handed it: typed, or as it travels (tests, tools).
+_A = TypeVar("_A", Action, Mapping[str, Any])
+
+
+class Leaving(Generic[_A]):
     """Take one rank out of a run whose hang action was decided, together with the others.
 
     ``exit`` and ``quiet`` are the process-wide steps (``os._exit``, silencing the training
     thread); tests pass harmless ones. ``keep`` writes what this rank keeps of the action on its
-    disk (the ledger and the launcher's line), ``forget`` clears the attempt from a store that
-    outlives it (monitoring rank, once every rank is leaving).
+    disk (the ledger and the launcher's line), handed the action as :meth:`leave` was;
+    ``forget`` clears the attempt from a store that outlives it (monitoring rank, once every
+    rank is leaving).
     """
 
     def __init__(
         self,
-        store: Any,
+        store: Store,
         keys: Keys,
         rank: int,
         *,
@@ -387,7 +418,7 @@ class Leaving:
         errors: ErrorCounter,
         exit: Callable[[int], Any] = exit_now,
         quiet: Callable[[], None] = _quiet_training_thread,
-        keep: Callable[[Mapping[str, Any]], None] = lambda action: None,
+        keep: Callable[[_A], None] = lambda action: None,
         forget: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
@@ -399,16 +430,19 @@ class Leaving:
         self._errors = errors
         self._exit = exit
         self._quiet = quiet
-        self._keep = keep
+        self._keep: Callable[[_A], None] = keep
         self._forget = forget
         # Ranks see the action up to a watch apart, then each publishes for up to publish_s.
         self.deadline_s = policy.publish_s + interval_s + 2.0
 
-    def leave(self, action: Mapping[str, Any], answered: list[int] | None = None) -> None:
+    def leave(self, action: _A, answered: list[int] | None = None) -> None:
         """Print the line, publish, leave with the others and exit (``answered``: monitor only)."""
+        code = self._policy.exit_code
         try:
+            code = codec.as_action(action).exit_code
             log.warning("%s", describe(action))
-            for step in (lambda: self._keep(action), self._publish):
+            steps: tuple[Callable[[], None], ...] = (lambda: self._keep(action), self._publish)
+            for step in steps:
                 try:
                     step()
                 except Exception as exc:  # noqa: BLE001
@@ -425,7 +459,7 @@ class Leaving:
             self._errors.record("forensics", exc)
         finally:
             abort_communicators()
-            self._exit(int(action.get("exit_code", self._policy.exit_code)))
+            self._exit(code)
 
     def _let_go(self, answered: list[int]) -> None:
         """Wait until every rank that answered is leaving (bounded), then let them all go."""

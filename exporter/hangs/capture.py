@@ -7,6 +7,7 @@ imports no torch and :func:`summarize` also serves ``ddp-exporter hangs`` on a l
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -14,10 +15,24 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
-__all__ = ["ACK_FRAMES", "MAX_FRAMES", "capture", "innermost_user_frame", "phase", "summarize"]
+from . import codec
+from .protocol import Frame, InflightOp, PgSeqs, RankState, Summary, ThreadStack
+
+__all__ = [
+    "ACK_FRAMES",
+    "MAX_FRAMES",
+    "capture",
+    "capture_state",
+    "innermost_user_frame",
+    "phase",
+    "summarize",
+    "summary_of",
+    "user_frame",
+]
 
 #: Frames kept per thread (innermost ones): deep recursion must not bloat a dump.
 MAX_FRAMES = 100
@@ -50,19 +65,19 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _TOOLS_DIR = os.path.join(_PACKAGE_DIR, "tools") + os.sep
 
 
-def _frames(frame: Any) -> list[dict]:
+def _frames(frame: FrameType) -> tuple[Frame, ...]:
     out = [
-        {"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line or ""}
+        Frame(fs.filename, fs.lineno, fs.name, fs.line or "")
         for fs in traceback.extract_stack(frame)
     ]
-    return out[-MAX_FRAMES:]
+    return tuple(out[-MAX_FRAMES:])
 
 
-def innermost_user_frame(frames: list[dict]) -> dict | None:
+def user_frame(frames: Sequence[Frame]) -> Frame | None:
     """Return the innermost frame of the user's own code (see ``_SKIP_DIRS``), else None."""
     for fr in reversed(frames):
-        path = os.path.normpath(os.path.abspath(fr["file"])) if fr["file"] else ""
-        if fr["file"].startswith("<") or path.startswith(_SKIP_DIRS):
+        path = os.path.normpath(os.path.abspath(fr.file)) if fr.file else ""
+        if fr.file.startswith("<") or path.startswith(_SKIP_DIRS):
             continue
         if path.startswith(_PACKAGE_DIR) and not path.startswith(_TOOLS_DIR):
             continue
@@ -70,10 +85,16 @@ def innermost_user_frame(frames: list[dict]) -> dict | None:
     return None
 
 
-def phase(frames: list[dict]) -> str:
+def innermost_user_frame(frames: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Return :func:`user_frame` of frames in their JSON form, in that form (for tools)."""
+    found = user_frame([codec.frame_from_dict(f) for f in frames])
+    return None if found is None else codec.frame_to_dict(found)
+
+
+def phase(frames: Sequence[Frame]) -> str:
     """Name what the training thread is doing from its stack (nothing on the hot path)."""
-    files = " ".join(f["file"].replace(os.sep, "/") for f in frames)
-    functions = {f["function"] for f in frames}
+    files = " ".join(f.file.replace(os.sep, "/") for f in frames)
+    functions = {f.function for f in frames}
     if "torch/utils/data" in files:
         return "data"
     if "torch/optim" in files:
@@ -85,7 +106,7 @@ def phase(frames: list[dict]) -> str:
     return "compute"
 
 
-def _threads(main_ident: int | None) -> list[dict]:
+def _threads(main_ident: int | None) -> list[ThreadStack]:
     frames = sys._current_frames()
     by_ident = {t.ident: t for t in threading.enumerate()}
     own = threading.get_ident()
@@ -93,26 +114,26 @@ def _threads(main_ident: int | None) -> list[dict]:
     for ident, frame in frames.items():
         t = by_ident.get(ident)
         out.append(
-            {
-                "name": t.name if t else f"thread-{ident}",
-                "ident": ident,
-                "daemon": bool(t.daemon) if t else None,
-                "training": ident == main_ident,
-                "exporter": ident == own,
-                "frames": _frames(frame),
-            }
+            ThreadStack(
+                name=t.name if t else f"thread-{ident}",
+                ident=ident,
+                daemon=bool(t.daemon) if t else None,
+                training=ident == main_ident,
+                exporter=ident == own,
+                frames=_frames(frame),
+            )
         )
-    out.sort(key=lambda t: (not t["training"], t["exporter"], t["name"]))
+    out.sort(key=lambda t: (not t.training, t.exporter, t.name))
     return out
 
 
-def capture(
+def capture_state(
     *,
     main_ident: int | None = None,
-    flight_recorder: Callable[[], dict] | None = None,
+    flight_recorder: Callable[[], Mapping[str, Any]] | None = None,
     step: int | None = None,
-    seqs: Callable[[], dict] | None = None,
-) -> dict:
+    seqs: Callable[[], Mapping[str, PgSeqs]] | None = None,
+) -> RankState:
     """Return this rank's state: every thread's stack, Flight Recorder entries, step, phase.
 
     ``flight_recorder`` returns the Flight Recorder's entries (None: not in use on this rank);
@@ -120,46 +141,62 @@ def capture(
     """
     if main_ident is None:
         main_ident = threading.main_thread().ident
-    out: dict[str, Any] = {"time_unix": time.time(), "errors": []}
+    now = time.time()
+    errors: list[str] = []
     try:
-        out["threads"] = _threads(main_ident)
+        threads = _threads(main_ident)
     except Exception as exc:  # noqa: BLE001
-        out["threads"] = []
-        out["errors"].append(f"python stacks: {exc!r}")
+        threads = []
+        errors.append(f"python stacks: {exc!r}")
+    fr: Mapping[str, Any]
     if flight_recorder is None:
         # Turned off (DDP_EXPORTER_FLIGHT_RECORDER=0) or found unusable at start: keep out.
-        out["flight_recorder"] = {"available": False, "error": "Flight Recorder not in use"}
+        fr = codec.flight_unavailable("Flight Recorder not in use")
     else:
-        out["flight_recorder"] = flight_recorder()
-    training = next((t for t in out["threads"] if t["training"]), None)
-    out["phase"] = phase(training["frames"]) if training else "unknown"
-    if step is not None:
-        out["step"] = step
+        fr = flight_recorder()
+    training = next((t for t in threads if t.training), None)
+    read: Mapping[str, PgSeqs] | None = None
     if seqs is not None:
         try:
-            out["seqs"] = seqs()
+            read = seqs()
         except Exception as exc:  # noqa: BLE001
-            out["errors"].append(f"in-flight state: {exc!r}")
-    return out
+            errors.append(f"in-flight state: {exc!r}")
+    return RankState(now, tuple(errors), tuple(threads), fr,
+                     phase(training.frames) if training else "unknown", step, read)  # fmt: skip
 
 
-def summarize(rank: int, dump: dict) -> dict:
-    """Return the short form of a rank's dump that travels through the store as its ack."""
-    training = next((t for t in dump.get("threads", []) if t.get("training")), None)
-    frames = training["frames"][-ACK_FRAMES:] if training else []
-    slim = [{k: f[k] for k in ("file", "line", "function")} for f in frames]
-    fr = dump.get("flight_recorder", {})
-    inflight = [
-        {"op": e["op"], "seq": e["seq"], "pg": e["pg"], "pg_desc": e.get("pg_desc", "")}
-        for e in (fr.get("inflight") or [])[:8]
-    ]
-    return {
-        "rank": rank,
-        "step": dump.get("step"),
-        "phase": dump.get("phase"),
-        "frames": slim,
-        "where": innermost_user_frame(slim) or (slim[-1] if slim else None),
-        "inflight": inflight,
-        "seqs": dump.get("seqs", {}),
-        "errors": dump.get("errors", []),
-    }
+def capture(
+    *,
+    main_ident: int | None = None,
+    flight_recorder: Callable[[], Mapping[str, Any]] | None = None,
+    step: int | None = None,
+    seqs: Callable[[], Mapping[str, PgSeqs]] | None = None,
+) -> dict[str, Any]:
+    """Return :func:`capture_state` in the JSON form of a dump file (for tools)."""
+    state = capture_state(main_ident=main_ident, flight_recorder=flight_recorder, step=step,
+                          seqs=seqs)  # fmt: skip
+    return codec.state_to_dict(state)
+
+
+def summary_of(rank: int, state: RankState) -> Summary:
+    """Return the short form of a rank's state that travels through the store in its ack."""
+    training = next((t for t in state.threads if t.training), None)
+    frames = training.frames[-ACK_FRAMES:] if training else ()
+    slim = tuple(dataclasses.replace(f, code=None) for f in frames)
+    inflight = tuple(InflightOp(e.op, e.seq, e.pg, e.pg_desc)
+                     for e in codec.flight_entries(state.flight_recorder, "inflight")[:8])  # fmt: skip
+    return Summary(
+        rank=rank,
+        step=state.step,
+        phase=state.phase,
+        frames=slim,
+        where=user_frame(slim) or (slim[-1] if slim else None),
+        inflight=inflight,
+        seqs=dict(state.seqs or {}),
+        errors=state.errors,
+    )
+
+
+def summarize(rank: int, dump: Mapping[str, Any]) -> dict[str, Any]:
+    """Return :func:`summary_of` a dump file's JSON form, in the JSON form of an ack's summary."""
+    return codec.summary_to_dict(summary_of(rank, codec.state_from_dict(dump)))

@@ -13,6 +13,9 @@ import os
 import re
 import time
 
+from . import codec
+from .protocol import RankDump
+
 __all__ = [
     "EPISODE_GLOB",
     "episode_dir",
@@ -63,34 +66,33 @@ def replace_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def render_dump(rank: int, dump: dict) -> str:
+def render_dump(rank: int, dump: RankDump) -> str:
     """Return one rank's dump as text: every thread's stack, then the Flight Recorder."""
+    state = dump.state
     lines = [
-        f"ddp-exporter hang dump: rank {rank}, episode {dump.get('episode')}, "
-        f"run {dump.get('run')}, host {dump.get('host')}, pid {dump.get('pid')}",
-        f"step {dump.get('step')}, phase {dump.get('phase')}, "
-        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(dump.get('time_unix', 0)))}",
+        f"ddp-exporter hang dump: rank {rank}, episode {dump.episode}, "
+        f"run {dump.run}, host {dump.host}, pid {dump.pid}",
+        f"step {state.step}, phase {state.phase}, "
+        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(state.time_unix))}",
     ]
-    for err in dump.get("errors", []):
+    for err in state.errors:
         lines.append(f"capture incomplete: {err}")
-    for t in dump.get("threads", []):
-        tag = " (training thread)" if t["training"] else " (exporter)" if t["exporter"] else ""
-        lines += ["", f'Thread "{t["name"]}"{tag}, most recent call last:']
-        for f in t["frames"]:
-            lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}')
-            if f.get("code"):
-                lines.append(f"    {f['code']}")
-    fr = dump.get("flight_recorder", {})
+    for t in state.threads:
+        tag = " (training thread)" if t.training else " (exporter)" if t.exporter else ""
+        lines += ["", f'Thread "{t.name}"{tag}, most recent call last:']
+        for f in t.frames:
+            lines.append(f'  File "{f.file}", line {f.line}, in {f.function}')
+            if f.code:
+                lines.append(f"    {f.code}")
+    fr = state.flight_recorder
     lines += ["", "Flight Recorder:"]
-    if not fr.get("available"):
-        lines.append(f"  unavailable: {fr.get('error')}")
+    if not codec.flight_available(fr):
+        lines.append(f"  unavailable: {codec.flight_error(fr)}")
     else:
-        for title, key in (("in flight", "inflight"), ("recent", "recent")):
+        for title, which in (("in flight", "inflight"), ("recent", "recent")):
             lines.append(f"  {title}:")
-            for e in fr.get(key, []):
-                lines.append(
-                    f"    pg {e['pg']} #{e['seq']} {e['op']} {e['state']} sizes {e['input_sizes']}"
-                )
-                for f in e["frames"][-6:]:
-                    lines.append(f"      {f['file']}:{f['line']} in {f['function']}")
+            for e in codec.flight_entries(fr, which):
+                lines.append(f"    pg {e.pg} #{e.seq} {e.op} {e.state} sizes {e.input_sizes}")
+                for f in e.frames[-6:]:
+                    lines.append(f"      {f.file}:{f.line} in {f.function}")
     return "\n".join(lines) + "\n"

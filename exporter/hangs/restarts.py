@@ -37,15 +37,16 @@ limit=3 culprit_ranks=1 culprit_nodes=node-7 folder=ddp-exporter-dumps/job-attem
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from . import codec
 from .dumps import makedirs_private, replace_private, safe_run
+from .protocol import LedgerEntry
 
 __all__ = [
     "DECISIONS",
@@ -59,6 +60,7 @@ __all__ = [
     "launcher_line",
     "ledger_path",
     "load_chain",
+    "load_entries",
     "record",
 ]
 
@@ -106,44 +108,50 @@ def abort_path(dump_dir: str, run: str) -> str:
     return os.path.join(dump_dir, f"{safe_run(run)}-abort.txt")
 
 
-def load_chain(dump_dir: str, run: str, attempt: str) -> list[dict]:
+def load_entries(dump_dir: str, run: str, attempt: str) -> list[LedgerEntry]:
     """Return the ledger's entries that lead up to ``attempt`` (empty when they do not).
 
     Raises OSError or ValueError for a ledger that exists but cannot be read.
     """
     try:
         with open(ledger_path(dump_dir, run)) as f:
-            entries = json.load(f).get("attempts", [])
+            entries = codec.ledger_from_json(f.read())
     except FileNotFoundError:
         return []
     if not attempt.isdigit() or not entries:
         return []
-    chain: list[dict] = []
+    chain: list[LedgerEntry] = []
     want = int(attempt) - 1
     for e in reversed(entries):
-        if e.get("run") != run or int(e.get("attempt", -1)) != want:
+        if e.run != run or e.attempt != want:
             break
         chain.append(e)
         want -= 1
     return chain[::-1]
 
 
-def _best(chain: Sequence[dict]) -> int | None:
-    return max((int(e["furthest"]) for e in chain), default=None)
+def load_chain(dump_dir: str, run: str, attempt: str) -> list[dict[str, Any]]:
+    """Return :func:`load_entries` as JSON-ready dicts, as the ledger file holds them."""
+    return [codec.entry_to_dict(e) for e in load_entries(dump_dir, run, attempt)]
 
 
 def judge(
-    chain: Sequence[dict], policy: RestartPolicy, *, start_step: int | None, steps: int
+    chain: Sequence[LedgerEntry | Mapping[str, Any]],
+    policy: RestartPolicy,
+    *,
+    start_step: int | None,
+    steps: int,
 ) -> Judgement:
     """Judge an attempt due for the action: its progress, the streak, what to do."""
-    best = _best(chain)
+    entries = [codec.as_entry(e) for e in chain]
+    best = max((e.furthest for e in entries), default=None)
     start = start_step if start_step is not None else (best or 0)
     furthest = start + steps
     if best is None:
         progress, streak = True, 1
     else:
         progress = furthest >= best + policy.progress_steps
-        streak = 1 if progress else int(chain[-1].get("streak", 0)) + 1
+        streak = 1 if progress else entries[-1].streak + 1
     if policy.limit <= 0 or streak < policy.limit:
         decision = "abort"
     elif streak == policy.limit:
@@ -153,29 +161,34 @@ def judge(
     return Judgement(furthest, progress, streak, decision)
 
 
-def record(dump_dir: str, run: str, chain: Sequence[dict], entry: dict) -> None:
+def record(
+    dump_dir: str,
+    run: str,
+    chain: Sequence[LedgerEntry | Mapping[str, Any]],
+    entry: LedgerEntry | Mapping[str, Any],
+) -> None:
     """Write the ledger: ``chain`` then ``entry`` (a new chain replaces an old ledger whole)."""
     makedirs_private(os.path.join(dump_dir, "."))
-    entries = [*chain, entry][-_KEEP:]
-    replace_private(ledger_path(dump_dir, run), json.dumps({"attempts": entries}, indent=1))
+    entries = [codec.as_entry(e) for e in [*chain, entry]][-_KEEP:]
+    replace_private(ledger_path(dump_dir, run), codec.ledger_json(entries))
 
 
 def _items(values: Sequence[Any]) -> str:
     return ",".join(str(v) for v in values if v not in (None, "")) or "none"
 
 
-def launcher_line(entry: dict, limit: int) -> str:
+def launcher_line(entry: LedgerEntry | Mapping[str, Any], limit: int) -> str:
     """Return the one line of ``<run>-abort.txt`` for ``entry`` (an abort or the last one)."""
+    e = codec.as_entry(entry)
     return (
-        f"requeue={'no' if entry['decision'] == 'give_up' else 'yes'} "
-        f"exit_code={entry['exit_code']} attempt={entry['attempt']} "
-        f"aborts_without_progress={entry['streak']} limit={limit} "
-        f"culprit_ranks={_items(entry['culprits'])} culprit_nodes={_items(entry['nodes'])} "
-        f"folder={entry['folder']}\n"
+        f"requeue={'no' if e.decision == 'give_up' else 'yes'} "
+        f"exit_code={e.exit_code} attempt={e.attempt} "
+        f"aborts_without_progress={e.streak} limit={limit} "
+        f"culprit_ranks={_items(e.culprits)} culprit_nodes={_items(e.nodes)} "
+        f"folder={e.folder}\n"
     )
 
 
-@dataclass
 class RestartState:
     """What the monitoring rank publishes of its run's ledger (``ddp_hang_abort*`` series).
 
@@ -183,16 +196,18 @@ class RestartState:
     soon as this attempt's steps pass the mark (progress). Read by the collector at scrape time.
     """
 
-    policy: RestartPolicy
-    chain: list[dict]
-    start_step: int | None = None
-    #: Aborts in a row without progress so far (the last entry's, or this attempt's).
-    streak: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.chain:
-            self.streak = int(self.chain[-1].get("streak", 0))
+    def __init__(
+        self,
+        policy: RestartPolicy,
+        chain: Sequence[LedgerEntry | Mapping[str, Any]],
+        start_step: int | None = None,
+    ) -> None:
+        self.policy = policy
+        self.chain: list[LedgerEntry] = [codec.as_entry(e) for e in chain]
+        self.start_step = start_step
+        #: Aborts in a row without progress so far (the last entry's, or this attempt's).
+        self.streak = self.chain[-1].streak if self.chain else 0
+        self._lock = threading.Lock()
 
     @property
     def limit(self) -> int:
@@ -214,28 +229,25 @@ class RestartState:
             self.streak = 0
         return True
 
-    def add(self, entry: dict) -> None:
+    def add(self, entry: LedgerEntry) -> None:
         """Count this attempt's entry (just judged)."""
         with self._lock:
             self.chain = [*self.chain, entry]
-            self.streak = int(entry["streak"])
+            self.streak = entry.streak
 
     def attempts(self) -> list[tuple[str, str, str, int]]:
         """Return ``(attempt, culprit rank, its node, furthest step)`` of the latest entries."""
         with self._lock:
             chain = self.chain[-HISTORY_SERIES:]
-        out = []
-        for e in chain:
-            culprits, nodes = e.get("culprits") or [], e.get("nodes") or []
-            out.append(
-                (
-                    str(e["attempt"]),
-                    str(culprits[0]) if culprits else "",
-                    str(nodes[0]) if nodes else "",
-                    int(e["furthest"]),
-                )
+        return [
+            (
+                str(e.attempt),
+                str(e.culprits[0]) if e.culprits else "",
+                str(e.nodes[0]) if e.nodes else "",
+                e.furthest,
             )
-        return out
+            for e in chain
+        ]
 
 
 def entry(
@@ -250,21 +262,21 @@ def entry(
     episode: int,
     folder: str,
     exit_code: int | None,
-) -> dict:
-    """Return one ledger entry (JSON-ready)."""
-    return {
-        "run": run,
-        "attempt": int(attempt) if attempt.isdigit() else 0,
-        "episode": episode,
-        "decision": judgement.decision,
-        "exit_code": exit_code,
-        "progress": judgement.progress,
-        "streak": judgement.streak,
-        "furthest": judgement.furthest,
-        "steps": steps,
-        "start_step": start_step,
-        "culprits": list(culprits),
-        "nodes": list(nodes),
-        "folder": folder,
-        "decided_unix": time.time(),
-    }
+) -> LedgerEntry:
+    """Return one ledger entry."""
+    return LedgerEntry(
+        run=run,
+        attempt=int(attempt) if attempt.isdigit() else 0,
+        episode=episode,
+        decision=judgement.decision,
+        exit_code=exit_code,
+        progress=judgement.progress,
+        streak=judgement.streak,
+        furthest=judgement.furthest,
+        steps=steps,
+        start_step=start_step,
+        culprits=tuple(culprits),
+        nodes=tuple(nodes),
+        folder=folder,
+        decided_unix=time.time(),
+    )

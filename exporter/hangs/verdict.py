@@ -18,11 +18,15 @@ import glob
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ranklist import format_ranks
-from .capture import summarize
+from . import codec
+from .capture import summary_of
 from .dumps import EPISODE_GLOB
+from .protocol import Action, Episode, Frame, Located, Summary
 
 __all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "render", "verdict"]
 
@@ -38,76 +42,91 @@ class Verdict:
     culprits: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
-    groups: list[tuple[list[int], list[dict]]] = field(default_factory=list)
-    #: (rank, op, seq, pg, file, line, function) of each culprit that answered, for tools.
-    located: list[dict] = field(default_factory=list)
+    groups: list[tuple[list[int], list[Frame]]] = field(default_factory=list)
+    #: Where each culprit that answered is stuck (the action names the first).
+    places: list[Located] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     #: What the hang action did (``instrument(on_hang="abort")``), None when it did nothing.
     action: str | None = None
+
+    @property
+    def located(self) -> list[dict[str, Any]]:
+        """Return :attr:`places` as JSON-ready dicts (rank, op, seq, pg, file, line, function)."""
+        return [codec.located_to_dict(p) for p in self.places]
 
 
 def _ranks(ranks: list[int]) -> str:
     return format_ranks(ranks, ranges=True)
 
 
-def _at(frame: dict | None) -> str:
+def _at(frame: Frame | None) -> str:
     if not frame:
         return "an unknown place (no Python frame)"
-    return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['function']}"
+    return f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
 
 
 def _seq(seq: float) -> str:
     return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
 
 
-def _action(action: dict | None) -> str | None:
+def _action(action: Action | None) -> str | None:
     if not action:
         return None
-    when = time.strftime("%H:%M:%S UTC", time.gmtime(float(action.get("decided_unix", 0))))
-    streak, limit = action.get("streak", 1), action.get("limit", 0)
-    if action.get("decision") == "decline":
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(float(action.decided_unix)))
+    streak, limit = action.streak, action.limit
+    if action.decision == "decline":
         return (
             f"none: at {when} the hang action declined (on_hang=abort): the run was aborted "
             f"{int(streak) - 1} times in a row without progress (limit {limit}); restarts do not "
             "help, the ranks wait for the collective timeout"
         )
     why = "for the launcher to restart the job from its last checkpoint"
-    if action.get("decision") == "give_up":
+    if action.decision == "give_up":
         why = f"the last abort: {streak} in a row without progress (limit {limit}), do not requeue"
     return (
-        f"aborted: at {when} every rank of the run exited with code {action.get('exit_code')} "
-        f"(on_hang=abort), the hang having lasted {action.get('age_s')} s (abort after "
-        f"{action.get('due_s')} s), {why}"
+        f"aborted: at {when} every rank of the run exited with code {action.exit_code} "
+        f"(on_hang=abort), the hang having lasted {action.age_s} s (abort after "
+        f"{action.due_s} s), {why}"
     )
 
 
 #: Process group descriptions that say nothing more than the group's number.
 _PLAIN_DESCS = frozenset({"default_pg", "undefined"})
+#: What a rank that did not answer may be.
+_SILENT = (
+    "did not answer the dump request: frozen (SIGSTOP, debugger), dead, its node cut off "
+    "from the store's (network, firewall), or a thread holds the GIL"
+)
 
 
-def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
+def verdict(
+    episode: Episode | Mapping[str, Any],
+    summaries: Mapping[int, Summary | Mapping[str, Any] | None],
+) -> Verdict:
     """Build the verdict of ``episode`` (the monitoring rank's request) from rank summaries.
 
-    ``summaries`` maps every rank to its summary, or None when it did not answer.
+    ``summaries`` maps every rank to its summary, or None when it did not answer. Either may be
+    given in its JSON form (``episode.json``, tests).
     """
-    pg, seq, kind = str(episode["pg"]), episode["seq"], episode["kind"]
-    answered = {r: s for r, s in summaries.items() if s is not None}
+    ep = codec.as_episode(episode)
+    req = ep.request
+    pg, seq, kind = str(req.pg), req.seq, req.kind
+    answered = {r: codec.as_summary(s) for r, s in summaries.items() if s is not None}
     missing = sorted(r for r, s in summaries.items() if s is None)
     # Read from one node's files without the monitoring rank's episode.json: a rank without a
     # file here may have answered on its own node, so it is not called silent.
-    local_only = bool(episode.get("local_only"))
-    behind = sorted(int(r) for r in episode.get("behind", []))
-    last = {int(r): v for r, v in (episode.get("last_enqueued") or {}).items()}
+    local_only = ep.local_only
+    behind = sorted(req.behind)
+    last = dict(ep.last_enqueued)
     # Which op(s) sit at each (pg, seq) across ranks, from the Flight Recorder.
     at_seq: dict[tuple[str, int], dict[str, list[int]]] = {}
     for r, s in answered.items():
-        for e in s.get("inflight", []):
-            at_seq.setdefault((str(e["pg"]), int(e["seq"])), {}).setdefault(e["op"], []).append(r)
+        for e in s.inflight:
+            at_seq.setdefault((str(e.pg), int(e.seq)), {}).setdefault(e.op, []).append(r)
     ops_here = at_seq.get((pg, int(seq)), {})
     op = "/".join(sorted(ops_here)) if ops_here else "collective"
     # What the group is, where torch says (a DeviceMesh dimension: "mesh_shard").
-    descs = {str(e["pg"]): str(e.get("pg_desc") or "")
-             for s in answered.values() for e in s.get("inflight", [])}  # fmt: skip
+    descs = {str(e.pg): str(e.pg_desc or "") for s in answered.values() for e in s.inflight}
 
     def group(p: str) -> str:
         desc = descs.get(p, "")
@@ -116,10 +135,10 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
     named = group(pg)
     v = Verdict(
         header=(
-            f"hang episode {episode.get('episode')} in run {episode.get('run')}: "
+            f"hang episode {req.episode} in run {ep.run}: "
             f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in {named} at "
-            f"{op} #{_seq(seq)}, oldest in flight {episode.get('age', 0):.1f}s "
-            f"(threshold {episode.get('threshold', 0):.1f}s); "
+            f"{op} #{_seq(seq)}, oldest in flight {req.age:.1f}s "
+            f"(threshold {req.threshold:.1f}s); "
             + (
                 f"{len(answered)}/{len(summaries)} ranks answered"
                 if not local_only
@@ -127,52 +146,37 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
             )
         ),
         missing=missing,
-        action=_action(episode.get("action")),
+        action=_action(ep.action),
     )
-    nodes = {int(r): str(n) for r, n in (episode.get("nodes") or {}).items()}
+    nodes = dict(ep.nodes)
 
     def on(r: int) -> str:
         return f" (node {nodes[r]})" if r in nodes else ""
 
-    silent = (
-        "did not answer the dump request: frozen (SIGSTOP, debugger), dead, its node cut off "
-        "from the store's (network, firewall), or a thread holds the GIL"
-    )
-
     for r in behind:
-        s = answered.get(r)
+        got = answered.get(r)
         was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
-        if s is None and local_only:
+        if got is None and local_only:
             v.culprits.append(
                 f"rank {r} never entered {op} #{_seq(seq)} ({named}){was}; its dump is not in "
                 "this folder (another node's disk)"
             )
             continue
-        if s is None:
+        if got is None:
             v.culprits.append(
-                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}){was} and {silent}"
+                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}){was} and {_SILENT}"
             )
             continue
-        where = s.get("where") or (s.get("frames") or [None])[-1]
+        where = got.where or (got.frames[-1] if got.frames else None)
         v.culprits.append(
             f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}); it is at {_at(where)} "
-            f"(step {s.get('step')}, phase {s.get('phase')})"
+            f"(step {got.step}, phase {got.phase})"
         )
         if where:
-            v.located.append(
-                {
-                    "rank": r,
-                    "op": op,
-                    "seq": seq,
-                    "pg": pg,
-                    "file": where["file"],
-                    "line": where["line"],
-                    "function": where["function"],
-                }
-            )
+            v.places.append(Located(r, op, seq, pg, where.file, where.line, where.function))
     for r in missing:
         if r not in behind and not local_only:
-            v.culprits.append(f"rank {r}{on(r)} {silent}")
+            v.culprits.append(f"rank {r}{on(r)} {_SILENT}")
     if kind == "symmetric" and not v.culprits:
         v.culprits.append(
             f"no rank is behind: every rank is inside {op} #{_seq(seq)} ({named}) and none "
@@ -182,46 +186,61 @@ def verdict(episode: dict, summaries: dict[int, dict | None]) -> Verdict:
         if len(ops) > 1:
             parts = ", ".join(f"rank {_ranks(rs)} in {o}" for o, rs in sorted(ops.items()))
             v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
-    waiting: dict[tuple, list[int]] = {}
+    _waiting(v, answered, pg, op, seq, behind, set(req.waiting), group)
+    v.groups = _groups(answered)
+    return v
+
+
+def _waiting(
+    v: Verdict,
+    answered: Mapping[int, Summary],
+    pg: str,
+    op: str,
+    seq: float,
+    behind: list[int],
+    triggered: set[int],
+    group: Callable[[str], str],
+) -> None:
+    """Add the ranks waiting in the stalled collective, and those held up elsewhere."""
+    named = group(pg)
+    waiting: dict[tuple[str, str], list[int]] = {}
     # The trigger's waiting ranks, plus every rank whose dump shows it inside the collective
     # (the trigger only lists those already past the threshold when it fired).
-    inside = {
-        r for r, s in answered.items() if any(str(e["pg"]) == pg for e in s.get("inflight", []))
-    }
-    for r in sorted({int(x) for x in episode.get("waiting", [])} | inside):
-        s = answered.get(r)
-        if s is None or r in behind:
+    inside = {r for r, s in answered.items() if any(str(e.pg) == pg for e in s.inflight)}
+    for r in sorted(triggered | inside):
+        found = answered.get(r)
+        if found is None or r in behind:
             continue
-        mine = [e for e in s.get("inflight", []) if str(e["pg"]) == pg]
-        what = f"{mine[0]['op']} #{mine[0]['seq']}" if mine else f"{op} #{_seq(seq)}"
-        key = (what, _at(s.get("where")))
+        mine = [e for e in found.inflight if str(e.pg) == pg]
+        what = f"{mine[0].op} #{mine[0].seq}" if mine else f"{op} #{_seq(seq)}"
+        key = (what, _at(found.where))
         waiting.setdefault(key, []).append(r)
     for (what, at), rs in waiting.items():
         verb = "waits" if len(rs) == 1 else "wait"
         v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({named}), called at {at}")
     # Ranks held up in another group (a 2-D mesh: the replicate group waits for a rank that
     # waits here): not culprits, and worth a line so that nobody goes looking there.
-    elsewhere: dict[tuple, list[int]] = {}
+    elsewhere: dict[tuple[str, str], list[int]] = {}
     for r, s in sorted(answered.items()):
         if r in behind or r in inside:
             continue
-        for e in s.get("inflight", [])[:1]:
-            key = (f"{e['op']} #{e['seq']}", group(str(e["pg"])))
+        for e in s.inflight[:1]:
+            key = (f"{e.op} #{e.seq}", group(str(e.pg)))
             elsewhere.setdefault(key, []).append(r)
     for (what, where_pg), rs in elsewhere.items():
         verb = "waits" if len(rs) == 1 else "wait"
         v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({where_pg}), held up by this hang")
-    groups: dict[tuple, list[int]] = {}
-    frames_of: dict[tuple, list[dict]] = {}
+
+
+def _groups(answered: Mapping[int, Summary]) -> list[tuple[list[int], list[Frame]]]:
+    """Return the answering ranks grouped by identical training-thread stack, smallest first."""
+    groups: dict[tuple[tuple[str, int | None, str], ...], list[int]] = {}
+    frames_of: dict[tuple[tuple[str, int | None, str], ...], list[Frame]] = {}
     for r, s in sorted(answered.items()):
-        frames = s.get("frames") or []
-        key = tuple((f["file"], f["line"], f["function"]) for f in frames)
+        key = tuple((f.file, f.line, f.function) for f in s.frames)
         groups.setdefault(key, []).append(r)
-        frames_of[key] = frames
-    v.groups = sorted(
-        ((rs, frames_of[k]) for k, rs in groups.items()), key=lambda g: (len(g[0]), g[0])
-    )
-    return v
+        frames_of[key] = list(s.frames)
+    return sorted(((rs, frames_of[k]) for k, rs in groups.items()), key=lambda g: (len(g[0]), g[0]))
 
 
 def render(v: Verdict, frames: int = 12) -> str:
@@ -244,7 +263,7 @@ def render(v: Verdict, frames: int = 12) -> str:
         shown = fr[-frames:]
         if len(fr) > len(shown):
             lines.append(f"    ... {len(fr) - len(shown)} outer frames")
-        lines += [f"    {f['file']}:{f['line']} in {f['function']}" for f in shown]
+        lines += [f"    {f.file}:{f.line} in {f.function}" for f in shown]
     return "\n".join(lines) + "\n"
 
 
@@ -268,28 +287,26 @@ def find_episode(path: str) -> str:
     return max(found, key=os.path.getmtime)
 
 
-def load_episode(folder: str) -> tuple[dict, dict[int, dict | None]]:
+def load_episode(folder: str) -> tuple[Episode, dict[int, Summary | None]]:
     """Read an episode folder: the monitoring rank's episode.json and every rank's dump."""
-    summaries: dict[int, dict | None] = {}
-    episode: dict | None = None
+    summaries: dict[int, Summary | None] = {}
+    episode: Episode | None = None
     path = os.path.join(folder, "episode.json")
     if os.path.exists(path):
         with open(path) as f:
-            episode = json.load(f)
-        for r, s in (episode.get("summaries") or {}).items():
-            summaries[int(r)] = s
+            episode = codec.episode_from_dict(json.load(f))
+        summaries.update(episode.summaries or {})
     for p in sorted(glob.glob(os.path.join(folder, "rank-*.json"))):
         with open(p) as f:
-            dump = json.load(f)
-        rank = int(dump["rank"])
-        summaries[rank] = summarize(rank, dump)  # the full dump beats the store's summary
+            dump = codec.dump_from_dict(json.load(f))
+        # The full dump beats the store's summary.
+        summaries[dump.rank] = summary_of(dump.rank, dump.state)
         if episode is None:
-            episode = dict(dump.get("request", {}), run=dump.get("run"), local_only=True)
-            episode.setdefault("world_size", dump.get("world_size"))
+            episode = Episode(dump.request, run=dump.run, world_size=dump.world_size,
+                              local_only=True)  # fmt: skip
     if episode is None:
         raise FileNotFoundError(f"{folder} holds no episode.json and no rank-*.json")
-    world = int(episode.get("world_size") or (max(summaries) + 1 if summaries else 0))
+    world = int(episode.world_size or (max(summaries) + 1 if summaries else 0))
     for r in range(world):
         summaries.setdefault(r, None)
     return episode, summaries
-
