@@ -1,8 +1,10 @@
 """Capture where one rank is: every thread's stack, the training thread first, and its summary.
 
-:func:`capture` runs on the hang watcher's thread, never on the training thread; what it reads
-of the Flight Recorder and of the in-flight state is handed to it as callables, so this module
-imports no torch and :func:`summarize` also serves ``ddp-exporter hangs`` on a laptop.
+:func:`capture_state` runs on the hang watcher's thread, never on the training thread; what it
+reads of the Flight Recorder and of the in-flight state is handed to it as callables, so this
+module imports no torch and :func:`summary_of` also serves ``ddp-exporter hangs`` on a laptop.
+:func:`capture`, :func:`summarize` and :func:`innermost_user_frame` are the same in the JSON form
+of a dump file, for tools.
 """
 
 from __future__ import annotations
