@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from .config import duration_seconds
 
-__all__ = ["share", "spoken_duration", "times"]
+__all__ = ["number_word", "share", "spoken_duration", "times"]
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
 def spoken_duration(text: str) -> str:
@@ -34,3 +35,8 @@ def times(factor: float) -> str:
 def share(fraction: float) -> str:
     """Return a fraction of a whole in words, before "the ...": 0.5 is "half", 0.25 "25% of"."""
     return "half" if fraction == 0.5 else f"{fraction:.0%} of"
+
+
+def number_word(count: int) -> str:
+    """Return a small count in words ("three"), a larger one in digits."""
+    return _WORDS[count] if 0 <= count < len(_WORDS) else str(count)
