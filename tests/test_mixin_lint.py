@@ -166,3 +166,20 @@ def test_the_cluster_checks_bite_and_the_label_can_be_renamed_or_disabled() -> N
     for bad in ("bad-name", "run", "1x"):
         with pytest.raises(ValueError, match="cluster_label"):
             replace(DEFAULT, cluster_label=bad)
+
+
+@pytest.mark.parametrize("label", ["cluster", "dc", ""])
+def test_every_clause_is_written_with_the_cluster_label(label: str) -> None:
+    """Nothing is patched in afterwards: adding the label to what was built changes nothing."""
+    from dataclasses import replace
+
+    from exporter.mixin import dashboards, rules
+    from exporter.mixin.cluster import scoped
+
+    cfg = replace(DEFAULT, cluster_label=label)
+    panels = [t.expr for d in dashboards.dashboard_specs(cfg) for p in d.panels for t in p.targets]
+    exprs = [r["expr"] for g in rules.rule_groups(cfg)["groups"] for r in g["rules"]] + panels
+    assert len(exprs) > 100
+    assert [e for e in exprs if scoped(cfg, e) != e] == []
+    if label:  # every panel filters on the cluster variable too
+        assert all(f'{label}=~"$cluster"' in e for e in panels)

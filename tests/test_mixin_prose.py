@@ -19,6 +19,9 @@ from exporter import settings
 from exporter.mixin.__main__ import main
 from exporter.mixin.alerts import hang_action
 from exporter.mixin.config import DEFAULT, MixinConfig
+from exporter.mixin.dashboards import TOP_RANKS, dashboard_specs
+from exporter.mixin.dashboards import fleet as fleet_dashboard
+from exporter.mixin.dashboards import liveness as liveness_dashboard
 from exporter.mixin.rules import every_alert
 from exporter.mixin.runbook import render_runbook
 
@@ -58,6 +61,13 @@ CONSTANT = {
     r"`ddp_init_peer_arrived\{peer_rank\}` \(0 = not arrived\)": "a value of a series",
     r"seconds=600\)": "an example exporter.deadline() call",
     r"http://SHARD:9090/": "Prometheus's port in an example command",
+    r"\b1 = typical|capped at 1 ": "the straggler score's scale",
+    r": 1 when Prometheus scraped the rank's endpoint, 0 when": "the values of up",
+    r"lag stays above 0 ": "a lag's value: none",
+    r"100 % = as fast as the typical rank, 50 % = half": "the relative speed's scale",
+    r"\b90th percentile": "the quantile the p90 records take (and the panel's title says)",
+    rf"\b{TOP_RANKS} (slowest|most loaded) ranks|slowest {TOP_RANKS} ranks": "TOP_RANKS, in the query",
+    rf"\(top {fleet_dashboard.TOP_NODES}\)": "TOP_NODES, in the query",
 }
 
 
@@ -72,13 +82,15 @@ _NUMBER = re.compile(r"(?<![\w.%])\d+(?:\.\d+)?")
 
 
 def _prose(cfg: MixinConfig) -> str:
-    """Return every sentence generated for ``cfg``: the alerts' and the runbook's opening."""
+    """Return every sentence generated for ``cfg``: alerts, the runbook's opening, panels."""
     parts = [
         text
         for a in every_alert(cfg)
         for text in (a.summary, a.description, a.meaning, a.confirm, a.action)
     ]
     parts.append(render_runbook(cfg).split("\n## ")[0])
+    for dash in dashboard_specs(cfg):
+        parts += [dash.description, *(f"{p.title}: {p.description}" for p in dash.panels)]
     return "\n".join(parts)
 
 
@@ -107,8 +119,7 @@ def test_no_number_of_the_default_prose_survives_other_numbers(monkeypatch) -> N
     where = {n: re.findall(rf".{{0,60}}(?<![\w.%]){n}(?![\d.]).{{0,20}}", shifted) for n in kept}
     assert not kept, f"hard-coded in the prose (format them from the config or settings): {where}"
     for name, value in SHIFTED_SETTINGS.items():
-        if name != "DEFAULT_PEER_SERIES":  # a panel's
-            assert f"{value:g}" in shifted, name
+        assert f"{value:g}" in shifted, name
 
 
 def test_the_shifted_prose_states_its_own_numbers(shifted_settings) -> None:
@@ -147,6 +158,13 @@ def test_a_runbook_generated_with_set_states_its_own_windows(tmp_path: Path) -> 
     assert "[2h]" in described["DDPRestartLoop"]
     assert "[1h30m]" in described["DDPHangAborted"]
     assert "The fleet's memory survives a gap of up to 45m" in runbook
+
+
+def test_the_late_peers_panel_counts_the_heartbeat_source_s_intervals() -> None:
+    from exporter.sources import heartbeat
+
+    # The mixin may not import the library's sources (tests/test_layout.py): a copy, checked.
+    assert liveness_dashboard.LATE_AFTER_INTERVALS == heartbeat.LATE_AFTER_INTERVALS
 
 
 def test_the_committed_runbook_says_so() -> None:
