@@ -67,7 +67,9 @@ def _clustered(cfg: MixinConfig, labels: tuple[str, ...]) -> list[str]:
 
 
 _SLACK_TITLE = "[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} run {{ .CommonLabels.run }}"
-_SLACK_TEXT = "{{ range .Alerts }}{{ .Annotations.description }} {{ .Annotations.runbook_url }}\n{{ end }}"
+_SLACK_TEXT = (
+    "{{ range .Alerts }}{{ .Annotations.description }} {{ .Annotations.runbook_url }}\n{{ end }}"
+)
 
 
 def integrations(cfg: MixinConfig, severity: str) -> dict[str, list[dict[str, Any]]]:

@@ -131,9 +131,11 @@ def _signature(node: ast.FunctionDef, shown: str) -> str:
 
 
 def _doc(node: ast.AST) -> str:
-    text = ast.get_docstring(node) if isinstance(
-        node, (ast.FunctionDef, ast.ClassDef, ast.Module)
-    ) else None
+    text = (
+        ast.get_docstring(node)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module))
+        else None
+    )
     return md_text(inspect.cleandoc(text)) if text else ""
 
 

@@ -69,10 +69,7 @@ def render_metrics() -> str:
     """Return docs/reference/metrics.md: every family, every label, series per rank."""
     families = table(
         ("metric", "type", "labels", "help"),
-        (
-            (code(m.name), m.type, _labels(m), md_text(m.help))
-            for m in catalog.METRICS
-        ),
+        ((code(m.name), m.type, _labels(m), md_text(m.help)) for m in catalog.METRICS),
     )
     labels = table(
         ("label", "meaning"),
@@ -98,17 +95,22 @@ def render_metrics() -> str:
         "Metrics",
         "Every series the exporter publishes, from its catalog (`exporter/catalog.py`), the one "
         "place metric names are defined: the rules, dashboards and runbook are generated from "
-        "it too. Every series also carries the labels " + ", ".join(
-            code(lbl) for lbl in catalog.BASE_LABELS
-        ) + ". Histograms add `_bucket`, `_sum` and `_count` series, summaries `_sum` and "
+        "it too. Every series also carries the labels "
+        + ", ".join(code(lbl) for lbl in catalog.BASE_LABELS)
+        + ". Histograms add `_bucket`, `_sum` and `_count` series, summaries `_sum` and "
         "`_count`; an info metric's value is always 1.",
         "## Families\n\n" + families,
         "## Labels\n\n" + labels,
         "## Series per rank\n\nComputed by `exporter.catalog.series_per_rank`:\n\n"
-        + counts + "\n" + formula + "\n",
+        + counts
+        + "\n"
+        + formula
+        + "\n",
         "## While the init watch serves\n\nThe `ddp_init_*` series exist only between "
         "`exporter.watch_init()` and `exporter.instrument()`; the counts above do not change. "
-        + init + "\n\n" + init_counts,
+        + init
+        + "\n\n"
+        + init_counts,
     )
 
 
@@ -117,8 +119,11 @@ def render_settings() -> str:
     summary = table(
         ("variable", "keyword of `instrument()`", "default"),
         (
-            (f"[{code(s.name)}](#{s.name.lower()})", code(s.keyword) if s.keyword else "–",
-             code(s.default_text) if not s.shown_default else md_text(s.shown_default))
+            (
+                f"[{code(s.name)}](#{s.name.lower()})",
+                code(s.keyword) if s.keyword else "–",
+                code(s.default_text) if not s.shown_default else md_text(s.shown_default),
+            )
             for s in settings.SETTINGS.values()
         ),
     )
@@ -185,8 +190,7 @@ def render_config() -> str:
     for section, name, comment in documented:
         default, fast = getattr(DEFAULT, name), getattr(FAST, name)
         sections.setdefault(section, []).append(
-            (code(name), code(default), "same" if fast == default else code(fast),
-             md_text(comment))
+            (code(name), code(default), "same" if fast == default else code(fast), md_text(comment))
         )
     body = [
         f"## {section[:1].upper() + section[1:]}\n\n"
@@ -234,10 +238,7 @@ def render_panels() -> str:
     """Return docs/reference/panels.md: every dashboard and its panels."""
     sections = []
     for spec in dashboard_specs(DEFAULT):
-        rows = (
-            (md_text(p.title), p.kind, md_text(p.description))
-            for p in spec.panels
-        )
+        rows = ((md_text(p.title), p.kind, md_text(p.description)) for p in spec.panels)
         sections.append(
             f"## {spec.title}\n\n{md_text(spec.description)} File "
             f"`dashboards/grafana/{spec.stem}.json`, uid `{spec.uid}`.\n\n"

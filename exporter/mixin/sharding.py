@@ -49,6 +49,8 @@ __all__ = [
 SHARD_LABEL = "shard"
 #: A temporary target label (dropped after relabelling: ``__tmp`` prefix).
 _HASH_LABEL = "__tmp_ddp_shard"
+
+
 def shard_of(run: str, shards: int) -> int:
     """Return the shard Prometheus's ``hashmod`` puts ``run`` on (md5, low 8 bytes, mod)."""
     digest = hashlib.md5(run.encode(), usedforsecurity=False).digest()
