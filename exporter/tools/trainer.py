@@ -12,7 +12,12 @@ rank; ``freeze`` SIGSTOPs it. Compute faults are emulated with sleeps so that a 
 machine still shows a clean signal.
 
 ``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard``) instead of DDP; ``hsdp``
-shards it within groups of ``--shard-size`` ranks and replicates it across them (a 2-D mesh).
+shards it within groups of ``--shard-size`` ranks and replicates it across them (a 2-D mesh);
+``tp`` splits both layers across groups of ``--tp-size`` ranks with tensor parallelism (DTensor's
+``ColwiseParallel`` then ``RowwiseParallel``: one all-reduce per forward, a functional
+collective) and shards them with FSDP2 across the groups (a 2-D mesh, ``dp`` x ``tp``); the ranks
+of a group read the same batches. ``--clip`` clips the gradients' total norm, as most FSDP2 and
+tensor-parallel loops do (on DTensor parameters, an all-reduce per mesh dimension).
 ``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), still over gloo, which
 reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu).
 """
@@ -41,7 +46,7 @@ from exporter.tools.demo import FAULTS, say
 __all__ = ["PARALLEL", "build_model", "main", "parse_args", "run"]
 
 #: The data parallelism the trainer can use (``--parallel``).
-PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "hsdp")
+PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "hsdp", "tp")
 
 
 class _Synthetic(Dataset):
@@ -92,9 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=PARALLEL,
         default="ddp",
         help="ddp; fsdp2 (fully_shard per layer and at the root); hsdp: fsdp2 on a 2-D mesh, "
-        "sharded within groups of --shard-size ranks, replicated across them",
+        "sharded within groups of --shard-size ranks, replicated across them; tp: tensor "
+        "parallel within groups of --tp-size ranks, fsdp2 across them",
     )
     p.add_argument("--shard-size", type=int, default=2, help="hsdp: ranks per shard group")
+    p.add_argument("--tp-size", type=int, default=2, help="tp: ranks per tensor-parallel group")
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="clip the gradients' total norm to this (clip_grad_norm_; 0: no clipping)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -155,7 +164,9 @@ def _device(kind: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def build_model(parallel: str, device: torch.device, shard_size: int = 2) -> torch.nn.Module:
+def build_model(
+    parallel: str, device: torch.device, shard_size: int = 2, tp_size: int = 2
+) -> torch.nn.Module:
     """Return the trainer's small model, the same on every rank, wrapped for ``parallel``."""
     torch.manual_seed(0)
     layers = torch.nn.Sequential(
@@ -167,11 +178,25 @@ def build_model(parallel: str, device: torch.device, shard_size: int = 2) -> tor
     from torch.distributed.fsdp import fully_shard
 
     mesh = None
+    world = dist.get_world_size()
     if parallel == "hsdp":
-        world = dist.get_world_size()
         mesh = init_device_mesh(
             device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard")
         )
+    elif parallel == "tp":
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh_2d = init_device_mesh(
+            device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp")
+        )
+        # Column- then row-wise: the hidden layer stays split, the output is all-reduced
+        # (gloo runs this on CPU; sequence parallelism would need reduce-scatters too).
+        parallelize_module(layers, mesh_2d["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        mesh = mesh_2d["dp"]
     for layer in (layers[0], layers[2]):
         fully_shard(layer, mesh=mesh)
     return fully_shard(layers, mesh=mesh)
@@ -189,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel == "hsdp" and (args.shard_size < 1 or world % args.shard_size):
         print(f"--shard-size {args.shard_size} does not divide {world} ranks", file=sys.stderr)
         return 2
-    model = build_model(args.parallel, device, args.shard_size)
+    if args.parallel == "tp" and (args.tp_size < 1 or world % args.tp_size):
+        print(f"--tp-size {args.tp_size} does not divide {world} ranks", file=sys.stderr)
+        return 2
+    model = build_model(args.parallel, device, args.shard_size, args.tp_size)
     delay = [0.0]
-    data = _Synthetic(4096, 64, seed=rank, delay=delay)
+    # A tensor-parallel group splits one batch: its ranks read the same data.
+    seed = rank // args.tp_size if args.parallel == "tp" else rank
+    data = _Synthetic(4096, 64, seed=seed, delay=delay)
     loader = DataLoader(data, batch_size=8, shuffle=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     obs = exporter.instrument(
@@ -244,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.step_time + extra)
                 opt.zero_grad()
                 loss.backward()
+                if args.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
             except RuntimeError as exc:
                 code = _peer_failed(rank, exc, args, t_start)
