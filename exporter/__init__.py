@@ -38,7 +38,7 @@ __all__ = [
 
 #: Public name -> the module (relative to this package) that defines it.
 _PUBLIC = {
-    "DEFAULT_PORT": "settings",
+    "DEFAULT_PORT": "settings.names",
     "InitWatch": "initwatch",
     "Observer": "observer",
     "active": "api",

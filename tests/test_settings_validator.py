@@ -16,6 +16,7 @@ from harness import parse
 
 from exporter import catalog, settings
 from exporter.export.collector import add_invalid_settings, family
+from exporter.settings import validate
 
 pytestmark = pytest.mark.unit
 
@@ -49,8 +50,8 @@ ANY_TEXT = {settings.RUN, settings.FILE_SD, settings.DUMP_DIR}
 @pytest.fixture
 def fresh(monkeypatch):
     """Forget what earlier tests in this process logged and recorded."""
-    monkeypatch.setattr(settings, "_logged", set())
-    monkeypatch.setattr(settings, "_invalid", {})
+    monkeypatch.setattr(validate, "_logged", set())
+    monkeypatch.setattr(validate, "_invalid", {})
     return monkeypatch
 
 

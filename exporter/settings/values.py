@@ -1,0 +1,308 @@
+"""Resolve the single settings of instrument() and watch_init(): endpoint, hang action, dumps, OTLP."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..log import log
+from .kinds import EXIT_CODE, Setting
+from .launch import env_int
+from .names import (
+    ABORT_AFTER_S,
+    ABORT_EXIT_CODE,
+    ABORT_LIMIT,
+    ABORT_PROGRESS_STEPS,
+    ADDR,
+    ADVERTISE_ADDR,
+    ALL_INTERFACES,
+    COMM_TIMING,
+    DEFAULT_ABORT_AFTER_S,
+    DEFAULT_ABORT_EXIT_CODE,
+    DEFAULT_ABORT_LIMIT,
+    DEFAULT_ABORT_PROGRESS_STEPS,
+    DEFAULT_GIVE_UP_EXIT_CODE,
+    DEFAULT_PORT,
+    DOCTOR_FAKE_VERSIONS,
+    DUMP_DIR,
+    FINAL_SCRAPE_S,
+    FLIGHT_RECORDER,
+    GIVE_UP_EXIT_CODE,
+    HEARTBEAT_S,
+    JOB_DEADLINE,
+    LOCAL_RANK,
+    MONITOR_RANK,
+    ON_HANG,
+    OTEL_ENDPOINT,
+    OTEL_METRICS_ENDPOINT,
+    OTEL_SDK_DISABLED,
+    PEER_SERIES,
+    PORT,
+    SLURM_JOB_END_TIME,
+)
+from .table import SETTINGS
+from .validate import environ_of, report_invalid, resolve, setting_message
+
+
+def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """Return the number in variable ``name``, or ``default`` when unset or empty."""
+    raw = environ_of(environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def env_positive_ms(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """Return the positive milliseconds in ``name``; log once and use ``default`` otherwise.
+
+    For OpenTelemetry's variables, which the SDK itself treats as advisory: a bad value must
+    not stop the push path.
+    """
+    raw = environ_of(environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        report_invalid(Setting(name, "positive milliseconds", default), raw, environ=environ)
+        return default
+    return value
+
+
+def positive_int(what: str, value: Any) -> int:
+    """Return ``value`` if it is an int > 0; else raise ValueError naming keyword ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"exporter.instrument({what}=...): expected an int > 0, got {value!r}")
+    return value
+
+
+def job_deadline_raw(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """Return ``(variable, valid text)`` of the job's deadline, or None when none is set.
+
+    ``DDP_EXPORTER_JOB_DEADLINE`` wins over ``SLURM_JOB_END_TIME``; Slurm's ``0`` (or empty)
+    is what a job without a time limit gets: no deadline. A malformed value is reported
+    (:func:`report_invalid`) and passed over.
+    """
+    for name in (JOB_DEADLINE, SLURM_JOB_END_TIME):
+        text = resolve(name, environ=environ)
+        if text:
+            return name, text
+    return None
+
+
+def fake_versions(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the test-only version overrides of ``DDP_EXPORTER_DOCTOR_FAKE_VERSIONS``."""
+    return dict(resolve(DOCTOR_FAKE_VERSIONS, environ=environ))
+
+
+def bind_addr(
+    addr: str | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
+) -> str:
+    """Return the metrics bind address: keyword, ``DDP_EXPORTER_ADDR``, then all interfaces."""
+    return resolve(ADDR, addr, caller=caller, environ=environ)
+
+
+def is_all_interfaces(addr: str) -> bool:
+    """Say whether binding ``addr`` listens on every interface (0.0.0.0, ::, empty)."""
+    return addr in ALL_INTERFACES
+
+
+def monitoring_rank(
+    rank: int | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
+) -> int:
+    """Return the monitoring rank: keyword, ``DDP_EXPORTER_MONITOR_RANK``, then 0."""
+    return resolve(MONITOR_RANK, rank, caller=caller, environ=environ)
+
+
+def flight_recorder(on: bool | None, environ: Mapping[str, str] | None = None) -> bool:
+    """Say whether to read the Flight Recorder: keyword, else the variable (default on)."""
+    return resolve(FLIGHT_RECORDER, on, environ=environ)
+
+
+def comm_timing(
+    caller: str, value: str | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return the communication timing mode: keyword, ``DDP_EXPORTER_COMM_TIMING``, ``auto``.
+
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
+    """
+    return resolve(COMM_TIMING, value, caller=caller, environ=environ)
+
+
+def dump_dir(path: Any, environ: Mapping[str, str] | None = None) -> str:
+    """Return the hang dump folder: keyword (a path), ``DDP_EXPORTER_DUMP_DIR``, the default."""
+    return resolve(DUMP_DIR, path, environ=environ)
+
+
+def usable_dump_dir(
+    path: str, *, from_keyword: bool = False, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return a folder hang dumps can be written to: ``path`` (created if missing), else another.
+
+    Checked at start, so that the one artefact a user needs after a hang is not lost when it is
+    written: a folder that cannot be created or written is reported in one line saying where
+    dumps go instead (a private folder under the system's temporary directory), or that they
+    would be lost. Never raises.
+    """
+    reason = _writable(path)
+    if reason is None:
+        return path
+    fallback = os.path.join(tempfile.gettempdir(), f"ddp-exporter-dumps-{os.getuid()}")
+    usable = _writable(fallback) is None
+    instead = f"hang dumps go to {fallback} instead" if usable else "hang dumps would be lost"
+    setting = SETTINGS[DUMP_DIR]
+    accepted = f"a folder this process can write ({path}: {reason})"
+    raw = environ_of(environ).get(DUMP_DIR, "")
+    if not from_keyword and raw.strip():
+        report_invalid(setting, raw, accepted=accepted, instead=instead, environ=environ)
+    else:
+        source = "exporter.instrument(dump_dir=...)" if from_keyword else "the default dump folder"
+        log.warning(
+            "ddp-exporter: %s; %s, training goes on",
+            setting_message(source, path, setting, accepted),
+            instead,
+        )
+    return fallback if usable else path
+
+
+def _writable(path: str) -> str | None:
+    """Create folder ``path`` (user-only) if missing; return why it cannot be written, or None."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
+def otlp_requested(otlp: bool | str | None, environ: Mapping[str, str] | None = None) -> bool | str:
+    """Return the OTLP setting: the keyword, else whether an ``OTEL_*`` endpoint is set."""
+    if otlp is not None:
+        return otlp
+    environ = environ_of(environ)
+    return bool(environ.get(OTEL_ENDPOINT) or environ.get(OTEL_METRICS_ENDPOINT))
+
+
+def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Say whether ``OTEL_SDK_DISABLED`` switches OpenTelemetry off."""
+    return environ_of(environ).get(OTEL_SDK_DISABLED, "").strip().lower() == "true"
+
+
+def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset or not a host."""
+    return resolve(ADVERTISE_ADDR, environ=environ)
+
+
+def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
+    """Return how long a clean end may wait for its final scrape (``DDP_EXPORTER_FINAL_SCRAPE_S``)."""
+    return resolve(FINAL_SCRAPE_S, environ=environ)
+
+
+@dataclass(frozen=True)
+class OnHang:
+    """What a hang does besides alerts and dumps (:mod:`exporter.hangs.action`)."""
+
+    #: ``off`` or ``abort``.
+    action: str = "off"
+    #: Seconds a hang with complete evidence lasts before ``abort`` acts.
+    after_s: float = DEFAULT_ABORT_AFTER_S
+    #: Exit code of every rank the action ends.
+    exit_code: int = DEFAULT_ABORT_EXIT_CODE
+    #: Aborts in a row without progress after which the action stops (0: never).
+    limit: int = DEFAULT_ABORT_LIMIT
+    #: Steps past the earlier attempts' furthest step that count as progress.
+    progress_steps: int = DEFAULT_ABORT_PROGRESS_STEPS
+    #: Exit code of the abort that reaches the limit ("do not requeue").
+    give_up_exit_code: int = DEFAULT_GIVE_UP_EXIT_CODE
+
+
+def on_hang(
+    caller: str,
+    action: str | None = None,
+    after_s: Any = None,
+    limit: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> OnHang:
+    """Resolve the hang action: keywords, then ``DDP_EXPORTER_ON_HANG`` and friends, then off.
+
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
+    """
+    action = resolve(ON_HANG, action, caller=caller, environ=environ)
+    after_s = resolve(ABORT_AFTER_S, after_s, caller=caller, environ=environ)
+    limit = resolve(ABORT_LIMIT, limit, caller=caller, environ=environ)
+    steps = resolve(ABORT_PROGRESS_STEPS, environ=environ)
+    code = resolve(ABORT_EXIT_CODE, environ=environ)
+    give_up = resolve(GIVE_UP_EXIT_CODE, environ=environ)
+    if give_up == code:
+        # A requeue script could not tell "restart" from "do not requeue": blame the variable
+        # that was set, and use both defaults.
+        blamed = (
+            GIVE_UP_EXIT_CODE if environ_of(environ).get(GIVE_UP_EXIT_CODE) else ABORT_EXIT_CODE
+        )
+        report_invalid(
+            SETTINGS[blamed],
+            environ_of(environ).get(blamed, ""),
+            accepted=f"{EXIT_CODE} other than the "
+            + ("abort exit code" if blamed == GIVE_UP_EXIT_CODE else "give-up exit code"),
+            environ=environ,
+        )
+        code, give_up = DEFAULT_ABORT_EXIT_CODE, DEFAULT_GIVE_UP_EXIT_CODE
+    return OnHang(action, float(after_s), code, limit, steps, give_up)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the metrics endpoint and its background threads need, resolved and validated."""
+
+    #: The port this rank binds: ``port + LOCAL_RANK``, or 0 for a free port.
+    port: int
+    addr: str
+    heartbeat_s: float
+    monitor_rank: int
+    peer_series: int
+
+
+def endpoint(
+    caller: str,
+    *,
+    port: Any = None,
+    addr: str | None = None,
+    heartbeat_s: Any = None,
+    monitor_rank: int | None = None,
+    peer_series: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> Endpoint:
+    """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
+
+    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
+    """
+    base_port = resolve(PORT, port, caller=caller, environ=environ)
+    local_rank = env_int(LOCAL_RANK, 0, environ)
+    if base_port and base_port + local_rank > 65535:
+        message = f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535"
+        if port is not None:
+            raise ValueError(f"exporter.{caller}(port=...): {message}")
+        report_invalid(
+            SETTINGS[PORT],
+            environ_of(environ).get(PORT, ""),
+            accepted=f"a base port with port + LOCAL_RANK ({local_rank}) <= 65535",
+            environ=environ,
+        )
+        base_port = DEFAULT_PORT if DEFAULT_PORT + local_rank <= 65535 else 0
+    return Endpoint(
+        port=0 if base_port == 0 else base_port + local_rank,
+        addr=bind_addr(addr, environ, caller),
+        heartbeat_s=resolve(HEARTBEAT_S, heartbeat_s, caller=caller, environ=environ),
+        monitor_rank=monitoring_rank(monitor_rank, environ, caller),
+        peer_series=resolve(PEER_SERIES, peer_series, caller=caller, environ=environ),
+    )
