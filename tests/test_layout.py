@@ -30,6 +30,7 @@ ROOMS = {
     "exporter.storekeys": "base",
     "exporter.background": "base",
     "exporter.ranklist": "base",
+    "exporter.procfs": "base",
     "exporter.sources": "sources",
     "exporter.export": "export",
     "exporter.hangs": "hangs",

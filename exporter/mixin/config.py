@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hangs.definition import DEFAULT_POLICY, HangPolicy
-from ..settings import DEFAULT_PORT
+from ..settings import DEFAULT_PORT, duration_seconds
 from ..version import RUNBOOK_URL
 
 __all__ = [
@@ -37,17 +37,6 @@ __all__ = [
 
 #: Where the generator writes the configuration it rendered from (relative to its output).
 CONFIG_FILE = "dashboards/mixin.json"
-
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-
-
-def duration_seconds(text: str) -> int:
-    """Return the seconds of a Prometheus duration such as ``1m30s`` (d, h, m, s units only)."""
-    match = _DURATION.match(text)
-    if not text or match is None:
-        raise ValueError(f"not a duration of d/h/m/s units: {text!r}")
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return days * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from .kinds import (
     Setting,
+    duration_seconds,
     parse_deadline,
 )
 from .launch import (
@@ -137,6 +138,7 @@ from .values import (
 )
 
 __all__ = [
+    "duration_seconds",
     "ABORT_AFTER_S",
     "ABORT_EXIT_CODE",
     "ABORT_LIMIT",

@@ -154,6 +154,19 @@ def node(value: Any) -> str:
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
+def duration_seconds(text: str) -> int:
+    """Return the seconds of a duration such as ``1m30s`` or ``1d12h`` (d, h, m, s units only).
+
+    The one duration parser: the job deadline's variable and the mixin's windows (Prometheus
+    durations of these units) both read through it. Raises ValueError for anything else.
+    """
+    match = _DURATION.match(text)
+    if not text or match is None:
+        raise ValueError(f"not a duration of d/h/m/s units: {text!r}")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 #: A bare number below this is surely a duration without unit, not a Unix time (2001-09-09).
 MIN_UNIX = 1_000_000_000
 
@@ -174,10 +187,8 @@ def parse_deadline(name: str, raw: str, start_unix: float) -> float:
             hint = f"; for a duration write a unit, e.g. {text}s" if name == JOB_DEADLINE else ""
             raise ValueError(f"{name}={raw!r} is not a Unix time (seconds since 1970){hint}")
         return value
-    match = _DURATION.match(text)
-    if name == JOB_DEADLINE and text and match is not None:
-        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if name == JOB_DEADLINE and text and _DURATION.match(text) is not None:
+        total = duration_seconds(text)
         if total <= 0:
             raise ValueError(f"{name}={raw!r}: the duration must be positive")
         return start_unix + total

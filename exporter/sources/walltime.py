@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import settings
+from .. import procfs, settings
 
 __all__ = ["JobClock", "job_start_unix", "process_start_unix", "resolve_job_clock"]
 
@@ -47,16 +47,7 @@ class JobClock:
 
 def process_start_unix(pid: int) -> float | None:
     """Return the Unix start time of process ``pid`` from /proc, or None where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-        # Field 22 (starttime, clock ticks after boot); the command name may contain spaces.
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat", encoding="ascii") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
+    return procfs.start_unix(pid)
 
 
 def job_start_unix(environ: Mapping[str, str] | None = None) -> float:

@@ -19,6 +19,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from .. import procfs
+
 __all__ = [
     "Interrupted",
     "Proc",
@@ -43,15 +45,15 @@ class Proc:
     @classmethod
     def of(cls, pid: int) -> Proc | None:
         """Return the running process ``pid``, or None when there is none (or it is a zombie)."""
-        stat = _stat(pid)
-        if stat is None or stat[0] == "Z":
+        found = procfs.stat(pid)
+        if found is None or found.state == "Z":
             return None
-        return cls(pid, stat[2])
+        return cls(pid, found.start_ticks)
 
     def alive(self) -> bool:
         """Say whether this very process still runs (not exited, not a zombie, pid not reused)."""
-        stat = _stat(self.pid)
-        return stat is not None and stat[0] != "Z" and stat[2] == self.start
+        found = procfs.stat(self.pid)
+        return found is not None and found.state != "Z" and found.start_ticks == self.start
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` if this very process still runs."""
@@ -60,21 +62,6 @@ class Proc:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """Return (state, ppid, start time in clock ticks) of ``pid`` from /proc, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    # The command name is in parentheses and may itself contain spaces or parentheses.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[1]), int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def descendants(pid: int) -> list[Proc]:
@@ -87,9 +74,9 @@ def descendants(pid: int) -> list[Proc]:
     for name in entries:
         if not name.isdigit():
             continue
-        stat = _stat(int(name))
-        if stat is not None and stat[0] != "Z":
-            children.setdefault(stat[1], []).append(Proc(int(name), stat[2]))
+        found = procfs.stat(int(name))
+        if found is not None and found.state != "Z":
+            children.setdefault(found.ppid, []).append(Proc(int(name), found.start_ticks))
     out: list[Proc] = []
     todo = [pid]
     while todo:

@@ -1,0 +1,55 @@
+"""Read a process's state, parent and start time from Linux's /proc: the one reader of it.
+
+The launcher's start (the job's wall clock) and the reaper's process tree both need
+``/proc/<pid>/stat``, whose second field (the command name, in parentheses) may itself contain
+spaces or parentheses: the fields are counted from the last ``)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["ProcStat", "boot_time", "start_unix", "stat"]
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` the exporter uses."""
+
+    #: One letter: R running, S sleeping, T stopped, Z zombie, ...
+    state: str
+    ppid: int
+    #: Start time in clock ticks after boot (field 22).
+    start_ticks: int
+
+
+def stat(pid: int) -> ProcStat | None:
+    """Return the state, parent and start ticks of ``pid``, or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return ProcStat(fields[0], int(fields[1]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_time() -> float | None:
+    """Return the Unix time the machine booted (``btime`` of /proc/stat), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            return float(next(int(line.split()[1]) for line in f if line.startswith("btime ")))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def start_unix(pid: int) -> float | None:
+    """Return the Unix time process ``pid`` started, or None where unreadable."""
+    found, booted = stat(pid), boot_time()
+    if found is None or booted is None:
+        return None
+    return booted + found.start_ticks / os.sysconf("SC_CLK_TCK")
