@@ -125,7 +125,7 @@ def node_name(environ: Mapping[str, str] | None = None) -> str:
     unmatchable series: an invalid variable is reported and the hostname used, and a hostname
     that is not a node name has its other characters replaced by ``-``.
     """
-    name = resolve(NODE, environ=environ)
+    name: str | None = resolve(NODE, environ=environ)
     if name is not None:
         return name
     host = socket.gethostname()

@@ -7,7 +7,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..log import log
 from .kinds import EXIT_CODE, Setting
@@ -108,7 +108,7 @@ def bind_addr(
     addr: str | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
 ) -> str:
     """Return the metrics bind address: keyword, ``DDP_EXPORTER_ADDR``, then all interfaces."""
-    return resolve(ADDR, addr, caller=caller, environ=environ)
+    return cast(str, resolve(ADDR, addr, caller=caller, environ=environ))
 
 
 def is_all_interfaces(addr: str) -> bool:
@@ -120,12 +120,12 @@ def monitoring_rank(
     rank: int | None, environ: Mapping[str, str] | None = None, caller: str = "instrument"
 ) -> int:
     """Return the monitoring rank: keyword, ``DDP_EXPORTER_MONITOR_RANK``, then 0."""
-    return resolve(MONITOR_RANK, rank, caller=caller, environ=environ)
+    return cast(int, resolve(MONITOR_RANK, rank, caller=caller, environ=environ))
 
 
 def flight_recorder(on: bool | None, environ: Mapping[str, str] | None = None) -> bool:
     """Say whether to read the Flight Recorder: keyword, else the variable (default on)."""
-    return resolve(FLIGHT_RECORDER, on, environ=environ)
+    return cast(bool, resolve(FLIGHT_RECORDER, on, environ=environ))
 
 
 def comm_timing(
@@ -135,12 +135,12 @@ def comm_timing(
 
     Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
     """
-    return resolve(COMM_TIMING, value, caller=caller, environ=environ)
+    return cast(str, resolve(COMM_TIMING, value, caller=caller, environ=environ))
 
 
 def dump_dir(path: Any, environ: Mapping[str, str] | None = None) -> str:
     """Return the hang dump folder: keyword (a path), ``DDP_EXPORTER_DUMP_DIR``, the default."""
-    return resolve(DUMP_DIR, path, environ=environ)
+    return cast(str, resolve(DUMP_DIR, path, environ=environ))
 
 
 def usable_dump_dir(
@@ -200,12 +200,12 @@ def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
     """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset or not a host."""
-    return resolve(ADVERTISE_ADDR, environ=environ)
+    return cast("str | None", resolve(ADVERTISE_ADDR, environ=environ))
 
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
     """Return how long a clean end may wait for its final scrape (``DDP_EXPORTER_FINAL_SCRAPE_S``)."""
-    return resolve(FINAL_SCRAPE_S, environ=environ)
+    return cast(float, resolve(FINAL_SCRAPE_S, environ=environ))
 
 
 @dataclass(frozen=True)
