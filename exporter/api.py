@@ -38,9 +38,13 @@ def _group() -> tuple[int, int] | None:
     return None
 
 
-def _check_types(model: object, dataloader: object, optimizer: object) -> str:
+def _check_types(
+    model: object, dataloader: object, optimizer: object, memory_source: object
+) -> str:
     """Check the arguments' types; return the model's parallelism (raises TypeError)."""
     kind = parallelism.kind_of(model)
+    if memory_source is not None and not callable(memory_source):
+        raise TypeError("exporter.instrument(memory_source=...): expected a callable")
     if dataloader is not None and not isinstance(dataloader, torch.utils.data.DataLoader):
         raise TypeError(
             "exporter.instrument(dataloader=...): expected a torch.utils.data.DataLoader, got "
@@ -52,6 +56,16 @@ def _check_types(model: object, dataloader: object, optimizer: object) -> str:
             f"{type(optimizer).__qualname__}"
         )
     return kind
+
+
+def _refuse_an_abort_nobody_can_restart(hang: settings.OnHang) -> None:
+    """Raise ValueError where an abort's restart could not connect (a shared store kept dirty)."""
+    if hang.action == "abort":
+        blocker = launcher.restart_blocker(
+            launcher.launch(), launcher.job_store(), torch.__version__
+        )
+        if blocker is not None:
+            raise ValueError(f"exporter.instrument(on_hang='abort'): {blocker}")
 
 
 def instrument(
@@ -117,77 +131,45 @@ def instrument(
                 stacklevel=2,
             )
             return _active
-        kind = _check_types(model, dataloader, optimizer)
-        if _group() is None:
+        kind = _check_types(model, dataloader, optimizer, memory_source)
+        group = _group()
+        if group is None:
             raise ValueError(
                 "exporter.instrument(): no process group; call "
                 "torch.distributed.init_process_group() first"
             )
-        if kind != "ddp" and comm_timing not in (None, "auto"):
-            raise ValueError(
-                f"exporter.instrument(comm_timing={comm_timing!r}) chooses how DDP's gradient "
-                f"communication is timed; this model's parallelism is {kind!r}, whose "
-                "collectives are timed where they are called: leave comm_timing out"
-            )
+        watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
+        cfg = settings.for_instrument(
+            parallelism=kind, group=group, run=run if run is not None or watch is None
+            else watch.run, port=port, addr=addr, heartbeat_s=heartbeat_s,
+            monitor_rank=monitor_rank, peer_series=peer_series, flight_recorder_on=flight_recorder,
+            otlp=otlp, dump_folder=dump_dir, hang_action=on_hang, abort_after=abort_after,
+            abort_limit=abort_limit, start_step=start_step, timing=comm_timing,
+        )  # fmt: skip
+        _refuse_an_abort_nobody_can_restart(cfg.on_hang)
         if kind != "ddp" and dataloader is None and optimizer is None:
             log.info(
                 "ddp-exporter: no DataLoader or optimizer given for a %s job: steps are counted "
                 "only inside `with exporter.step():`",
                 kind,
             )
-        endpoint = settings.endpoint(
-            "instrument",
-            port=port,
-            addr=addr,
-            heartbeat_s=heartbeat_s,
-            monitor_rank=monitor_rank,
-            peer_series=peer_series,
-        )
-        if memory_source is not None and not callable(memory_source):
-            raise TypeError("exporter.instrument(memory_source=...): expected a callable")
-        folder = settings.usable_dump_dir(
-            settings.dump_dir(dump_dir), from_keyword=dump_dir is not None
-        )
-        hang = settings.on_hang("instrument", on_hang, abort_after, abort_limit)
-        timing = settings.comm_timing("instrument", comm_timing)
-        if start_step is not None and (
-            isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0
-        ):
-            raise ValueError(
-                f"exporter.instrument(start_step=...): expected an int >= 0, got {start_step!r}"
-            )
-        if hang.action != "off" and not (endpoint.heartbeat_s > 0 and endpoint.monitor_rank >= 0):
-            raise ValueError(
-                f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
-                f"heartbeat (heartbeat_s > 0, got {endpoint.heartbeat_s:g}) and a monitoring "
-                f"rank (monitor_rank >= 0, got {endpoint.monitor_rank})"
-            )
-        if hang.action == "abort":
-            blocker = launcher.restart_blocker(
-                launcher.launch(), launcher.job_store(), torch.__version__
-            )
-            if blocker is not None:
-                raise ValueError(f"exporter.instrument(on_hang='abort'): {blocker}")
-        watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
         job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
             model,
-            identity=settings.identity(
-                run=run if run is not None or watch is None else watch.run, group=_group()
-            ),
-            endpoint=endpoint,
+            identity=cfg.identity,
+            endpoint=cfg.endpoint,
             dataloader=dataloader,
             optimizer=optimizer,
-            flight_recorder=settings.flight_recorder(flight_recorder),
+            flight_recorder=cfg.flight_recorder,
             memory_source=memory_source,
             serve=serve and watch is None,
-            otlp=settings.otlp_requested(otlp),
-            dump_dir=folder,
+            otlp=cfg.otlp,
+            dump_dir=cfg.dump_dir,
             job_clock=job_clock,
-            final_scrape_s=settings.final_scrape_s(),
-            on_hang=hang,
-            comm_timing=timing,
-            start_step=start_step,
+            final_scrape_s=cfg.final_scrape_s,
+            on_hang=cfg.on_hang,
+            comm_timing=cfg.comm_timing,
+            start_step=cfg.start_step,
         )
         if watch is not None:
             _watch = None

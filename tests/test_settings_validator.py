@@ -162,3 +162,19 @@ def test_the_rank_publishes_one_info_series_per_bad_variable(fresh):
     samples = parse(generate_latest(registry).decode())[catalog.INVALID_SETTING.name]
     assert sorted(lab["variable"] for lab, _ in samples) == [settings.COMM_TIMING, settings.ON_HANG]
     assert all(v == 1 and lab["run"] == "r" and lab["rank"] == "0" for lab, v in samples)
+
+
+def test_instrument_settings_resolve_in_one_call_with_the_rules_between_them(fresh, tmp_path):
+    env = {settings.PORT: "19500", settings.HEARTBEAT_S: "2", settings.ON_HANG: "abort",
+           settings.DUMP_DIR: str(tmp_path / "dumps"), settings.LOCAL_RANK: "1"}  # fmt: skip
+    cfg = settings.for_instrument(parallelism="ddp", group=(1, 4), port=0, environ=env)
+    assert cfg.endpoint.port == 0 and cfg.endpoint.heartbeat_s == 2.0  # a keyword wins
+    assert cfg.on_hang.action == "abort" and cfg.comm_timing == "auto"
+    assert (cfg.identity.rank, cfg.identity.world_size) == (1, 4)
+    assert cfg.dump_dir == str(tmp_path / "dumps") and (tmp_path / "dumps").is_dir()
+    with pytest.raises(ValueError, match="needs the hang watcher"):
+        settings.for_instrument(parallelism="ddp", group=(0, 2), heartbeat_s=0, environ=env)
+    with pytest.raises(ValueError, match="leave comm_timing out"):
+        settings.for_instrument(parallelism="fsdp2", group=(0, 2), timing="hook", environ={})
+    with pytest.raises(ValueError, match="start_step"):
+        settings.for_instrument(parallelism="ddp", group=(0, 2), start_step=-1, environ={})

@@ -25,6 +25,7 @@ This module imports no torch and nothing of the exporter but its logger: offline
 
 from __future__ import annotations
 
+from .instrument import InstrumentSettings, for_instrument
 from .kinds import (
     Setting,
     duration_seconds,
@@ -138,6 +139,8 @@ from .values import (
 )
 
 __all__ = [
+    "InstrumentSettings",
+    "for_instrument",
     "duration_seconds",
     "ABORT_AFTER_S",
     "ABORT_EXIT_CODE",

@@ -1,0 +1,120 @@
+"""Resolve every setting of ``exporter.instrument()`` in one call, into one typed object.
+
+Keywords win over the environment, the environment over the defaults; a bad keyword raises
+ValueError (TypeError) naming it, a bad variable is logged once and its default used. The rules
+that tie settings together live here too, so that no other module re-checks them: DDP's timing
+mode only for a DDP model, the hang action only with a heartbeat and a monitoring rank, a resumed
+step that is a step. What needs the running job (the launcher's store, for the hang action's
+restarts) is checked where that is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .launch import Identity, identity
+from .values import (
+    Endpoint,
+    OnHang,
+    comm_timing,
+    dump_dir,
+    endpoint,
+    final_scrape_s,
+    flight_recorder,
+    on_hang,
+    otlp_requested,
+    usable_dump_dir,
+)
+
+__all__ = ["InstrumentSettings", "for_instrument"]
+
+
+@dataclass(frozen=True)
+class InstrumentSettings:
+    """Everything ``instrument()`` was asked for, resolved and checked: what the observer builds."""
+
+    identity: Identity
+    endpoint: Endpoint
+    #: How DDP's communication is timed: ``auto``, ``reducer`` or ``hook``.
+    comm_timing: str
+    on_hang: OnHang
+    #: A folder hang dumps can be written to (checked at start).
+    dump_dir: str
+    flight_recorder: bool
+    #: False, True (the OTEL_* endpoint) or an OTLP/HTTP endpoint URL.
+    otlp: bool | str
+    final_scrape_s: float
+    #: The step this attempt resumed at, None where unknown.
+    start_step: int | None
+
+
+def for_instrument(
+    *,
+    parallelism: str,
+    group: tuple[int, int],
+    run: str | None = None,
+    port: Any = None,
+    addr: str | None = None,
+    heartbeat_s: Any = None,
+    monitor_rank: int | None = None,
+    peer_series: Any = None,
+    flight_recorder_on: bool | None = None,
+    otlp: bool | str | None = None,
+    dump_folder: str | os.PathLike[str] | None = None,
+    hang_action: str | None = None,
+    abort_after: Any = None,
+    abort_limit: Any = None,
+    start_step: Any = None,
+    timing: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> InstrumentSettings:
+    """Resolve ``instrument()``'s keywords with the environment; apply every rule between them.
+
+    ``parallelism`` is the model's kind (``ddp``, ``fsdp2``, ...), ``group`` the default process
+    group's ``(rank, world_size)``, ``run`` a run name that wins over the environment's.
+    """
+    if parallelism != "ddp" and timing not in (None, "auto"):
+        raise ValueError(
+            f"exporter.instrument(comm_timing={timing!r}) chooses how DDP's gradient "
+            f"communication is timed; this model's parallelism is {parallelism!r}, whose "
+            "collectives are timed where they are called: leave comm_timing out"
+        )
+    if start_step is not None and (
+        isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0
+    ):
+        raise ValueError(
+            f"exporter.instrument(start_step=...): expected an int >= 0, got {start_step!r}"
+        )
+    where = endpoint(
+        "instrument",
+        port=port,
+        addr=addr,
+        heartbeat_s=heartbeat_s,
+        monitor_rank=monitor_rank,
+        peer_series=peer_series,
+        environ=environ,
+    )
+    hang = on_hang("instrument", hang_action, abort_after, abort_limit, environ=environ)
+    if hang.action != "off" and not (where.heartbeat_s > 0 and where.monitor_rank >= 0):
+        raise ValueError(
+            f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
+            f"heartbeat (heartbeat_s > 0, got {where.heartbeat_s:g}) and a monitoring "
+            f"rank (monitor_rank >= 0, got {where.monitor_rank})"
+        )
+    folder = usable_dump_dir(
+        dump_dir(dump_folder, environ), from_keyword=dump_folder is not None, environ=environ
+    )
+    return InstrumentSettings(
+        identity=identity(run=run, group=group, environ=environ),
+        endpoint=where,
+        comm_timing=comm_timing("instrument", timing, environ),
+        on_hang=hang,
+        dump_dir=folder,
+        flight_recorder=flight_recorder(flight_recorder_on, environ),
+        otlp=otlp_requested(otlp, environ),
+        final_scrape_s=final_scrape_s(environ),
+        start_step=start_step,
+    )
