@@ -1,8 +1,10 @@
 """Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo).
 
 Both timing modes: the default (DDP's reducer times its own allreduce) and the timing hook;
-and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps: loss,
-gradient shards and parameter shards.
+and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps, and tensor
+parallelism, whose functional collectives (DTensor's) it times through stand-ins, both clipping
+the gradients' total norm (``clip_grad_norm_``, functional all-reduces): loss, gradient shards and
+parameter shards.
 """
 
 import json
@@ -35,7 +37,12 @@ def test_gradients_bit_identical(tmp_path):
         for name in ("builtin", "fp16_after", "fp16_before"):
             r = per_rank[f"{name}/auto"]
             assert r["timing"] == "reducer" and r["buckets"] == 6, (rank, name, r)
-        # FSDP2: every all-gather and gradient reduction timed, by kind.
+        # FSDP2: every all-gather and gradient reduction timed, by kind, and the clipping's
+        # all-reduce.
         r = per_rank["fsdp2/collectives"]
         assert r["timing"] == "collectives" and r["buckets"] > 6 * 3, (rank, r)
-        assert {"allgather", "reduce_scatter"} <= set(r["ops"]), (rank, r)
+        assert {"allgather", "reduce_scatter", "allreduce"} <= set(r["ops"]), (rank, r)
+        # Tensor parallel: DTensor's all-reduces and all-gathers, functional collectives.
+        r = per_rank["tp/collectives"]
+        assert r["timing"] == "collectives" and r["buckets"] >= 6 * 4, (rank, r)
+        assert {"allgather", "allreduce"} <= set(r["ops"]), (rank, r)

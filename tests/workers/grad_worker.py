@@ -1,4 +1,7 @@
-"""Train plain and instrumented DDP (and FSDP2) and report whether gradients match bit for bit.
+"""Train plain and instrumented DDP (FSDP2, tensor parallel) and report whether gradients match.
+
+FSDP2 and tensor parallelism clip the gradients' total norm (``clip_grad_norm_`` on DTensor
+parameters: functional all-reduces, timed by the exporter's stand-ins), then compare bit for bit.
 
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
 ``cuda`` as argv[2] the models train on the GPU over gloo (tests/gpu), where the exporter times
@@ -90,8 +93,27 @@ def make_fsdp2() -> torch.nn.Module:
     return fully_shard(net)
 
 
-def train_fsdp2(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int) -> tuple:
-    g = torch.Generator().manual_seed(100 + rank)
+def make_tp() -> torch.nn.Module:
+    """Tensor parallel across every rank: column-, row-, then column-wise gathered."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel(),
+            "4": ColwiseParallel(output_layouts=Replicate())}  # fmt: skip
+    return parallelize_module(make_net().to(DEVICE), mesh, plan)
+
+
+def train_fsdp2(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, shared: bool = False
+) -> tuple:
+    """``shared``: every rank reads the same batches (a tensor-parallel group splits one)."""
+    g = torch.Generator().manual_seed(100 + (0 if shared else rank))
     grads, losses = [], []
     for _ in range(STEPS):
         x = torch.randn(16, 32, generator=g).to(DEVICE)
@@ -99,22 +121,23 @@ def train_fsdp2(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int) -
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         losses.append(loss.detach().clone())
         grads.append([p.grad.to_local().clone() for p in model.parameters()])  # this rank's shard
         opt.step()
     return grads, losses
 
 
-def fsdp2_scenario(rank: int) -> dict:
-    """FSDP2 with and without the exporter; the plain model trains before instrument() wraps
-    the torch.distributed collectives, so it really runs without the exporter."""
-    plain = make_fsdp2()
+def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
+    """FSDP2 (or tensor parallel) with and without the exporter; the plain model trains before
+    instrument() wraps the collectives, so it really runs without the exporter."""
+    plain = make()
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
-    gp, lp = train_fsdp2(plain, opt_p, rank)
-    inst = make_fsdp2()
+    gp, lp = train_fsdp2(plain, opt_p, rank, shared)
+    inst = make()
     opt_i = torch.optim.SGD(inst.parameters(), lr=0.1, momentum=0.9)
     obs = exporter.instrument(inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0)
-    gi, li = train_fsdp2(inst, opt_i, rank)
+    gi, li = train_fsdp2(inst, opt_i, rank, shared)
     snap = obs.recorder.snapshot()
     obs.close()
     local = [p.to_local() for p in plain.parameters()], [p.to_local() for p in inst.parameters()]
@@ -142,6 +165,7 @@ def main() -> None:
         for name in ("builtin", "fp16_after", "fp16_before")
     }
     out["fsdp2/collectives"] = fsdp2_scenario(rank)
+    out["tp/collectives"] = fsdp2_scenario(rank, make_tp, shared=True)
     write_all_ranks(sys.argv[1], out)
     leave()
 
