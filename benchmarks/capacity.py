@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.server
-import json
 import os
 import re
 import shutil
@@ -47,6 +46,7 @@ from exporter.sources.flight import InFlight  # noqa: E402
 from exporter.sources.memory import GPUMemory  # noqa: E402
 from exporter.sources.recorder import Recorder  # noqa: E402
 from exporter.sources.walltime import JobClock  # noqa: E402
+from exporter.tools.promapi import instant_query  # noqa: E402
 
 RANKS_PER_NODE = 8
 _LINE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
@@ -157,10 +157,7 @@ def _free_port() -> int:
 
 
 def _query(url: str, expr: str) -> float:
-    q = urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=60) as resp:
-        result = json.loads(resp.read())["data"]["result"]
-    return sum(float(s["value"][1]) for s in result)
+    return sum(float(s["value"][1]) for s in instant_query(url, expr, timeout=60))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -38,8 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import yaml
@@ -50,6 +47,7 @@ sys.path.insert(0, REPO)
 from exporter.mixin.config import DEFAULT  # noqa: E402
 from exporter.mixin.fleet import fleet_group, fleet_recorded  # noqa: E402
 from exporter.tools.localstack import free_port  # noqa: E402
+from exporter.tools.promapi import api  # noqa: E402
 from exporter.tools.reaper import raise_on_signals  # noqa: E402
 
 SIZES = (1, 1, 2, 2, 4, 4, 8, 8, 16, 32, 64)
@@ -178,12 +176,7 @@ class Exporter:
 
 
 def _api(url: str, path: str, **params: str) -> dict:
-    q = urllib.parse.urlencode(params)
-    with urllib.request.urlopen(f"{url}{path}?{q}", timeout=300) as r:
-        doc = json.loads(r.read())
-    if doc.get("status") != "success":
-        raise RuntimeError(f"{path} failed: {doc}")
-    return doc["data"]
+    return api(url, path, params, timeout=300)
 
 
 def _fleet_eval_times(url: str) -> tuple[float, str, dict[str, float]]:

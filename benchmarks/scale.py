@@ -50,6 +50,7 @@ sys.path.insert(0, REPO)
 
 from exporter import catalog as c  # noqa: E402
 from exporter.settings import DEFAULT_PEER_SERIES  # noqa: E402
+from exporter.tools.promapi import api  # noqa: E402
 from exporter.tools.reaper import raise_on_signals  # noqa: E402
 
 GOAL_GROUP_S = 2.0
@@ -327,14 +328,12 @@ class Prometheus:
         else:
             path = "/api/v1/query_range"
             params.update(start=f"{rng[0]:.3f}", end=f"{rng[1]:.3f}", step=f"{rng[2]:g}")
-        body = urllib.parse.urlencode(params).encode()
         t0 = time.perf_counter()
-        with urllib.request.urlopen(self.url + path, data=body, timeout=600) as r:
-            doc = json.loads(r.read())
+        try:
+            data = api(self.url, path, params, timeout=600, post=True)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {expr}") from None
         wall = time.perf_counter() - t0
-        if doc.get("status") != "success":
-            raise RuntimeError(f"query failed: {doc.get('error')}: {expr}")
-        data = doc["data"]
         result = data["result"]
         n = len(result) if isinstance(result, list) else 1
         ev = data.get("stats", {}).get("timings", {}).get("evalTotalTime")

@@ -32,14 +32,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from exporter.mixin.config import FAST
 from exporter.mixin.dashboards import render_dashboards
 from exporter.tools.localstack import LocalStack, free_port
+from exporter.tools.promapi import api
 from exporter.tools.reaper import Interrupted, become_subreaper, raise_on_signals, stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,11 +141,10 @@ def substitute(expr: str) -> str:
 
 
 def _get(url: str, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}{path}?{urllib.parse.urlencode(params)}", timeout=30) as r:
-        body = json.loads(r.read())
-    if body.get("status") != "success":
-        raise RuntimeError(f"{params['query']!r}: {body}")
-    return body["data"]["result"]
+    try:
+        return list(api(url, path, params, timeout=30)["result"])
+    except RuntimeError as exc:
+        raise RuntimeError(f"{params['query']!r}: {exc}") from None
 
 
 def boards() -> dict[str, dict[str, Any]]:

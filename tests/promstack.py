@@ -13,9 +13,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from exporter.tools import localstack
+from exporter.tools import localstack, promapi
 from exporter.tools.localstack import free_port
 
 __all__ = [
@@ -61,12 +58,6 @@ def require(binary: str) -> str:
     return path
 
 
-def _http_json(url: str, timeout: float = 5.0) -> Any:
-    """GET ``url`` and return its decoded JSON body."""
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
-        return json.loads(resp.read().decode())
-
-
 def write_file_sd(path: Path, targets: list[tuple[str, dict[str, str]]]) -> None:
     """Write a Prometheus file_sd JSON file atomically: one group per (host:port, labels)."""
     groups = [{"targets": [t], "labels": labels} for t, labels in targets]
@@ -85,19 +76,14 @@ class Prometheus:
 
     def api(self, path: str, **params: str) -> Any:
         """Call the HTTP API and return ``data``; raise on an error status."""
-        query = urllib.parse.urlencode(params)
-        body = _http_json(f"{self.url}/api/v1/{path}?{query}")
-        if body.get("status") != "success":
-            raise RuntimeError(f"{path} {params}: {body}")
-        return body["data"]
+        return promapi.api(self.url, f"/api/v1/{path}", params)
 
     def query(self, expr: str, **params: str) -> list[dict[str, Any]]:
         """Run an instant query and return its result vector; raise on a query error."""
         try:
-            data = self.api("query", query=expr, **params)
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"query failed: {expr!r}: {exc.read().decode()}") from exc
-        return data["result"]
+            return list(self.api("query", query=expr, **params)["result"])
+        except RuntimeError as exc:
+            raise RuntimeError(f"query failed: {expr!r}: {exc}") from None
 
     def targets_up(self) -> list[dict[str, Any]]:
         """Return the active targets whose last scrape succeeded."""

@@ -8,8 +8,8 @@ once, per run; where the cluster label is absent (one Prometheus per cluster, th
 external label added on federation or remote write) an empty label groups exactly as before,
 and where a global server holds several clusters' series the same run name stays two runs.
 
-:func:`scoped` adds the label to a query written by hand elsewhere (the tools' queries); the
-tests use it to check that no generated clause lacks it.
+:func:`scoped` adds the label to a finished query; the tests use it to check that no
+generated clause lacks it (scoping a generated query changes nothing).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ command line starts on a base install.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .promapi import instant_query
 from .receiver import AlertReceiver
 
 __all__ = [
@@ -242,12 +242,7 @@ class LocalStack:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Run an instant PromQL query against the local Prometheus."""
-        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            body = json.loads(resp.read())
-        if body.get("status") != "success":
-            raise RuntimeError(f"query {expr!r} failed: {body}")
-        return body["data"]["result"]
+        return instant_query(self.prometheus_url, expr)
 
     def close(self) -> None:
         """Stop every process this stack started; idempotent."""

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..mixin.cluster import cluster_matcher, scoped
+from ..mixin.cluster import clauses, cluster_matcher
 from ..mixin.config import DEFAULT, MixinConfig, load_config
 from ..mixin.fleet import fleet_recorded
 from .promapi import instant_query
@@ -89,7 +89,7 @@ def fetch_nodes(
             r.recent_blamed = n
     for s in instant_query(url, sel(f.cause_runs), timeout):
         row(s["metric"]).causes[s["metric"].get("cause", "?")] = int(float(s["value"][1]))
-    evidence = scoped(cfg, f"{sel(f.blamed)}\nand on (node, run)\n{sel(f.blamed_alone)}")
+    evidence = f"{sel(f.blamed)}\nand {clauses(cfg).on('node, run')}\n{sel(f.blamed_alone)}"
     for s in instant_query(url, evidence, timeout):
         lab = s["metric"]
         row(lab).evidence.append((float(s["value"][1]), lab.get("run", "?"), lab.get("cause", "?")))

@@ -1,19 +1,62 @@
-"""Ask Prometheus's HTTP API one instant query (the offline tools' one client)."""
+"""Ask Prometheus's HTTP API: the one client of the tools, the tests, benchmarks and scripts."""
 
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
-__all__ = ["instant_query"]
+__all__ = ["api", "instant_query", "range_query"]
 
 
-def instant_query(url: str, expr: str, timeout: float = 5.0) -> list[dict]:
-    """Return the result vector of ``expr`` at Prometheus ``url``; raise RuntimeError on failure."""
-    q = urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{q}", timeout=timeout) as resp:
-        body = json.loads(resp.read())
+def api(
+    url: str,
+    path: str,
+    params: dict[str, Any] | None = None,
+    *,
+    timeout: float = 5.0,
+    post: bool = False,
+) -> Any:
+    """Call ``path`` (e.g. ``/api/v1/rules``) of Prometheus at ``url``; return its ``data``.
+
+    ``post`` sends the parameters as a form (long queries); raises RuntimeError when Prometheus
+    answers with an error status (an HTTP error it answers with a body included).
+    """
+    query = urllib.parse.urlencode(params or {})
+    full = f"{url.rstrip('/')}{path}"
+    request = (
+        urllib.request.Request(full, data=query.encode())
+        if post
+        else urllib.request.Request(f"{full}?{query}" if query else full)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - a URL given
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            raise RuntimeError(f"Prometheus {path} failed: HTTP {exc.code}") from None
     if body.get("status") != "success":
-        raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
-    return body["data"]["result"]
+        raise RuntimeError(f"Prometheus {path} failed: {body.get('error', body)}")
+    return body["data"]
+
+
+def instant_query(
+    url: str, expr: str, timeout: float = 5.0, *, at: float | None = None
+) -> list[dict[str, Any]]:
+    """Return the result vector of ``expr`` (at Unix time ``at``, default now)."""
+    params: dict[str, Any] = {"query": expr}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
+    return list(api(url, "/api/v1/query", params, timeout=timeout)["result"])
+
+
+def range_query(
+    url: str, expr: str, start: float, end: float, step: float, timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """Return the result matrix of ``expr`` from ``start`` to ``end`` every ``step`` seconds."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    return list(api(url, "/api/v1/query_range", params, timeout=timeout)["result"])
