@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .kinds import integer
 from .launch import Identity, identity
 from .values import (
     Endpoint,
@@ -82,12 +83,13 @@ def for_instrument(
             f"communication is timed; this model's parallelism is {parallelism!r}, whose "
             "collectives are timed where they are called: leave comm_timing out"
         )
-    if start_step is not None and (
-        isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0
-    ):
-        raise ValueError(
-            f"exporter.instrument(start_step=...): expected an int >= 0, got {start_step!r}"
-        )
+    if start_step is not None:
+        try:
+            integer(0)(start_step)
+        except ValueError:
+            raise ValueError(
+                f"exporter.instrument(start_step=...): expected an int >= 0, got {start_step!r}"
+            ) from None
     where = endpoint(
         "instrument",
         port=port,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..log import log
-from .kinds import EXIT_CODE, Setting
+from .kinds import EXIT_CODE, Setting, integer
 from .launch import env_int
 from .names import (
     ABORT_AFTER_S,
@@ -80,9 +80,12 @@ def env_positive_ms(name: str, default: float, environ: Mapping[str, str] | None
 
 def positive_int(what: str, value: Any) -> int:
     """Return ``value`` if it is an int > 0; else raise ValueError naming keyword ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"exporter.instrument({what}=...): expected an int > 0, got {value!r}")
-    return value
+    try:
+        return integer(1)(value)
+    except ValueError:
+        raise ValueError(
+            f"exporter.instrument({what}=...): expected an int > 0, got {value!r}"
+        ) from None
 
 
 def job_deadline_raw(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
