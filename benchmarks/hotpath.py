@@ -23,6 +23,9 @@ Cases:
 * ``dist.all_reduce`` (synchronous) and ``all_gather_single(async_op=True).wait()`` on the
   1-rank gloo group with and without :class:`CollectiveTiming`'s wrappers (FSDP2, FSDP and loops
   without DDP): one event = one collective (call, future callback, timed ``Work.wait``).
+* ``funcol.all_reduce`` and its ``wait()`` (a functional collective, as DTensor issues them) on
+  the 1-rank gloo group with and without :class:`FunctionalCollectiveTiming`'s stand-ins for
+  the ``_c10d_functional`` ops (any parallelism): one event = one collective (launch, wait).
 * The forward pre-hook is not timed: it runs before the first forward only, then removes itself.
 
 Also printed (not event costs): the stand-in allreduce hook's extra ``mul_`` pass over a
@@ -51,6 +54,7 @@ sys.path.insert(0, REPO)
 from exporter.errors import ErrorCounter  # noqa: E402
 from exporter.sources.collectives import CollectiveTiming  # noqa: E402
 from exporter.sources.commhook import CommHookWrapper  # noqa: E402
+from exporter.sources.functional import FunctionalCollectiveTiming  # noqa: E402
 from exporter.sources.instrumentors import (  # noqa: E402
     DataLoaderInstrumentor,
     OptimizerInstrumentor,
@@ -269,6 +273,19 @@ def main(argv: list[str] | None = None) -> int:
                       reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
     rows.append(_pair("all_gather_single+wait wrapper", async_allgather, async_allgather, calls,
                       reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
+
+    # -- DTensor's functional collectives, any parallelism ----------------------------------------
+    import torch.distributed._functional_collectives as funcol
+
+    ftim = FunctionalCollectiveTiming(Recorder("optimizer"), errors)
+
+    def functional_allreduce(k: int) -> None:
+        for _ in range(k):
+            funcol.all_reduce(small, "sum", "0").wait()
+
+    rows.append(_pair("funcol.all_reduce+wait stand-ins", functional_allreduce,
+                      functional_allreduce, calls, reps, ftim.instrument,
+                      ftim.uninstrument))  # fmt: skip
     dist.destroy_process_group()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {n} calls x {reps} repeats")

@@ -24,6 +24,15 @@ wrapping the ``torch.distributed`` collectives, which are process-wide, so the w
 in place before each ``instr`` block and removed before every other block::
 
     python benchmarks/overhead.py --parallel fsdp2 --world 2 --rounds 60
+
+``--parallel tp`` adds tensor parallelism: the models split across groups of ``--tp-size``
+ranks (``ColwiseParallel``, ``RowwiseParallel``, then ``ColwiseParallel`` gathering its output:
+functional all-reduces and all-gathers, DTensor's), sharded with FSDP2 across the groups (a 2-D
+mesh). ``--clip`` clips the gradients' total norm every step (``clip_grad_norm_``: on DTensor
+parameters, functional all-reduces), as most FSDP2 and tensor-parallel loops do::
+
+    python benchmarks/overhead.py --parallel fsdp2 --clip --world 2 --rounds 60
+    python benchmarks/overhead.py --parallel tp --clip --world 2 --rounds 60
 """
 
 from __future__ import annotations
@@ -68,6 +77,28 @@ def _fsdp2(model: torch.nn.Module) -> torch.nn.Module:
     return fully_shard(model)
 
 
+def _tp(model: torch.nn.Module, tp_size: int) -> torch.nn.Module:
+    """Split ``model`` across groups of ``tp_size`` ranks, then shard it with FSDP2 across them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel(),
+            "4": ColwiseParallel(output_layouts=Replicate())}  # fmt: skip
+    parallelize_module(model, mesh["tp"], plan)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
     import exporter
     from exporter import settings
@@ -77,16 +108,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    g = torch.Generator().manual_seed(rank)
+    # A tensor-parallel group splits one batch: its ranks read the same data.
+    g = torch.Generator().manual_seed(rank // args.tp_size if args.parallel == "tp" else rank)
     data = TensorDataset(
         torch.randn(args.batch * 16, args.width, generator=g),
         torch.randn(args.batch * 16, args.width, generator=g),
     )
     names = ("plain", *args.arms)
     arms = {}
-    fsdp2 = args.parallel == "fsdp2"
+    fsdp2 = args.parallel in ("fsdp2", "tp")  # the exporter's timing is process-wide
     for name in names:
-        model = _fsdp2(_model(args.width)) if fsdp2 else DDP(_model(args.width))
+        if args.parallel == "tp":
+            model = _tp(_model(args.width), args.tp_size)
+        else:
+            model = _fsdp2(_model(args.width)) if fsdp2 else DDP(_model(args.width))
         if name == "hook":
             model.register_comm_hook(None, allreduce_mean_hook)
         loader = DataLoader(data, batch_size=args.batch, shuffle=False, drop_last=True)
@@ -129,6 +164,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if args.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 done += 1
                 if done == steps:
@@ -229,18 +266,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--verbose", action="store_true", help="print every block time")
     p.add_argument(
-        "--parallel", choices=("ddp", "fsdp2"), default="ddp", help="how the models are wrapped"
+        "--parallel",
+        choices=("ddp", "fsdp2", "tp"),
+        default="ddp",
+        help="how the models are wrapped (tp: tensor parallel within groups, FSDP2 across them)",
     )
+    p.add_argument("--tp-size", type=int, default=2, help="tp: ranks per tensor-parallel group")
+    p.add_argument("--clip", action="store_true", help="clip_grad_norm_ every step")
     args = p.parse_args(argv)
-    if args.parallel == "fsdp2":
+    if args.parallel in ("fsdp2", "tp"):
         hooks = [a for a in args.arms if a in ("instr_hook", "hook")]
         if hooks and "--arms" in (argv if argv is not None else sys.argv):
-            p.error(f"--parallel fsdp2: {', '.join(hooks)} time DDP's comm hook; FSDP2 has none")
+            p.error(f"--parallel {args.parallel}: {', '.join(hooks)} time DDP's comm hook; "
+                    "FSDP2 has none")  # fmt: skip
         args.arms = [a for a in args.arms if a not in ("instr_hook", "hook")]
+    if args.parallel == "tp" and any(w % args.tp_size for w in args.world):
+        p.error(f"--parallel tp: --tp-size {args.tp_size} must divide every --world")
     if "instr" not in args.arms:
         args.arms.insert(0, "instr")
     raise_on_signals()  # SIGTERM/SIGHUP stop the ranks like Ctrl-C does
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo, {args.parallel}")
+    clip = ", clip_grad_norm_" if args.clip else ""
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo, {args.parallel}{clip}")
     medians = [run_world(w, args) for w in args.world]
     print(f"overhead_ratio={max(medians):.4f}")
     return 0
