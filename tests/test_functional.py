@@ -233,3 +233,26 @@ def test_instrument_times_functional_collectives_with_any_parallelism(ddp):
     finally:
         obs.close()
     assert NS.wait_tensor is original
+
+
+def test_a_torch_without_them_or_a_changed_api_falls_back_cleanly():
+    """No wait_tensor: nothing replaced, one line. A replacement that fails: what was replaced
+    is restored, the error counted."""
+    rec, errors, ft = timing(types.SimpleNamespace(all_reduce=NS.all_reduce))
+    assert not ft.instrument() and not ft.instrument()
+    assert sum(errors.snapshot().values()) == 0
+
+    class Frozen(types.SimpleNamespace):
+        def __setattr__(self, name, value):
+            if name == "all_gather_into_tensor":
+                raise TypeError("read-only")
+            super().__setattr__(name, value)
+
+    wait, reduce = Packet(NS.wait_tensor, lambda t: t), Packet(NS.all_reduce, lambda *a: a[0])
+    ns = Frozen(
+        wait_tensor=wait, all_reduce=reduce, all_gather_into_tensor=NS.all_gather_into_tensor
+    )
+    rec, errors, ft = timing(ns)
+    assert not ft.instrument()
+    assert (ns.wait_tensor, ns.all_reduce) == (wait, reduce)
+    assert errors.snapshot()["comm_timing"] == 1

@@ -178,7 +178,9 @@ class FunctionalCollectiveTiming:
         """Put the stand-ins in place (idempotent); return whether the waits are timed.
 
         Where this torch has no functional collectives (or no ``wait_tensor``), nothing is
-        replaced and one line is logged: DTensor's collectives then go untimed.
+        replaced and one line is logged: there are none to see. Where replacing them fails (a
+        private API changed), what was replaced is restored, the error counted
+        (``comm_timing``) and logged once: DTensor's collectives then go untimed.
         """
         if self._patched:
             return True
@@ -188,6 +190,16 @@ class FunctionalCollectiveTiming:
                      "tensor parallelism)", torch.__version__)  # fmt: skip
             return False
         self._ns = ns
+        try:
+            self._replace(ns)
+        except Exception as exc:  # noqa: BLE001 - a private API: never in the way of training
+            self.uninstrument()
+            self._errors.record("comm_timing", exc)
+            return False
+        return True
+
+    def _replace(self, ns: Any) -> None:
+        """Replace the wait, then every launch op this torch has (with a group argument)."""
         wait = getattr(ns, _WAIT)
         stand_in = _stand_in(wait, self._wrap_wait(wait))
         setattr(ns, _WAIT, stand_in)
@@ -203,7 +215,6 @@ class FunctionalCollectiveTiming:
             stand_in = _stand_in(packet, self._wrap_launch(packet, name, op, at))
             setattr(ns, name, stand_in)
             self._patched[name] = (packet, stand_in)
-        return True
 
     def uninstrument(self) -> None:
         """Restore every op that still holds this instance's stand-in; idempotent."""
