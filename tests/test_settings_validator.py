@@ -41,6 +41,7 @@ INVALID = {
     settings.GIVE_UP_EXIT_CODE: "300",
     settings.ATTEMPT: "-1",
     settings.NODE: "gpu node 7; rm",
+    settings.HANG_PROBE: "sometimes",
     settings.DOCTOR_FAKE_VERSIONS: "gcc=13",
 }
 #: Variables any text is good for (a run name, a path); the dump folder is checked for writing.

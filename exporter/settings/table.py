@@ -51,6 +51,7 @@ from .names import (
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
     GLOO_SOCKET_IFNAME,
+    HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
     LOCAL_RANK,
@@ -171,6 +172,12 @@ SETTINGS: dict[str, Setting] = {
                 "the run exits with the abort exit code once the hang has lasted "
                 "``DDP_EXPORTER_ABORT_AFTER_S``, for the launcher to restart the job from its "
                 "last checkpoint."),
+        Setting(HANG_PROBE, "1 or 0 (true/false, yes/no, on/off)", True, parse_switch, bool,
+                meaning="While every rank waits inside the same collective with nobody behind, "
+                "test the links between the nodes from inside the job: every rank listens on a "
+                "side port at its backend's address, one rank per node tries the others, and "
+                "the hang's verdict names the link or the node that carries no traffic (or says "
+                "it is not the network). ``0``: no listener, no probe."),
         Setting(ABORT_AFTER_S, "seconds > 0", DEFAULT_ABORT_AFTER_S, parse_float,
                 seconds(0, inclusive=False), "abort_after",
                 meaning="Seconds a hang whose evidence is complete lasts before ``abort`` acts; "

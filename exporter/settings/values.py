@@ -32,6 +32,7 @@ from .names import (
     FINAL_SCRAPE_S,
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
+    HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
     LOCAL_RANK,
@@ -204,6 +205,11 @@ def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
 def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
     """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset or not a host."""
     return cast("str | None", resolve(ADVERTISE_ADDR, environ=environ))
+
+
+def hang_probe(environ: Mapping[str, str] | None = None) -> bool:
+    """Return whether the hang watcher probes the links in a hang (``DDP_EXPORTER_HANG_PROBE``)."""
+    return bool(resolve(HANG_PROBE, environ=environ))
 
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:
