@@ -173,6 +173,7 @@ SETTINGS: dict[str, Setting] = {
                 "``DDP_EXPORTER_ABORT_AFTER_S``, for the launcher to restart the job from its "
                 "last checkpoint."),
         Setting(HANG_PROBE, "1 or 0 (true/false, yes/no, on/off)", True, parse_switch, bool,
+                "", "1",
                 meaning="While every rank waits inside the same collective with nobody behind, "
                 "test the links between the nodes from inside the job: every rank listens on a "
                 "side port at its backend's address, one rank per node tries the others, and "
