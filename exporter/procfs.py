@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "boot_time", "start_unix", "stat"]
+__all__ = ["ProcStat", "age_s", "boot_time", "start_unix", "stat"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,24 @@ def start_unix(pid: int) -> float | None:
     if found is None or booted is None:
         return None
     return booted + found.start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _uptime() -> float | None:
+    """Return seconds since boot (``/proc/uptime``, 10 ms resolution), or None."""
+    try:
+        with open("/proc/uptime", encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def age_s(pid: int) -> float | None:
+    """Return how long process ``pid`` has run, in seconds (10 ms resolution), or None.
+
+    Unlike :func:`start_unix`, whose boot time is whole seconds, this is exact to a clock tick:
+    ``time.time() - age_s(pid)`` is when the process started.
+    """
+    found, up = stat(pid), _uptime()
+    if found is None or up is None:
+        return None
+    return max(0.0, up - found.start_ticks / os.sysconf("SC_CLK_TCK"))

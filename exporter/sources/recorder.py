@@ -416,6 +416,13 @@ class Recorder:
                 self.phase_sum[_COMM] += moved
 
     # -- scrape ------------------------------------------------------------------------------
+    def open_since(self) -> float | None:
+        """Return when the open step started (perf_counter), None before the first step opens.
+
+        Read off the training path (the goodput account, each tick); a plain attribute read.
+        """
+        return self._start
+
     def unix(self, perf: float) -> float:
         """Convert a perf_counter reading to Unix time."""
         return self._unix0 + (perf - self._perf0)

@@ -76,7 +76,11 @@ class _Run:
 
 class SectionListener(Protocol):
     """What a listener of the section registry implements (both are called on the section's
-    thread, outside the registry's lock, and must not raise)."""
+    thread, outside the registry's lock, and must not raise).
+
+    A listener with a true ``wants_names`` attribute is called with the section's name:
+    ``section_begin(name)``, ``section_end(name)``.
+    """
 
     def section_begin(self) -> None:
         """A run of a section starts on the calling thread."""
@@ -135,10 +139,14 @@ class SectionRegistry:
         with self._lock:
             self._listeners = tuple(x for x in self._listeners if x is not listener)
 
-    def _tell(self, begin: bool) -> None:
+    def _tell(self, begin: bool, name: str) -> None:
         for listener in self._listeners:
             try:
-                listener.section_begin() if begin else listener.section_end()
+                # A listener that keeps time by section (the goodput account) is told the name.
+                if getattr(listener, "wants_names", False):
+                    listener.section_begin(name) if begin else listener.section_end(name)
+                else:
+                    listener.section_begin() if begin else listener.section_end()
             except Exception as exc:  # noqa: BLE001 - never break the user's section
                 self.errors.record("section", exc)
 
@@ -189,7 +197,7 @@ class SectionRegistry:
                 section.deadline_s = seconds
                 token = next(self._tokens)
                 section.active[token] = _Run(now_unix, now_mono, seconds)
-            self._tell(begin=True)
+            self._tell(True, name)
             return token
         except Exception as exc:  # noqa: BLE001 - never break the user's section
             self.errors.record("section", exc)
@@ -210,7 +218,7 @@ class SectionRegistry:
                     section.last_duration_s = duration
                     if duration <= run.deadline_s:  # an overdue end excuses nothing after it
                         self._last_end = (name, now)
-            self._tell(begin=False)  # also for a run forgotten by clear(): its begin was told
+            self._tell(False, name)  # also for a run forgotten by clear(): its begin was told
             if run is None:
                 return  # cleared while running: forgotten, not an error
             if duration > run.deadline_s:
