@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["End", "ending_cleanly", "exiting_cleanly"]
 
@@ -42,10 +43,23 @@ class End:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.unix: float | None = None
+        self._then: list[Callable[[], None]] = []
+
+    def when_marked(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the clean end is marked, before anything waits on it.
+
+        The callback runs on the thread that marks the end and must not raise.
+        """
+        with self._lock:
+            self._then.append(callback)
 
     def mark(self) -> float:
         """Record the clean end now (the first call wins); return its time."""
         with self._lock:
-            if self.unix is None:
+            first = self.unix is None
+            if first:
                 self.unix = time.time()
-            return self.unix
+            unix, then = self.unix, list(self._then) if first else []
+        for callback in then:
+            callback()
+        return unix
