@@ -141,12 +141,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
         model, loader, opt = arms["instr_hook"]
         hooked = Observer(
             model,
-            identity=settings.identity(run="overhead-hook", group=(rank, world)),
-            endpoint=settings.endpoint("instrument", port=0, addr="127.0.0.1", heartbeat_s=0),
+            settings.for_instrument(parallelism="ddp", group=(rank, world), run="overhead-hook",
+                                    port=0, addr="127.0.0.1", heartbeat_s=0, timing="hook"),
             dataloader=loader,
             optimizer=opt,
-            comm_timing="hook",
-        )
+        )  # fmt: skip
     modes = (obs.comm_timing, hooked.comm_timing if hooked is not None else "-")
 
     comm = obs.comm_instrumentor

@@ -156,20 +156,12 @@ def instrument(
         job_clock = resolve_job_clock(total_steps=total_steps, epochs=epochs, dataloader=dataloader)
         obs = Observer(
             model,
-            identity=cfg.identity,
-            endpoint=cfg.endpoint,
+            cfg,
             dataloader=dataloader,
             optimizer=optimizer,
-            flight_recorder=cfg.flight_recorder,
             memory_source=memory_source,
             serve=serve and watch is None,
-            otlp=cfg.otlp,
-            dump_dir=cfg.dump_dir,
             job_clock=job_clock,
-            final_scrape_s=cfg.final_scrape_s,
-            on_hang=cfg.on_hang,
-            comm_timing=cfg.comm_timing,
-            start_step=cfg.start_step,
         )
         if watch is not None:
             _watch = None

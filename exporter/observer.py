@@ -49,22 +49,15 @@ class Observer:
     def __init__(
         self,
         model: torch.nn.Module | None,
+        cfg: settings.InstrumentSettings,
         *,
-        identity: settings.Identity,
-        endpoint: settings.Endpoint,
         dataloader: torch.utils.data.DataLoader | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        flight_recorder: bool = True,
         memory_source: MemorySource | None = None,
         serve: bool = True,
-        otlp: bool | str = False,
-        dump_dir: str = settings.DEFAULT_DUMP_DIR,
         job_clock: JobClock | None = None,
-        final_scrape_s: float = settings.DEFAULT_FINAL_SCRAPE_S,
-        on_hang: settings.OnHang | None = None,
-        comm_timing: str = "auto",
-        start_step: int | None = None,
     ) -> None:
+        identity, endpoint = cfg.identity, cfg.endpoint
         self.model = model
         self.identity = identity
         self.run, self.rank = identity.run, identity.rank
@@ -74,7 +67,7 @@ class Observer:
         self.errors = ErrorCounter()
         self._closed = False
         self.end = ending.End()
-        self._final_scrape_s = final_scrape_s
+        self._final_scrape_s = cfg.final_scrape_s
         #: ``ddp``, ``fsdp2``, ``fsdp``, ``module`` or ``none`` (exporter.sources.parallelism).
         self.parallelism = kind_of(model)
         ddp = self.parallelism == "ddp"
@@ -88,11 +81,11 @@ class Observer:
         pg = model.process_group if ddp else None
         self.backend = dist.get_backend(pg) if dist.is_initialized() else "none"
         # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
-        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=flight_recorder,
+        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=cfg.flight_recorder,
                                  before_first_collective=not ddp)  # fmt: skip
         cuda = self.device.type == "cuda"
         timing = start_comm_timing(model, self.parallelism, self.recorder, self.errors,
-                                   requested=comm_timing, inflight=self.inflight.name,
+                                   requested=cfg.comm_timing, inflight=self.inflight.name,
                                    cuda=cuda)  # fmt: skip
         self.comm_timing, self.hook, self._cuda = timing.mode, timing.hook, timing.cuda
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
@@ -126,13 +119,13 @@ class Observer:
                 errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
         # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
         # nobody would decide a hang, so nothing is reported either.
-        action, restart = policies(on_hang, final_scrape_s)
+        action, restart = policies(cfg.on_hang, cfg.final_scrape_s)
         if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
             self.hangs = self._started("forensics", lambda: HangWatcher(
                 identity, store, inflight=self.inflight, recorder=self.recorder,
-                sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=dump_dir,
+                sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=cfg.dump_dir,
                 errors=self.errors, action=action, publish_abort=self._publish_abort,
-                restart=restart, start_step=start_step).start())  # fmt: skip
+                restart=restart, start_step=cfg.start_step).start())  # fmt: skip
         if action is not None and self.hangs is None:
             log.error("ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
                       "(no c10d store, or its start failed): a hang will not end the run")  # fmt: skip
@@ -151,7 +144,7 @@ class Observer:
         self._store = store
         self.discovery: discovery.Discovery | None = None
         self._start_discovery()
-        self.otlp = push.start(otlp, identity, self.registry, self.errors)
+        self.otlp = push.start(cfg.otlp, identity, self.registry, self.errors)
 
     # -- setup -------------------------------------------------------------------------------
     def _started(self, where: str, start: Any) -> Any:
