@@ -57,7 +57,7 @@ class End:
         """Record the clean end now (the first call wins); return its time."""
         with self._lock:
             first = self.unix is None
-            if first:
+            if self.unix is None:  # first; tested again so that the type checker sees a float
                 self.unix = time.time()
             unix, then = self.unix, list(self._then) if first else []
         for callback in then:

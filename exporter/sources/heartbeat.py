@@ -17,7 +17,8 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
@@ -46,7 +47,7 @@ class Heartbeat:
         interval_s: float,
         monitor: bool,
         errors: ErrorCounter,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
         peer_series: int = DEFAULT_PEER_SERIES,
     ) -> None:
         self._store = store
@@ -81,7 +82,7 @@ class Heartbeat:
     def _beat(self) -> int:
         """Bump this rank's counter (one round trip, timed); return its new value."""
         start = time.perf_counter()
-        count = self._store.add(self._key, 1)
+        count = cast(int, self._store.add(self._key, 1))  # torch's Store reads as untyped
         # Free to measure, and the one per-rank timing a slow link on this node inflates
         # (the collectives' own latency is the same on every rank: they wait for each other).
         self.round_trip_s = time.perf_counter() - start

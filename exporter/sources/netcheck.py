@@ -66,7 +66,8 @@ class Reach:
 def resolve(host: str) -> str | None:
     """Return the first IPv4/IPv6 address ``host`` resolves to here, None when it does not."""
     try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        # An IP family's address is a string (typeshed also allows the int of other families).
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except OSError:
         return None
 

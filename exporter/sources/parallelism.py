@@ -42,7 +42,8 @@ def _classic_fsdp() -> type | None:
         from torch.distributed.fsdp import FullyShardedDataParallel
     except ImportError:  # a torch built without distributed
         return None
-    return FullyShardedDataParallel
+    fsdp: type = FullyShardedDataParallel  # a class; torch reads as untyped
+    return fsdp
 
 
 def kind_of(model: object) -> str:

@@ -108,7 +108,7 @@ class Recorder:
     of ``exporter.step()`` blocks) is counted as usual from its first step activity on.
     """
 
-    def __init__(self, mode: str, clock=time.perf_counter) -> None:
+    def __init__(self, mode: str, clock: Callable[[], float] = time.perf_counter) -> None:
         if mode not in STEP_SOURCES:
             raise ValueError(f"step mode must be one of {STEP_SOURCES}, got {mode!r}")
         self.mode = mode
@@ -156,6 +156,7 @@ class Recorder:
         self._paused = None  # a step ends inside the section: it has training in it
         if reading is not None:
             stats = self._comm_stats
+            assert stats is not None  # time_comm_with sets the reader and its stats together
             stats.enqueued += 1
             stats.bytes += reading.nbytes
             stats.hist.observe(reading.comm_s)
@@ -467,7 +468,7 @@ class Recorder:
         """
         now = self.clock()
         with self.lock:
-            out: dict[str, list] = {}
+            out: dict[str, list[Any]] = {}  # pg -> [pg, enqueued, completed, oldest age]
             for st in self.collectives:
                 age = now - st.pending[0] if st.pending else 0.0
                 row = out.setdefault(st.pg, [st.pg, 0, 0, 0.0])

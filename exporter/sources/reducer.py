@@ -157,7 +157,7 @@ class ReducerTiming:
             nbytes=self._bucket_bytes(data),
         )
 
-    def _bucket_bytes(self, data: dict) -> int:
+    def _bucket_bytes(self, data: dict[str, Any]) -> int:
         # "525312, 526336": rebuilt after the first iteration, fixed from then on.
         text = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
         if text != self._sizes[0]:
