@@ -34,15 +34,19 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ErrorCounter
 from ..log import log
+
+if TYPE_CHECKING:  # read by the type checker only (typing.TypeIs is Python 3.13+)
+    from typing_extensions import TypeIs
 
 __all__ = [
     "MAX_SECTIONS",
     "REGISTRY",
     "Deadline",
+    "NamedSectionListener",
     "SectionListener",
     "SectionRegistry",
     "SectionState",
@@ -79,7 +83,7 @@ class SectionListener(Protocol):
     thread, outside the registry's lock, and must not raise).
 
     A listener with a true ``wants_names`` attribute is called with the section's name:
-    ``section_begin(name)``, ``section_end(name)``.
+    ``section_begin(name)``, ``section_end(name)`` (:class:`NamedSectionListener`).
     """
 
     def section_begin(self) -> None:
@@ -87,6 +91,26 @@ class SectionListener(Protocol):
 
     def section_end(self) -> None:
         """A run of a section ends on the calling thread."""
+
+
+class NamedSectionListener(Protocol):
+    """A listener that keeps time by section (the goodput account): told each run's name."""
+
+    @property
+    def wants_names(self) -> bool:
+        """True: call ``section_begin(name)`` and ``section_end(name)``."""
+
+    def section_begin(self, name: str) -> None:
+        """A run of the section ``name`` starts on the calling thread."""
+
+    def section_end(self, name: str) -> None:
+        """A run of the section ``name`` ends on the calling thread."""
+
+
+def _wants_names(
+    listener: SectionListener | NamedSectionListener,
+) -> TypeIs[NamedSectionListener]:
+    return bool(getattr(listener, "wants_names", False))
 
 
 class _Section:
@@ -126,15 +150,15 @@ class SectionRegistry:
         self._lock = threading.Lock()
         self._sections: dict[str, _Section] = {}
         self._tokens = itertools.count()
-        self._listeners: tuple[SectionListener, ...] = ()
+        self._listeners: tuple[SectionListener | NamedSectionListener, ...] = ()
         self._last_end: tuple[str, float] | None = None  # (name, monotonic time) of the last end
 
-    def listen(self, listener: SectionListener) -> None:
+    def listen(self, listener: SectionListener | NamedSectionListener) -> None:
         """Tell ``listener`` of every run that starts or ends from now on."""
         with self._lock:
             self._listeners = (*self._listeners, listener)
 
-    def unlisten(self, listener: SectionListener) -> None:
+    def unlisten(self, listener: SectionListener | NamedSectionListener) -> None:
         """Stop telling ``listener``; a listener not listening is ignored."""
         with self._lock:
             self._listeners = tuple(x for x in self._listeners if x is not listener)
@@ -143,7 +167,7 @@ class SectionRegistry:
         for listener in self._listeners:
             try:
                 # A listener that keeps time by section (the goodput account) is told the name.
-                if getattr(listener, "wants_names", False):
+                if _wants_names(listener):
                     listener.section_begin(name) if begin else listener.section_end(name)
                 else:
                     listener.section_begin() if begin else listener.section_end()
@@ -212,7 +236,7 @@ class SectionRegistry:
             with self._lock:
                 section = self._sections.get(name)
                 run = section.active.pop(token, None) if section is not None else None
-                if run is not None:
+                if section is not None and run is not None:  # a run has its section
                     duration = now - run.start_mono
                     section.runs += 1
                     section.last_duration_s = duration
