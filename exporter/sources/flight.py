@@ -24,7 +24,7 @@ import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,7 @@ __all__ = [
     "FlightRecorderSource",
     "HookBookkeepingSource",
     "InFlight",
+    "InFlightSource",
     "PGState",
     "RECENT_ENTRIES",
     "dump_functions",
@@ -89,23 +90,24 @@ def read_trace(
     collectives: bool = True,
     stacks: bool = False,
     only_active: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Return one recorder's dump as a dict (``pg_status``, ``entries``, ...).
 
     ``dump`` is the dump function. Raises whatever the private API raises.
     """
     raw = dump(includeCollectives=collectives, includeStackTraces=stacks, onlyActive=only_active)
-    return pickle.loads(raw)
+    # The recorder pickles a dict; torch's private API reads as untyped.
+    return cast("dict[str, Any]", pickle.loads(raw))
 
 
-def _pg_of(entry: dict) -> tuple[str, str]:
+def _pg_of(entry: dict[str, Any]) -> tuple[str, str]:
     """Return ``(pg_status key, group name)`` of a recorder entry."""
     group = entry.get("process_group") or ("", "")
     name = str(group[0])
     return str(entry.get("pg_id", name)), name
 
 
-def entries_report(dump: Any = _DETECT) -> dict:
+def entries_report(dump: Any = _DETECT) -> dict[str, Any]:
     """Return the Flight Recorders' entries for a hang dump: in flight, recent, with stacks.
 
     Never raises: ``{"available": False, "error": ...}`` when no Flight Recorder can be read.
@@ -113,7 +115,9 @@ def entries_report(dump: Any = _DETECT) -> dict:
     dumps = _dumps(dump)
     if not dumps:
         return {"available": False, "error": "torch has no Flight Recorder dump function"}
-    entries, status, errors = [], {}, []
+    entries: list[dict[str, Any]] = []
+    status: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
     for fn in dumps:
         try:
             data = read_trace(fn, collectives=True, stacks=True, only_active=False)
@@ -132,13 +136,13 @@ def entries_report(dump: Any = _DETECT) -> dict:
     if errors and not entries and not status:
         return {"available": False, "error": "; ".join(errors)}
     inflight = [e for e in entries if not e["retired"] and e["state"] != "completed"]
-    recent: list[dict] = []
+    recent: list[dict[str, Any]] = []
     for pg in sorted({e["pg"] for e in entries}):
         recent += [e for e in entries if e["pg"] == pg and e["retired"]][-RECENT_ENTRIES:]
     return {"available": True, "pg_status": status, "inflight": inflight, "recent": recent}
 
 
-def _entry(e: dict, pg: str) -> dict:
+def _entry(e: dict[str, Any], pg: str) -> dict[str, Any]:
     name = str(e.get("profiling_name") or "")
     created = e.get("time_created_ns")
     return {
@@ -182,7 +186,8 @@ def pg_timeout_seconds(pg: dist.ProcessGroup) -> float | None:
         pass
     try:
         backend = dist.get_backend(pg)
-        return dist.distributed_c10d._get_default_timeout(backend).total_seconds()
+        default: timedelta = dist.distributed_c10d._get_default_timeout(backend)
+        return default.total_seconds()
     except Exception:  # noqa: BLE001
         return None
 
@@ -198,6 +203,17 @@ class _Timeouts:
             pg = _pg_objects().get(name)
             self._cache[name] = pg_timeout_seconds(pg) if pg is not None else None
         return self._cache[name]
+
+
+class InFlightSource(Protocol):
+    """What :class:`InFlight` reads: the Flight Recorders, the comm hook's counts, a stand-in."""
+
+    @property
+    def name(self) -> str:
+        """Return the source's name (``ddp_rank_info{inflight_source}``)."""
+
+    def read(self) -> list[PGState]:
+        """Return one state per process group; may raise (the Flight Recorder's private API)."""
 
 
 class HookBookkeepingSource:
@@ -251,7 +267,9 @@ class FlightRecorderSource:
             )
             return False
 
-    def _status(self, dump: Any, include_collectives: bool) -> tuple[dict, list]:
+    def _status(
+        self, dump: Any, include_collectives: bool
+    ) -> tuple[dict[Any, Any], list[dict[str, Any]]]:
         data = read_trace(dump, collectives=include_collectives, only_active=include_collectives)
         status = data.get("pg_status") or {}
         if not isinstance(status, dict):
@@ -325,7 +343,7 @@ class InFlight:
         errors: ErrorCounter,
         *,
         flight_recorder: bool = True,
-        source: Any = None,
+        source: InFlightSource | None = None,
         before_first_collective: bool = False,
     ) -> None:
         """Choose the source: ``source``, else the Flight Recorder if usable, else bookkeeping.
@@ -350,14 +368,16 @@ class InFlight:
                     "covers DDP buckets only",
                     torch.__version__,
                 )
-        self.source: Any = source if source is not None else HookBookkeepingSource(recorder)
+        self.source: InFlightSource = (
+            source if source is not None else HookBookkeepingSource(recorder)
+        )
 
     @property
     def name(self) -> str:
         """Return the source in use (``ddp_rank_info{inflight_source}``)."""
         return self.source.name
 
-    def use(self, source: Any) -> None:
+    def use(self, source: InFlightSource) -> None:
         """Read from ``source`` from now on (tests inject a failing Flight Recorder)."""
         self.source = source
 
