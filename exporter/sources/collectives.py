@@ -40,7 +40,7 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -77,7 +77,7 @@ assert {op for op, _ in COLLECTIVES.values()} <= set(catalog.COLLECTIVE_OPS)
 
 def _nbytes(payload: Any) -> int:
     if isinstance(payload, torch.Tensor):
-        return payload.numel() * payload.element_size()
+        return cast(int, payload.numel() * payload.element_size())  # torch reads as untyped
     if isinstance(payload, (list, tuple)):
         return sum(_nbytes(t) for t in payload)
     return 0
@@ -88,14 +88,14 @@ class _Spec:
 
     __slots__ = ("op", "payload", "payload_at", "group_at")
 
-    def __init__(self, fn: Callable, op: str, payload: str | None) -> None:
+    def __init__(self, fn: Callable[..., Any], op: str, payload: str | None) -> None:
         names = list(inspect.signature(fn).parameters)
         self.op = op
         self.payload = payload
         self.payload_at = names.index(payload) if payload in names else -1
         self.group_at = names.index("group") if "group" in names else -1
 
-    def arg(self, args: tuple, kwargs: dict, name: str | None, at: int) -> Any:
+    def arg(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int) -> Any:
         if name is not None and name in kwargs:
             return kwargs[name]
         return args[at] if 0 <= at < len(args) else None
@@ -155,7 +155,7 @@ class CollectiveTiming:
             setattr(self._ns, name, wrapper)
             self._patched[name] = (fn, wrapper)
         wait = getattr(self._work, "wait", None) if self._work is not None else None
-        if self._patched and callable(wait):
+        if self._patched and callable(wait) and self._work is not None:  # a wait has a Work
             waiter = self._wrap_wait(wait)
             try:
                 self._work.wait = waiter
@@ -163,7 +163,7 @@ class CollectiveTiming:
             except (AttributeError, TypeError):
                 self._wait = None  # an immutable Work type: asynchronous waits go unseen
         future = getattr(self._work, "get_future", None) if self._wait is not None else None
-        if callable(future):
+        if callable(future) and self._work is not None:  # so has a future
             taker = self._wrap_get_future(future)
             try:
                 self._work.get_future = taker
@@ -180,12 +180,12 @@ class CollectiveTiming:
         self._patched.clear()
         if self._wait is not None:
             original, waiter = self._wait
-            if self._work.__dict__.get("wait") is waiter:
+            if self._work is not None and self._work.__dict__.get("wait") is waiter:
                 self._work.wait = original
             self._wait = None
         if self._future is not None:
             original, taker = self._future
-            if self._work.__dict__.get("get_future") is taker:
+            if self._work is not None and self._work.__dict__.get("get_future") is taker:
                 self._work.get_future = original
             self._future = None
 
@@ -202,7 +202,7 @@ class CollectiveTiming:
             per_op = self._stats[group]
         return per_op[op]
 
-    def _wrap(self, fn: Callable, spec: _Spec) -> Callable:
+    def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
         rec, errors, timed = self._rec, self._errors, self._timed
         training = self._thread
 
@@ -254,7 +254,7 @@ class CollectiveTiming:
             _, (_, old_stats, old_t0) = works.popitem(last=False)
             self._rec.collective_finished(old_stats, old_t0, timed=False)
 
-    def _wrap_wait(self, wait: Callable) -> Callable:
+    def _wrap_wait(self, wait: Callable[..., Any]) -> Callable[..., Any]:
         rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
         works = self._works
 
@@ -275,7 +275,7 @@ class CollectiveTiming:
 
         return timed_wait
 
-    def _wrap_get_future(self, get_future: Callable) -> Callable:
+    def _wrap_get_future(self, get_future: Callable[..., Any]) -> Callable[..., Any]:
         rec, errors, works = self._rec, self._errors, self._works
 
         @functools.wraps(get_future)

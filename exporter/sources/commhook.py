@@ -24,6 +24,15 @@ from .recorder import CollectiveStats, Recorder
 __all__ = ["allreduce_mean_hook", "CommHookInstrumentor", "CommHookWrapper", "CudaEventResolver"]
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+#: A bucket's CUDA timing on the training path: (start event, the last bucket's launch event or
+#: None, device). Quoted: the type checker reads them, run time leaves them be.
+CudaStart = tuple["torch.cuda.Event", "torch.cuda.Event | None", "torch.device"]
+#: What the resolver queues: (stats, t0, start event, end event, launch event or None).
+CudaPair = tuple[
+    CollectiveStats, float, "torch.cuda.Event", "torch.cuda.Event", "torch.cuda.Event | None"
+]
+#: What runs once a bucket's future completes: ``_done(t0, is_last, events, fut)``.
+Done = Callable[[float, bool, CudaStart | None, torch.futures.Future], None]
 
 
 def allreduce_mean_hook(
@@ -43,7 +52,9 @@ def _first_tensor(fut: torch.futures.Future) -> torch.Tensor:
     return fut.value()[0]
 
 
-def _record_then(done: Callable, t0: float, is_last: bool, events, fut: torch.futures.Future):
+def _record_then(
+    done: Done, t0: float, is_last: bool, events: CudaStart | None, fut: torch.futures.Future
+) -> torch.Tensor:
     # `done` never raises; fut.value() re-raises a failed collective exactly as DDP would see it.
     done(t0, is_last, events, fut)
     return fut.value()
@@ -59,12 +70,12 @@ class CudaEventResolver:
 
     def __init__(self, recorder: Recorder, errors: ErrorCounter, interval_s: float = 0.05):
         self._recorder = recorder
-        self._pending: deque = deque(maxlen=65536)
+        self._pending: deque[CudaPair] = deque(maxlen=65536)
         self._loop = BackgroundLoop(
             "ddp-exporter-cuda", self.drain, interval_s, errors=errors, where="comm_hook"
         ).start()
 
-    def submit(self, item: tuple) -> None:
+    def submit(self, item: CudaPair) -> None:
         """Queue ``(stats, t0, start_event, end_event, launch_event_or_None)``."""
         self._pending.append(item)
 
@@ -139,7 +150,7 @@ class CommHookWrapper:
             self.errors.record("comm_hook", exc)
         return fut
 
-    def _cuda_start(self, buffer: torch.Tensor, is_last: bool):
+    def _cuda_start(self, buffer: torch.Tensor, is_last: bool) -> CudaStart | None:
         if not buffer.is_cuda:
             return None
         device = buffer.device
@@ -150,7 +161,9 @@ class CommHookWrapper:
         # The last bucket's launch marks the end of backward compute on the compute stream.
         return (start, start if is_last else None, device)
 
-    def _done(self, t0: float, is_last: bool, events, fut: torch.futures.Future) -> None:
+    def _done(
+        self, t0: float, is_last: bool, events: CudaStart | None, fut: torch.futures.Future
+    ) -> None:
         try:
             if events is None:
                 self.recorder.bucket_done(self.stats, t0, is_last)
@@ -162,6 +175,7 @@ class CommHookWrapper:
                 start, launch, device = events
                 end = torch.cuda.Event(enable_timing=True)
                 end.record(torch.cuda.current_stream(device))
+                assert self.cuda is not None  # events come only with a resolver (__call__)
                 self.cuda.submit((self.stats, t0, start, end, launch))
                 if is_last:
                     self.recorder.boundary("comm_hook")
@@ -202,7 +216,7 @@ class CommHookInstrumentor:
         model.register_comm_hook(wrapper.inner_state, wrapper)
         registered: list[bool] = []
 
-        def register_comm_hook(state: object, hook) -> None:
+        def register_comm_hook(state: object, hook: Hook) -> None:
             """Put the user's hook under the exporter's timing wrapper (DDP's signature)."""
             if registered:
                 raise RuntimeError(
@@ -213,7 +227,7 @@ class CommHookInstrumentor:
             model._comm_hooks.append((hook, state))
             registered.append(True)
 
-        def _register_builtin_comm_hook(comm_hook_type) -> None:
+        def _register_builtin_comm_hook(comm_hook_type: dist.BuiltinCommHookType) -> None:
             """Map a built-in hook onto its Python equivalent under the timing wrapper."""
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -12,7 +12,7 @@ hook and the CUDA resolver where there are any.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ErrorCounter
 from .collectives import CollectiveTiming
@@ -22,13 +22,23 @@ from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
 from .reducer import ReducerTiming, choose_timing
 
-__all__ = ["CommTiming", "Parts", "start_comm_timing"]
+__all__ = ["CommTiming", "Part", "Parts", "start_comm_timing"]
+
+
+class Part(Protocol):
+    """One timing part: puts its wrappers in place and takes them away again (idempotent)."""
+
+    def instrument(self) -> bool:
+        """Put the part in place; return whether it times anything."""
+
+    def uninstrument(self) -> None:
+        """Restore what the part replaced."""
 
 
 class Parts:
     """Instrument and uninstrument several timing parts together, in order (idempotent)."""
 
-    def __init__(self, *parts: Any) -> None:
+    def __init__(self, *parts: Part) -> None:
         self.parts = parts
 
     def instrument(self) -> bool:
@@ -90,9 +100,10 @@ def start_comm_timing(
     resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
     hook = CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg,
                            resolver) if hooked else None  # fmt: skip
-    part = CommHookInstrumentor(model, hook) if hooked else ReducerTiming(model, errors)
+    # hook is None exactly when not hooked; the tests below tell the type checker which part.
+    part = CommHookInstrumentor(model, hook) if hook is not None else ReducerTiming(model, errors)
     if not part.instrument():
         mode = "none"  # a hook registered before the wrapper: not timed
-    elif not hooked:
+    elif isinstance(part, ReducerTiming):  # not hooked
         recorder.time_comm_with(part.read, stats)
     return CommTiming(Parts(part, functional), mode, hook, resolver)

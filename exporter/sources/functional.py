@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -105,7 +105,7 @@ def _key(t: Any) -> int:
 
 def _nbytes(payload: Any) -> int:
     if isinstance(payload, torch.Tensor):
-        return payload.nbytes
+        return cast(int, payload.nbytes)  # torch reads as untyped
     if isinstance(payload, (list, tuple)):
         return sum(t.nbytes for t in payload if isinstance(t, torch.Tensor))
     return 0
@@ -135,7 +135,7 @@ def _stand_in(packet: Any, call: Any) -> _Op:
     A method of a class of its own rather than a method calling ``call``: one Python frame less
     per collective, and a plain method, which torch.compile traces.
     """
-    cls = type(f"_Op_{call.__name__}", (_Op,), {"__call__": call, "__slots__": ()})
+    cls: type[_Op] = type(f"_Op_{call.__name__}", (_Op,), {"__call__": call, "__slots__": ()})
     return cls(packet)
 
 
@@ -167,7 +167,7 @@ class FunctionalCollectiveTiming:
         self._stats: dict[tuple[str, str], CollectiveStats] = {}
         self._lock = threading.Lock()
         # Outputs launched, not waited for yet: storage key -> [stats or None once done, t0].
-        self._pending: OrderedDict[int, list] = OrderedDict()
+        self._pending: OrderedDict[int, list[Any]] = OrderedDict()
 
     @property
     def instrumented(self) -> bool:
@@ -253,7 +253,7 @@ class FunctionalCollectiveTiming:
         if len(pending) > MAX_UNWAITED:
             self._forget(pending.popitem(last=False)[1])
 
-    def _forget(self, entry: list) -> None:
+    def _forget(self, entry: list[Any]) -> None:
         stats, t0 = entry
         if stats is not None:
             entry[0] = None
@@ -306,11 +306,12 @@ class FunctionalCollectiveTiming:
                     waited = clock() - t0
                     entry = pending.pop(_key(args[0]), None) if args else None
                     stats = entry[0] if entry is not None else None
-                    if stats is not None:
+                    launched = 0.0
+                    if entry is not None and stats is not None:
                         entry[0] = None  # done: the other outputs of a coalesced launch too
+                        launched = entry[1]
                     blocked = waited if timed and threading.get_ident() == training else 0.0
-                    rec.collective_waited(stats, entry[1] if stats is not None else 0.0,
-                                          timed, blocked)  # fmt: skip
+                    rec.collective_waited(stats, launched, timed, blocked)
                 except Exception as exc:  # noqa: BLE001
                     errors.record("comm_timing", exc)
 

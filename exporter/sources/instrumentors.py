@@ -46,7 +46,7 @@ class TimedIterator:
 
     __slots__ = ("_it", "_rec", "_errors")
 
-    def __init__(self, it: Iterator, rec: Recorder, errors: ErrorCounter) -> None:
+    def __init__(self, it: Iterator[Any], rec: Recorder, errors: ErrorCounter) -> None:
         self._it = it
         self._rec = rec
         self._errors = errors
@@ -69,7 +69,8 @@ class TimedIterator:
                 self._errors.record("dataloader", exc)
 
     def __len__(self) -> int:
-        return len(self._it)
+        # A DataLoader's iterator has a length; another raises TypeError here, as len() of it.
+        return len(self._it)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         # Code that pokes at the DataLoader iterator (e.g. _num_yielded) still reaches it.
@@ -101,7 +102,9 @@ class DataLoaderInstrumentor:
         orig = type(self.loader)
         rec, errors = self._rec, self._errors
 
-        def __iter__(loader_self):  # noqa: N807 - the method being overridden
+        def __iter__(  # noqa: N807 - the method being overridden
+            loader_self: torch.utils.data.DataLoader,
+        ) -> TimedIterator:
             return TimedIterator(orig.__iter__(loader_self), rec, errors)
 
         timed = type(orig.__name__, (orig,), {"__iter__": __iter__, "__module__": orig.__module__})
@@ -110,7 +113,7 @@ class DataLoaderInstrumentor:
         self._orig_class = orig
         return self
 
-    def timed(self, iterator: Iterator) -> TimedIterator:
+    def timed(self, iterator: Iterator[Any]) -> TimedIterator:
         """Return ``iterator`` timing each batch (an iterator made before :meth:`instrument`)."""
         if isinstance(iterator, TimedIterator):
             return iterator
@@ -131,15 +134,19 @@ class OptimizerInstrumentor:
         self.optimizer = innermost_optimizer(optimizer)
         self._rec = rec
         self._errors = errors
-        self._handles: list = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def _pre(self, optimizer, args, kwargs) -> None:
+    def _pre(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         try:
             self._rec.optimizer_begin()
         except Exception as exc:  # noqa: BLE001
             self._errors.record("optimizer", exc)
 
-    def _post(self, optimizer, args, kwargs) -> None:
+    def _post(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         try:
             self._rec.optimizer_end()
         except Exception as exc:  # noqa: BLE001
