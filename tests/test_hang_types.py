@@ -1,7 +1,9 @@
-"""The hang protocol type-checks: mypy, strict, over exporter/hangs/ ([tool.mypy] in pyproject).
+"""The typed packages type-check: mypy, strict, over the settings, the /proc reader, the hang
+protocol (exporter/hangs/) and the sources (exporter/sources/) ([tool.mypy] in pyproject).
 
 A drift between what one rank writes and another reads (a renamed field, a number read as a
-string, a summary where an ack was meant) is a type error before it is a silent mis-diagnosis.
+string, a summary where an ack was meant) is a type error before it is a silent mis-diagnosis;
+so is a hook fed the wrong shape of event on the training path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from harness import REPO, child_env
 pytestmark = pytest.mark.tool
 
 
-def test_mypy_strict_passes_on_the_hang_protocol(tmp_path):
+def test_mypy_strict_passes_on_the_typed_packages(tmp_path):
     if importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[test]' installs it)")
     # The configuration is pyproject's [tool.mypy]; the cache stays out of the checkout.
