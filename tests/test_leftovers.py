@@ -17,6 +17,12 @@ pytestmark = pytest.mark.tool
 TESTS = os.path.join(REPO, "tests")
 
 
+def _inner_env() -> dict[str, str]:
+    """The environment of the inner session: this session's own options are not its own."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    return dict(env, PYTHONPATH=REPO, DDP_EXPORTER_TEST_LEFTOVER_GRACE="1")
+
+
 def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {TESTS!r})\n"
@@ -40,7 +46,7 @@ def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=REPO, DDP_EXPORTER_TEST_LEFTOVER_GRACE="1"),
+        env=_inner_env(),
     )  # fmt: skip
     out = res.stdout + res.stderr
     leaked = int(out.split("LEAKED ")[1].split()[0])
