@@ -120,13 +120,19 @@ def test_recorders_that_report_no_group_are_not_usable():
 
 
 _PROBATION = """
-import torch, torch.distributed as dist, exporter
+import time, torch, torch.distributed as dist, exporter
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
 obs = exporter.instrument(None, port=0, addr="127.0.0.1", heartbeat_s=0)
 before = obs.inflight.name
 with exporter.step():
     dist.all_reduce(torch.ones(2))
+# The Flight Recorder marks a collective completed from torch's watchdog thread, a moment
+# after the call returned: wait for it, with a deadline.
+deadline = time.monotonic() + 30
 (state,) = obs.inflight.read()
+while state.last_completed < state.last_enqueued and time.monotonic() < deadline:
+    time.sleep(0.05)
+    (state,) = obs.inflight.read()
 print(before, obs.inflight.name, state.pg, state.last_enqueued, state.last_completed)
 obs.close()
 dist.destroy_process_group()
