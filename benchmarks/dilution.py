@@ -92,6 +92,10 @@ class Throttle(threading.Thread):
             pass
 
 
+class JobEndedError(RuntimeError):
+    """The job ended before training (a rendezvous port taken meanwhile, say)."""
+
+
 def run_arm(layers: int, clip: bool, timing: str, args: argparse.Namespace) -> list[float]:
     """Run one job; return every rank's compute per step (s) over the window."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
@@ -115,7 +119,7 @@ def run_arm(layers: int, clip: bool, timing: str, args: argparse.Namespace) -> l
             if len(urls) == RANKS and str(SLOW) in pids:
                 break
             if proc.poll() is not None:
-                raise RuntimeError("job ended:\n" + "".join(lines[-40:]))
+                raise JobEndedError("".join(line for line in lines if "rank" in line)[-6000:])
             time.sleep(0.2)
         else:
             raise RuntimeError("no metrics URLs:\n" + "".join(lines[-40:]))
@@ -150,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{RANKS} ranks, rank {SLOW} throttled: {args.run_ms:.0f} ms running, "
           f"{args.stop_ms:.0f} ms stopped; {args.rounds} rounds, {args.window:.0f} s windows")  # fmt: skip
     for r in range(args.rounds):
-        order = arms[r % len(arms):] + arms[: r % len(arms)]
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]
         for arm in order:
-            per_rank = run_arm(*arm, args)
+            try:
+                per_rank = run_arm(*arm, args)
+            except JobEndedError as exc:  # once: a start that failed says nothing about the arm
+                print(f"  job ended before training, started again:\n{exc}", flush=True)
+                per_rank = run_arm(*arm, args)
             results[arm].append(per_rank)
             print(f"  round {r} layers={arm[0]} clip={'kept' if arm[1] else 'removed'} "
                   f"timing={arm[2]}: " + " ".join(f"{c * 1e3:.1f}" for c in per_rank) + " ms",

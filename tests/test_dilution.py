@@ -1,0 +1,83 @@
+"""A mild straggler in an FSDP2 loop that clips gradients is named by compute.
+
+The job has the shape of pytorch/examples' FSDP2 example (tests/workers/fsdp2_example_worker.py:
+3 ranks under torchrun, ``clip_grad_norm_`` every step, the one ``instrument(model,
+optimizer=optim)`` line). Rank 2 is throttled from outside by a SIGSTOP/SIGCONT duty cycle that
+makes its compute about 1.8 times the others' without clipping. ``clip_grad_norm_`` on FSDP2's
+DTensor parameters ends in a functional all-reduce, where the healthy ranks wait for rank 2:
+counted as their compute, that wait pulled the ratio under the straggler threshold (1.5) and
+nobody was named. ``top`` must name rank 2, by compute, and nobody else. The figures behind it:
+``benchmarks/dilution.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+
+import pytest
+from harness import Job, parse, scrape_text, wait_for
+
+import exporter.tools.top as top
+
+# Its assertion is about compute per step: another job's CPU load would be a straggler's.
+pytestmark = [pytest.mark.job, pytest.mark.solo]
+
+WORKER = os.path.join("tests", "workers", "fsdp2_example_worker.py")
+SLOW = 2
+#: The mild duty cycle: running, then stopped (seconds).
+RUN_S, STOP_S = 0.05, 0.05
+
+
+class Throttle(threading.Thread):
+    """SIGSTOP and SIGCONT one process in a duty cycle until stopped (then leave it running)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.done = pid, threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(RUN_S):
+                os.kill(self.pid, signal.SIGSTOP)
+                self.done.wait(STOP_S)
+                os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=5)
+
+
+def test_a_mild_straggler_is_named_with_clip_grad_norm():
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "dilution"}
+    with Job(3, ["--layers", "2"], env=env, module=WORKER) as job:
+        urls = job.wait_urls()
+        pids = wait_for(lambda: dict(re.findall(r"^pid (\d+) (\d+)$", job.text(), re.M)), 60,
+                        "the ranks' pids")  # fmt: skip
+        throttle = Throttle(int(pids[str(SLOW)]))
+        throttle.start()
+        tables: list[dict[int, str]] = []
+        prev = None
+        try:
+
+            def named() -> bool:
+                nonlocal prev
+                rows = top.diagnose(top.fetch([urls[r] for r in range(3)], timeout=5), prev)
+                prev = {r.target: r for r in rows}
+                tables.append({r.rank: r.verdict for r in rows})
+                return tables[-1].get(SLOW, "").startswith("straggler: compute")
+
+            wait_for(named, 90, f"top to name rank {SLOW} a straggler by compute", interval=3.0)
+        finally:
+            throttle.stop()
+        wrongly = [(r, v) for t in tables for r, v in t.items()
+                   if r != SLOW and v.startswith(top.ACCUSATIONS)]  # fmt: skip
+        assert not wrongly, (wrongly, tables)
+        # The clipping's all-reduce is seen, timed, on the default group.
+        s = parse(scrape_text(urls[0]))
+        timed = {(lab["op"], lab["pg"]): v for lab, v in s["ddp_collective_duration_seconds_count"]}
+        assert timed.get(("allreduce", "0"), 0) > 0, timed
