@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import threading
+import sys
 
 import pytest
-from harness import Job, parse, scrape_text, wait_for
+from harness import REPO, Job, parse, scrape_text, wait_for
 
 import exporter.tools.top as top
+
+# The benchmark's duty cycle, the same stops and continues as the figures behind this test.
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from dilution import Throttle  # noqa: E402
 
 # Its assertion is about compute per step: another job's CPU load would be a straggler's.
 pytestmark = [pytest.mark.job, pytest.mark.solo]
@@ -31,34 +34,13 @@ SLOW = 2
 RUN_S, STOP_S = 0.05, 0.05
 
 
-class Throttle(threading.Thread):
-    """SIGSTOP and SIGCONT one process in a duty cycle until stopped (then leave it running)."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.done = pid, threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.done.wait(RUN_S):
-                os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(STOP_S)
-                os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join(timeout=5)
-
-
 def test_a_mild_straggler_is_named_with_clip_grad_norm():
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "dilution"}
     with Job(3, ["--layers", "2"], env=env, module=WORKER) as job:
         urls = job.wait_urls()
         pids = wait_for(lambda: dict(re.findall(r"^pid (\d+) (\d+)$", job.text(), re.M)), 60,
                         "the ranks' pids")  # fmt: skip
-        throttle = Throttle(int(pids[str(SLOW)]))
+        throttle = Throttle(int(pids[str(SLOW)]), RUN_S, STOP_S)
         throttle.start()
         tables: list[dict[int, str]] = []
         prev = None
