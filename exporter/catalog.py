@@ -47,6 +47,8 @@ __all__ = [
     "INVALID_SETTING",
     "HANG_LOCATION",
     "HANG_DUMPS",
+    "HANG_NETWORK",
+    "HANG_NETWORK_FINDINGS",
     "HANG_ABORT",
     "HANG_ABORT_STREAK",
     "HANG_ABORT_LIMIT",
@@ -155,6 +157,11 @@ LABEL_HELP: dict[str, str] = {
     "function": "Its function.",
     "section": "The name given to ``exporter.deadline``.",
     "culprit_rank": "The rank a hang action blamed (empty for a symmetric hang).",
+    "finding": "What the hang probe found between the nodes: "
+    + ", ".join(f"``{v}``" for v in ("link", "node", "clear"))
+    + " (a link that carries no traffic, a node unreachable on its backend address, every pair "
+    "reachable).",
+    "peer_node": "The other end of a broken link (empty for a node or ``clear``).",
 }
 
 #: Histogram bounds (seconds) for whole training steps.
@@ -398,6 +405,18 @@ HANG_LOCATION = MetricDef(
     "by the culprit of a hang episode until it progresses again; value is always 1.",
     ("file", "line", "function"),
 )
+#: Values of ``ddp_hang_network_info{finding}``.
+HANG_NETWORK_FINDINGS: tuple[str, ...] = ("link", "node", "clear")
+HANG_NETWORK = MetricDef(
+    "ddp_hang_network_info",
+    "info",
+    "What the hang watcher's probe found between the nodes while every rank waited inside a "
+    "collective with nobody behind, published by the monitoring rank until the collective "
+    "completes: finding=link (node and peer_node: a link that carries no traffic), node (node: "
+    "unreachable from every peer on its backend address) or clear (every pair of nodes "
+    "reachable and moving data: not the network); value is always 1.",
+    ("finding", "node", "peer_node"),
+)
 HANG_DUMPS = MetricDef(
     "ddp_hang_dumps_total",
     "counter",
@@ -508,6 +527,7 @@ METRICS: tuple[MetricDef, ...] = (
     EXPORTER_ERRORS,
     INVALID_SETTING,
     HANG_LOCATION,
+    HANG_NETWORK,
     HANG_DUMPS,
     HANG_ABORT,
     HANG_ABORT_STREAK,
@@ -605,7 +625,8 @@ def series_per_rank(
     per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
     culprit during an episode), the finished timestamp (in the final scrapes) and the abort
     timestamp (in a leaving rank's last scrapes), an invalid setting (one series per variable
-    holding a value the exporter cannot use).
+    holding a value the exporter cannot use), the hang probe's findings (on the monitoring rank
+    during a hang with nobody behind: one per broken link, at most 8, or per node).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     # histogram + bytes + untimed per (op, pg)

@@ -59,6 +59,18 @@ class Keys:
         """Return the key the monitoring rank sets when every rank may exit."""
         return f"{self.prefix}/fx/leave"
 
+    def probe(self) -> str:
+        """Return the run-time probe's round counter (bumped by the monitoring rank only)."""
+        return f"{self.prefix}/fx/probe"
+
+    def probe_request(self) -> str:
+        """Return the key of the latest probe request."""
+        return f"{self.prefix}/fx/probe/request"
+
+    def probe_result(self, rank: int) -> str:
+        """Return ``rank``'s answer to the latest probe request."""
+        return f"{self.prefix}/fx/probe/result/{rank}"
+
 
 def for_run(run: str, attempt: str = "0") -> Keys:
     """Return the keys of one attempt of ``run`` while it trains."""

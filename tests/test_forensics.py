@@ -105,9 +105,10 @@ def test_torchrun_rank_behind_in_user_code_and_a_frozen_rank(tmp_path):
             f"hang_worker.py:{stuck} in load_batch"
         )
         assert culprit in text
+        # Frozen before rank 1 stopped, rank 2 may have missed the collective before it too.
         assert re.search(
-            rf"rank 2 \(node [^)]+\) never entered all_reduce #{seq} .*did not answer", text
-        )
+            rf"rank 2 \(node [^)]+\) never entered all_reduce (#\d+–)?#{seq} .*did not answer", text
+        ), text
         assert text.index(culprit) < text.index("STACKS")
         # The monitoring rank logged the same verdict.
         wait_for(lambda: culprit in _all(job), 10, "the verdict in the log")

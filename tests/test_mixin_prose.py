@@ -68,6 +68,7 @@ CONSTANT = {
     r"\b90th percentile": "the quantile the p90 records take (and the panel's title says)",
     rf"\b{TOP_RANKS} (slowest|most loaded) ranks|slowest {TOP_RANKS} ranks": "TOP_RANKS, in the query",
     rf"\(top {fleet_dashboard.TOP_NODES}\)": "TOP_NODES, in the query",
+    r"\(lt \$value 1\.0\)": "a round-trip ratio below 1: the store's own node, in a template",
 }
 
 

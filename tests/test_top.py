@@ -100,6 +100,26 @@ def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits()
 
 
 @pytest.mark.unit
+def test_a_slow_link_on_the_store_s_own_node_is_named_by_every_other_node_s_round_trips():
+    def read(steps, nodes, comm=0.7):
+        # Node n0 hosts the store: its rank's round trip stays local while the others' cross
+        # its slow link.
+        return [_linked(r, steps, 0.00006 if r == 0 else 0.05, comm, node=f"n{r}")
+                for r in range(nodes)]  # fmt: skip
+
+    second = _reads(read(100, 3), read(200, 3))[1]
+    assert second[0] == (
+        "straggler: link: store round trip 0.1 ms here, median 50 ms from the other nodes: its "
+        "node hosts the store and its network link is slow (node n0)"
+    ), second
+    assert not second[1] + second[2], second
+    # Two nodes: either end's slow link inflates the other node's round trip alone.
+    assert not any(_reads(read(100, 2), read(200, 2))[1].values())
+    # The job does not wait on the network: nobody.
+    assert not any(_reads(read(100, 3, comm=0.01), read(200, 3, comm=0.01))[1].values())
+
+
+@pytest.mark.unit
 def test_down_needs_two_failed_reads_and_survives_in_the_table():
     up = [_row(0, 1), _row(1, 1)]
     down = [_row(0, 1, steps=110), top.RankRow("t1", up=False)]

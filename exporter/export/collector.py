@@ -68,6 +68,8 @@ class HangStatus(Protocol):
     aborted: tuple[float, str, str] | None
     #: The run's restart ledger (monitoring rank with the action on), else None.
     restarts: RestartView | None
+    #: ``(finding, node, peer_node)`` of the hang probe (monitoring rank, during a hang).
+    network: tuple[tuple[str, str, str], ...]
 
 
 @dataclass
@@ -223,6 +225,8 @@ class DDPCollector(Collector):
         if where is not None:
             labels = dict(zip(c.HANG_LOCATION.labels, where))
             fams[c.HANG_LOCATION.name].add_metric(base, labels)
+        for finding in fx.network:  # one read: the watcher thread swaps the tuple atomically
+            fams[c.HANG_NETWORK.name].add_metric(base, dict(zip(c.HANG_NETWORK.labels, finding)))
         aborted = fx.aborted
         if aborted is not None:
             fams[c.HANG_ABORT.name].add_metric(base + [aborted[1], aborted[2]], aborted[0])

@@ -187,6 +187,7 @@ def due(
     steps: Mapping[int, int],
     timeout: float | None,
     sure: bool = False,
+    evidence: bool = False,
 ) -> bool:
     """Say whether the episode of ``request`` calls for the action now.
 
@@ -194,12 +195,15 @@ def due(
     ``reported_age`` the longest time a rank of the group said, in its own latest report, that
     it has been inside its oldest collective (never extrapolated: a report is evidence, its age
     is not), ``steps`` the steps each rank of the group completed in this attempt, ``sure``
-    whether the episode's evidence is complete (:func:`certain`).
+    whether the episode's evidence is complete (:func:`certain`). ``evidence``: the run-time
+    probe found a broken link or node, so a symmetric episode was opened before its threshold:
+    the collective still stalled with nobody behind (``waiting``) keeps it going.
     """
     req = codec.as_request(request)
-    if finding is None or finding.kind not in ACTIONABLE:
+    if finding is None or finding.seq != req.seq:
         return False
-    if finding.kind != req.kind or finding.seq != req.seq:
+    kinds = ("symmetric", "waiting") if evidence and req.kind == "symmetric" else (req.kind,)
+    if finding.kind not in kinds or req.kind not in ACTIONABLE:
         return False
     if not steps or min(steps.values()) < 1:
         return False
@@ -220,12 +224,14 @@ def decide(
     exit_code: int | None = None,
     streak: int = 1,
     limit: int = 0,
+    network: str | None = None,
 ) -> Action:
     """Return the action the monitoring rank publishes for ``episode``.
 
     ``decision`` is the ledger's (:func:`exporter.hangs.restarts.judge`): ``abort``,
     ``give_up`` (the last abort, with ``exit_code``) or ``decline``; ``nodes`` the node of each
-    culprit, ``streak`` the aborts in a row without progress, this one included.
+    culprit (of a hang with nobody behind: the nodes the probe named), ``streak`` the aborts
+    in a row without progress, this one included, ``network`` what the probe named.
     """
     where = None
     if located:
@@ -252,6 +258,7 @@ def decide(
         streak=streak,
         limit=limit,
         decided_unix=time.time(),
+        network=network,
     )
 
 
@@ -284,7 +291,8 @@ def _seq(seq: float) -> str:
 def _who(action: Action) -> str:
     culprits = action.culprits
     if not culprits:
-        return f"every rank is stuck inside collective #{_seq(action.seq)} (pg {action.pg})"
+        who = f"every rank is stuck inside collective #{_seq(action.seq)} (pg {action.pg})"
+        return f"{who}: {action.network}" if action.network else who
     who = f"rank {format_ranks(culprits, ranges=True)}"
     nodes = sorted({n for n in action.nodes if n})
     if nodes:

@@ -185,7 +185,7 @@ def summary_of(rank: int, state: RankState) -> Summary:
     training = next((t for t in state.threads if t.training), None)
     frames = training.frames[-ACK_FRAMES:] if training else ()
     slim = tuple(dataclasses.replace(f, code=None) for f in frames)
-    inflight = tuple(InflightOp(e.op, e.seq, e.pg, e.pg_desc)
+    inflight = tuple(InflightOp(e.op, e.seq, e.pg, e.pg_desc, e.state)
                      for e in codec.flight_entries(state.flight_recorder, "inflight")[:8])  # fmt: skip
     return Summary(
         rank=rank,

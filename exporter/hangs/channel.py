@@ -15,7 +15,7 @@ from ..errors import ErrorCounter
 from ..storekeys import Keys
 from . import codec
 from .definition import HangPolicy
-from .protocol import Ack, Action, DumpRequest, Report
+from .protocol import Ack, Action, DumpRequest, ProbeRequest, ProbeResult, Report
 
 __all__ = ["Channel", "Site", "Store"]
 
@@ -67,7 +67,7 @@ class Site:
 
 
 class Channel:
-    """The protocol's messages of one attempt: reports, requests, acks and the action."""
+    """The protocol's messages of one attempt: reports, requests, acks, probes and the action."""
 
     def __init__(self, store: Store, keys: Keys, world_size: int) -> None:
         self.store = store
@@ -77,6 +77,9 @@ class Channel:
         self._action = keys.action()
         self._reports = [keys.report(r) for r in range(world_size)]
         self._acks = [keys.ack(r) for r in range(world_size)]
+        self._probe = keys.probe()
+        self._probe_request = keys.probe_request()
+        self._probe_results = [keys.probe_result(r) for r in range(world_size)]
 
     # -- every rank --------------------------------------------------------------------------
     def put_report(self, rank: int, report: Report) -> None:
@@ -103,6 +106,18 @@ class Channel:
         """Return the action the monitoring rank published."""
         return codec.decode_action(self.store.get(self._action))
 
+    def put_probe_result(self, rank: int, result: ProbeResult) -> None:
+        """Publish ``rank``'s answer to a probe round (round 0 at start: a placeholder)."""
+        self.store.set(self._probe_results[rank], codec.encode_probe_result(result))
+
+    def probe_round(self) -> int:
+        """Return the number of the latest probe round (0: none yet), in one round trip."""
+        return int(self.store.add(self._probe, 0))
+
+    def probe_request(self) -> ProbeRequest:
+        """Return the latest probe request."""
+        return codec.decode_probe_request(self.store.get(self._probe_request))
+
     # -- the monitoring rank -----------------------------------------------------------------
     def all_published(self) -> bool:
         """Say whether every rank published its first report and ack (they do at start)."""
@@ -124,6 +139,16 @@ class Channel:
         """
         self.store.set(self._request, codec.encode_request(request))
         self.store.add(self._episode, 1)
+
+    def open_probe(self, request: ProbeRequest) -> None:
+        """Publish a probe request, then bump the round counter to its number (as episodes)."""
+        self.store.set(self._probe_request, codec.encode_probe_request(request))
+        self.store.add(self._probe, 1)
+
+    def probe_results(self, ranks: list[int]) -> list[ProbeResult]:
+        """Return the probe results of ``ranks`` (every rank set one at start), in one trip."""
+        raw = self.store.multi_get([self._probe_results[r] for r in ranks])
+        return [codec.decode_probe_result(v) for v in raw]
 
     def put_action(self, action: Action) -> None:
         """Publish the action decided for an episode."""

@@ -31,9 +31,15 @@ from .protocol import (
     Frame,
     InflightOp,
     LedgerEntry,
+    LinkFault,
     Located,
+    Network,
+    NodeFault,
+    PeerReach,
     PgReport,
     PgSeqs,
+    ProbeRequest,
+    ProbeResult,
     RankDump,
     RankState,
     Report,
@@ -52,12 +58,16 @@ __all__ = [
     "as_summary",
     "decode_ack",
     "decode_action",
+    "decode_probe_request",
+    "decode_probe_result",
     "decode_report",
     "decode_request",
     "dump_from_dict",
     "dump_json",
     "encode_ack",
     "encode_action",
+    "encode_probe_request",
+    "encode_probe_result",
     "encode_report",
     "encode_request",
     "entry_from_dict",
@@ -75,6 +85,8 @@ __all__ = [
     "ledger_json",
     "located_from_dict",
     "located_to_dict",
+    "network_from_dict",
+    "network_to_dict",
     "request_from_dict",
     "request_to_dict",
     "state_from_dict",
@@ -300,13 +312,19 @@ def as_request(r: DumpRequest | Mapping[str, Any]) -> DumpRequest:
 
 
 # -- summaries and acks ----------------------------------------------------------------------------
+def _op_to_dict(e: InflightOp) -> JSON:
+    out: JSON = {"op": e.op, "seq": e.seq, "pg": e.pg, "pg_desc": e.pg_desc}
+    if e.state:
+        out["state"] = e.state
+    return out
+
+
 def summary_to_dict(s: Summary) -> JSON:
     """Return a rank's summary as its ack and ``episode.json`` hold it."""
     return {"rank": s.rank, "step": s.step, "phase": s.phase,
             "frames": [frame_to_dict(f) for f in s.frames],
             "where": None if s.where is None else frame_to_dict(s.where),
-            "inflight": [{"op": e.op, "seq": e.seq, "pg": e.pg, "pg_desc": e.pg_desc}
-                         for e in s.inflight],
+            "inflight": [_op_to_dict(e) for e in s.inflight],
             "seqs": _seqs_to_dict(s.seqs), "errors": list(s.errors)}  # fmt: skip
 
 
@@ -314,7 +332,8 @@ def summary_from_dict(m: Mapping[str, Any]) -> Summary:
     """Read a rank's summary (its ``rank`` is required)."""
     where = m.get("where")
     inflight = tuple(InflightOp(str(e.get("op", "")), int(e.get("seq", -1)), str(e.get("pg", "")),
-                                str(e.get("pg_desc") or "")) for e in m.get("inflight") or ())  # fmt: skip
+                                str(e.get("pg_desc") or ""), str(e.get("state") or ""))
+                     for e in m.get("inflight") or ())  # fmt: skip
     return Summary(int(m["rank"]), _opt_int(m.get("step")), _opt_str(m.get("phase")),
                    _frames(m.get("frames")), frame_from_dict(where) if where else None, inflight,
                    _seqs_from_dict(m.get("seqs") or {}),
@@ -328,10 +347,13 @@ def as_summary(s: Summary | Mapping[str, Any]) -> Summary:
 
 def encode_ack(a: Ack) -> str:
     """Return an ack as it travels (without a summary: the start ack, episode 0)."""
-    if a.summary is None:
-        return json.dumps({"episode": a.episode, "node": a.node})
-    return json.dumps({"episode": a.episode, "summary": summary_to_dict(a.summary),
-                       "node": a.node})  # fmt: skip
+    out: JSON = {"episode": a.episode}
+    if a.summary is not None:
+        out["summary"] = summary_to_dict(a.summary)
+    out["node"] = a.node
+    if a.probe:
+        out["probe"] = a.probe
+    return json.dumps(out)
 
 
 def decode_ack(raw: Raw) -> Ack:
@@ -339,7 +361,8 @@ def decode_ack(raw: Raw) -> Ack:
     m = _load(raw)
     summary = m.get("summary")
     return Ack(int(m.get("episode", 0)), str(m.get("node") or ""),
-               summary_from_dict(summary) if summary else None)  # fmt: skip
+               summary_from_dict(summary) if summary else None,
+               str(m.get("probe") or ""))  # fmt: skip
 
 
 # -- the ledger ---------------------------------------------------------------------------------------
@@ -391,6 +414,8 @@ def action_to_dict(a: Action) -> JSON:
                  "decided_unix": a.decided_unix}  # fmt: skip
     if a.ledger is not None:
         out["ledger"] = [entry_to_dict(e) for e in a.ledger]
+    if a.network is not None:
+        out["network"] = a.network
     return out
 
 
@@ -403,7 +428,8 @@ def action_from_dict(m: Mapping[str, Any]) -> Action:
                   str(m["folder"]), _num(m["age_s"]), _num(m["due_s"]), bool(m["certain"]),
                   int(m["exit_code"]), int(m["streak"]), int(m["limit"]),
                   _num(m["decided_unix"]),
-                  None if ledger is None else tuple(entry_from_dict(e) for e in ledger))  # fmt: skip
+                  None if ledger is None else tuple(entry_from_dict(e) for e in ledger),
+                  _opt_str(m.get("network")))  # fmt: skip
 
 
 def as_action(a: Action | Mapping[str, Any]) -> Action:
@@ -457,6 +483,8 @@ def episode_to_dict(e: Episode) -> JSON:
         out["attempt"] = e.attempt
     if e.local_only:
         out["local_only"] = True
+    if e.network is not None:
+        out["network"] = network_to_dict(e.network)
     return out
 
 
@@ -473,6 +501,7 @@ def episode_from_dict(m: Mapping[str, Any]) -> Episode:
                                         for r, s in summaries.items()},
         action_from_dict(action) if action else None, _opt_str(m.get("attempt")),
         bool(m.get("local_only")),
+        network_from_dict(m["network"]) if m.get("network") else None,
     )  # fmt: skip
 
 
@@ -484,3 +513,73 @@ def as_episode(e: Episode | Mapping[str, Any]) -> Episode:
 def episode_json(e: Episode) -> str:
     """Return an episode's ``episode.json``."""
     return json.dumps(episode_to_dict(e), indent=1)
+
+
+# -- the run-time probe ----------------------------------------------------------------------------
+def _reach_to_list(r: PeerReach) -> list[Any]:
+    return [r.kind, round(r.seconds, 4)]
+
+
+def encode_probe_request(r: ProbeRequest) -> str:
+    """Return a probe request as it travels (its plan as lists: small)."""
+    return json.dumps({"round": r.round, "pg": r.pg, "seq": r.seq,
+                       "peers": {str(k): v for k, v in r.peers.items()},
+                       "plan": {str(k): list(v) for k, v in r.plan.items()},
+                       "timeout_s": r.timeout_s, "requested_unix": r.requested_unix})  # fmt: skip
+
+
+def decode_probe_request(raw: Raw) -> ProbeRequest:
+    """Read a probe request from the store."""
+    m = _load(raw)
+    return ProbeRequest(int(m.get("round", 0)), str(m.get("pg", "")), _num(m.get("seq", 0)),
+                        {int(k): str(v) for k, v in (m.get("peers") or {}).items()},
+                        {int(k): _ints(v) for k, v in (m.get("plan") or {}).items()},
+                        _num(m.get("timeout_s", 0.0)), _num(m.get("requested_unix", 0.0)))  # fmt: skip
+
+
+def encode_probe_result(r: ProbeResult) -> str:
+    """Return one rank's probe result as it travels."""
+    out: JSON = {"round": r.round, "rank": r.rank,
+                 "reached": {str(k): _reach_to_list(v) for k, v in r.reached.items()}}  # fmt: skip
+    if r.error:
+        out["error"] = r.error
+    return json.dumps(out)
+
+
+def decode_probe_result(raw: Raw) -> ProbeResult:
+    """Read one rank's probe result (round 0: the placeholder every rank sets at start)."""
+    m = _load(raw)
+    reached = {int(k): PeerReach(str(v[0]), _num(v[1]))
+               for k, v in (m.get("reached") or {}).items()}  # fmt: skip
+    return ProbeResult(int(m.get("round", 0)), int(m.get("rank", -1)), reached,
+                       str(m.get("error") or ""))  # fmt: skip
+
+
+def network_to_dict(n: Network) -> JSON:
+    """Return what the probe found, as ``episode.json`` holds it."""
+    out: JSON = {"pg": n.pg, "seq": n.seq, "probed_unix": n.probed_unix, "nodes": n.nodes,
+                 "pairs": n.pairs, "links": [[f.a, f.b, f.how] for f in n.links],
+                 "down": [[f.node, f.how, f.tried_by] for f in n.down],
+                 "silent": list(n.silent), "median_s": n.median_s}  # fmt: skip
+    if n.slowest is not None:
+        out["slowest"] = list(n.slowest)
+    if n.ras:
+        out["ras"] = list(n.ras)
+    if n.note:
+        out["note"] = n.note
+    return out
+
+
+def network_from_dict(m: Mapping[str, Any]) -> Network:
+    """Read what the probe found."""
+    slowest = m.get("slowest")
+    return Network(
+        str(m.get("pg", "")), _num(m.get("seq", 0)), _num(m.get("probed_unix", 0.0)),
+        int(m.get("nodes", 0)), int(m.get("pairs", 0)),
+        tuple(LinkFault(str(a), str(b), str(how)) for a, b, how in m.get("links") or ()),
+        tuple(NodeFault(str(n), str(how), int(k)) for n, how, k in m.get("down") or ()),
+        tuple(str(n) for n in m.get("silent") or ()),
+        None if not slowest else (str(slowest[0]), str(slowest[1]), _num(slowest[2])),
+        _opt_num(m.get("median_s")), tuple(str(x) for x in m.get("ras") or ()),
+        str(m.get("note") or ""),
+    )  # fmt: skip

@@ -17,9 +17,12 @@ culprit, or (a 2-D mesh) it waits in one group for the culprit and so never ente
 collective of its other group.
 
 When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
-every rank has sat in the same collective for longer than :meth:`HangPolicy.symmetric_seconds`
-the hang is *symmetric* (network or NCCL trouble: nobody is behind, everybody waits), which is
-when the watcher dumps for it.
+every rank of the group has sat inside a collective for longer than
+:meth:`HangPolicy.symmetric_seconds` the hang is *symmetric* (nobody is behind, everybody waits:
+the network, the device or the backend, or ranks that entered the collectives of two groups in
+opposite orders, each waiting in the one the others have not entered), which is when the
+watcher dumps for it. Before that, while every rank sits in a collective past the stall
+threshold, the watcher probes the links between the nodes (:mod:`exporter.hangs.probing`).
 
 A job has edges. A rank inside a declared section (``exporter.deadline``) within its deadline
 is not hung: it is saving a checkpoint or evaluating, and the ranks waiting for it in a
@@ -134,6 +137,11 @@ def find_hangs(
     # (HSDP) the rank that waits in its shard group for the culprit never enters the next
     # collective of its replicate group, whose other ranks then wait for it: a victim.
     stuck = {s.rank for s in states if s.inflight_age > stall}
+    # How long each rank has sat inside a collective, of any group: in a deadlock across two
+    # groups every rank waits, each in the group the others have not entered.
+    inside: dict[int, float] = {}
+    for s in states:
+        inside[s.rank] = max(inside.get(s.rank, 0.0), s.inflight_age)
     out = []
     for pg in sorted(groups):
         ranks = groups[pg]
@@ -154,7 +162,7 @@ def find_hangs(
             continue
         timeout = min((s.timeout for s in ranks if s.timeout), default=None)
         symmetric = policy.symmetric_seconds(normal_latency, timeout)
-        if min(s.inflight_age for s in ranks) > symmetric:
+        if min(inside[s.rank] for s in ranks) > symmetric:
             out.append(HangFinding(pg, "symmetric", top, (), waiting, age, symmetric))
         else:
             out.append(HangFinding(pg, "waiting", top, (), waiting, age, stall))

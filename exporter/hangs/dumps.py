@@ -13,7 +13,7 @@ import os
 import re
 import time
 
-from . import codec
+from . import codec, spans
 from .protocol import RankDump
 
 __all__ = [
@@ -67,7 +67,9 @@ def replace_private(path: str, text: str) -> None:
 
 
 def render_dump(rank: int, dump: RankDump) -> str:
-    """Return one rank's dump as text: every thread's stack, then the Flight Recorder."""
+    """Return one rank's dump as text: where it is in each process group's collectives (in the
+    words of the verdict, :mod:`exporter.hangs.spans`), every thread's stack, then the Flight
+    Recorder."""
     state = dump.state
     lines = [
         f"ddp-exporter hang dump: rank {rank}, episode {dump.episode}, "
@@ -75,6 +77,13 @@ def render_dump(rank: int, dump: RankDump) -> str:
         f"step {state.step}, phase {state.phase}, "
         f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(state.time_unix))}",
     ]
+    for pg, seqs in sorted((state.seqs or {}).items()):
+        done, entered = seqs.last_completed, seqs.last_enqueued
+        if entered > done:
+            lines.append(f"pg {pg}: in flight {spans.stuck(done, entered)}; last completed "
+                         f"{spans.number(done)}")  # fmt: skip
+        else:
+            lines.append(f"pg {pg}: nothing in flight; last entered {spans.number(entered)}")
     for err in state.errors:
         lines.append(f"capture incomplete: {err}")
     for t in state.threads:

@@ -8,6 +8,11 @@ collects the acks until every rank answered or a deadline passed, then logs the 
 (:mod:`exporter.hangs.verdict`) and writes it next to its dump. A rank that never answers
 (SIGSTOPped, dead, or a thread holding the GIL) is named as such.
 
+While every rank waits inside a collective with nobody behind, it probes the links between the
+nodes (:mod:`exporter.hangs.probing`): a broken link or an unreachable node, found twice with
+every rank answering, opens a ``symmetric`` episode at once instead of at the symmetric
+threshold, and every symmetric episode's verdict says what the probe found.
+
 With ``on_hang="abort"`` it then decides, from the ranks' own reports, whether the hang has
 lasted long enough to end the run (:mod:`exporter.hangs.action`), judged by the run's ledger
 (:mod:`exporter.hangs.restarts`), which it reads at start and keeps, with the culprits' nodes.
@@ -27,12 +32,14 @@ from dataclasses import dataclass, field
 from ..log import log
 from . import action as actions
 from . import codec
+from . import network as networks
 from . import restarts as ledger
 from . import verdict as verdicts
 from .action import ActionPolicy
 from .channel import Channel, Site
 from .definition import HangFinding, SeqState, find_hangs
 from .dumps import episode_dir, makedirs_private, write_private
+from .probing import Rounds, all_stuck
 from .protocol import Action, DumpRequest, Episode, LedgerEntry, Located, Summary
 from .responder import FAULTHANDLER_S
 from .restarts import RestartPolicy, RestartState
@@ -75,6 +82,8 @@ class _Reading:
     #: Steps each rank completed in this attempt.
     steps: dict[str, dict[int, int]] = field(default_factory=dict)
     timeouts: dict[str, float] = field(default_factory=dict)
+    #: Ranks whose report changed within two intervals: they answer.
+    fresh: set[int] = field(default_factory=set)
 
 
 class Monitor:
@@ -91,8 +100,10 @@ class Monitor:
         answer: Callable[[], None],
         leave: Callable[[Action, list[int]], None],
         keep: Callable[[Action], None],
+        rounds: Rounds | None = None,
     ) -> None:
         self._site = site
+        self._rounds = rounds
         self._channel = channel
         self._action = action
         self._answer = answer
@@ -106,6 +117,8 @@ class Monitor:
         self._nodes: dict[int, str] = {}
         #: The completed episode the action may still act on (action on).
         self.acting: Acting | None = None
+        #: ``(finding, node, peer_node)`` of the open episode's probe (``ddp_hang_network_info``).
+        self.network: tuple[tuple[str, str, str], ...] = ()
         #: The run's restart ledger as this rank publishes it (action on), else None.
         self.restarts: RestartState | None = None
         if action is not None:
@@ -137,11 +150,15 @@ class Monitor:
         lats = sorted(reading.latencies)
         normal = lats[len(lats) // 2] if lats else None
         self._rearm(reading.steps)
-        findings = find_hangs(reading.states, normal, self._site.policy)
+        policy = self._site.policy
+        findings = find_hangs(reading.states, normal, policy)
+        stuck = all_stuck(reading.states, findings, policy.stall_seconds(normal), reading.fresh)
+        early = self._probe(stuck, findings)
         if self._collecting is not None:
             self._collect(self._collecting, reading.last)
         if self._blocked_pg is not None and not any(f.pg == self._blocked_pg for f in findings):
             self._blocked_pg = None  # progress resumed: the next hang is a new episode
+            self.network = ()
         if self.acting is not None:
             pg = self.acting.episode.request.pg
             finding = next((f for f in findings if f.pg == pg), None)
@@ -153,6 +170,30 @@ class Monitor:
                 act.sort(key=lambda f: f.kind != "behind")
                 self._open(act[0])
                 self._answer()  # the monitoring rank dumps at once
+            elif early is not None:
+                self._open(early, "decided by the probe")
+                self._answer()
+
+    def _probe(
+        self, stuck: tuple[str, float] | None, findings: list[HangFinding]
+    ) -> HangFinding | None:
+        """Start a probe round for a collective every rank is stuck in; judge the open round.
+
+        Return a ``symmetric`` finding to open an episode for now: the round found a broken
+        link or node twice, every rank answered, and the same collective is still stuck.
+        """
+        rounds = self._rounds
+        if rounds is None:
+            return None
+        if stuck is not None and self._collecting is None and self._blocked_pg is None:
+            rounds.begin(*stuck)
+        found = rounds.poll()
+        if found is None or not found.faulty or found.silent or stuck != (found.pg, found.seq):
+            return None
+        f = next((f for f in findings if f.pg == found.pg), None)
+        if f is None:
+            return None
+        return HangFinding(f.pg, "symmetric", f.seq, (), f.waiting, f.age, f.threshold)
 
     def _read(self, seen: list[tuple[bytes, float]], now: float) -> _Reading:
         """Read every report: sequence states for the definition, evidence for the action."""
@@ -169,6 +210,8 @@ class Monitor:
         for rank, (rep, seen_at) in enumerate(reports):
             if rep.finished:
                 continue  # ended cleanly: gone, neither behind nor waiting
+            if now - seen_at <= 2 * self._site.interval_s:
+                out.fresh.add(rank)
             if rep.latency_s:
                 out.latencies.append(float(rep.latency_s))
             # A live rank's report is up to an interval old: age it by the time since it
@@ -206,8 +249,8 @@ class Monitor:
             )
 
     # -- episodes ------------------------------------------------------------------------------
-    def _open(self, finding: HangFinding) -> None:
-        """Ask every rank for a dump: a new episode."""
+    def _open(self, finding: HangFinding, why: str = "") -> None:
+        """Ask every rank for a dump: a new episode (``why``: what decided it, besides age)."""
         site = self._site
         number = self._channel.episode() + 1
         request = DumpRequest(number, finding.pg, finding.kind, finding.seq, tuple(finding.behind),
@@ -217,15 +260,18 @@ class Monitor:
         self._blocked_pg = finding.pg
         deadline = time.monotonic() + 3 * site.interval_s + FAULTHANDLER_S + 2.0
         self._collecting = _Collecting(request, deadline)
+        if finding.kind == "symmetric" and self._rounds is not None:
+            self._rounds.begin(finding.pg, finding.seq)  # the verdict says what it finds
         log.warning(
             "ddp-exporter: hang detected in run %s (pg %s, %s, seq %g, oldest in flight %.1fs "
-            "> %.1fs); asking every rank for a dump (episode %d)",
+            "> %.1fs%s); asking every rank for a dump (episode %d)",
             site.run,
             finding.pg,
             finding.kind,
             finding.seq,
             finding.age,
             finding.threshold,
+            f", {why}" if why else "",
             number,
         )
 
@@ -242,6 +288,10 @@ class Monitor:
                     acks[rank] = ack.summary or Summary(rank)
         if len(acks) < world and time.monotonic() < ep.deadline:
             return
+        rounds, req = self._rounds, ep.request
+        if rounds is not None and rounds.pending(req.pg, req.seq):
+            return  # the probe's own deadline bounds this wait
+        network = rounds.result(req.pg, req.seq) if rounds is not None else None
         self._collecting = None
         summaries: dict[int, Summary | None] = {r: acks.get(r) for r in range(world)}
         episode = Episode(
@@ -257,7 +307,9 @@ class Monitor:
             last_enqueued={r: v for (r, pg), v in last.items() if pg == ep.request.pg},
             complete_unix=time.time(),
             summaries=summaries,
+            network=network,
         )  # fmt: skip
+        self.network = tuple(networks.series(network))
         found = verdicts.verdict(episode, summaries)
         text = verdicts.render(found)
         folder = episode_dir(site.dump_dir, site.run, number, site.attempt)
@@ -288,8 +340,10 @@ class Monitor:
             self.acting = None  # the collective completed: no action for this episode
             return
         sure = acting.sure
+        network = episode.network
+        evidence = network is not None and network.faulty
         if not actions.due(policy, episode.request, finding, reported_age=age, steps=steps,
-                           timeout=timeout, sure=sure):  # fmt: skip
+                           timeout=timeout, sure=sure, evidence=evidence):  # fmt: skip
             return
         self.acting = None
         site = self._site
@@ -297,13 +351,14 @@ class Monitor:
         done = min(steps.values())
         judged = ledger.judge(state.chain, state.policy, start_step=state.start_step, steps=done)
         culprits = list(episode.request.behind)
-        nodes = self._nodes_of(culprits)
+        nodes = self._nodes_of(culprits) if culprits else networks.blamed_nodes(network)
         exit_code = (policy.exit_code if judged.decision == "abort" else
                      state.policy.give_up_exit_code if judged.decision == "give_up" else None)  # fmt: skip
         action = actions.decide(
             policy, dataclasses.replace(episode, attempt=site.attempt), acting.places,
             acting.folder, age, timeout, sure=sure, nodes=nodes, decision=judged.decision,
             exit_code=exit_code, streak=judged.streak, limit=state.policy.limit,
+            network=networks.reason(network),
         )  # fmt: skip
         entry = ledger.entry(
             run=site.run, attempt=site.attempt, judgement=judged, culprits=culprits,

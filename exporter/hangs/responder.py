@@ -4,7 +4,9 @@ Each rank ``set``s its *report* (per process group: last enqueued sequence numbe
 in-flight age, timeout; its recent collective latency; whether it is inside a declared section
 or finished) and reads the run's *episode* counter. On a new episode it captures its state
 (:mod:`exporter.hangs.capture`), writes ``rank-N.json`` and ``rank-N.txt``
-(:mod:`exporter.hangs.dumps`) and sets its *ack* with its summary. While it is the culprit of
+(:mod:`exporter.hangs.dumps`) and sets its *ack* with its summary. While it sits in a
+collective itself it serves its peers' reach probes and tries its own when a probe round names
+it (:class:`exporter.hangs.probing.Answering`). While it is the culprit of
 an open episode it publishes where it is stuck, and with ``on_hang="abort"`` it looks for the
 monitoring rank's decision until it progresses again, then leaves with the others
 (:class:`exporter.hangs.action.Leaving`).
@@ -33,6 +35,7 @@ from .action import ActionPolicy, Leaving
 from .capture import capture_state, summary_of
 from .channel import Channel, Site
 from .dumps import episode_dir, makedirs_private, render_dump, replace_private, write_private
+from .probing import Answering
 from .protocol import (
     Ack,
     Action,
@@ -77,8 +80,10 @@ class Responder:
         action: ActionPolicy | None,
         publish_abort: Callable[[], None],
         forget: Callable[[], None],
+        probe: Answering | None = None,
     ) -> None:
         self._site = site
+        self._probe = probe
         self._channel = channel
         self._inflight = inflight
         self._recorder = recorder
@@ -112,8 +117,24 @@ class Responder:
     def start(self) -> None:
         """Publish this rank's first report and ack (the monitor waits for every rank's)."""
         self.publish(0)
-        self._channel.put_ack(self._site.rank, Ack(0, self._site.node))
+        if self._probe is not None:
+            self._probe.start()
+        self._channel.put_ack(self._site.rank, Ack(0, self._site.node, probe=self._address))
         self._answered = self._channel.episode()
+
+    @property
+    def _address(self) -> str:
+        return self._probe.address if self._probe is not None else ""
+
+    def check_probe(self) -> None:
+        """Serve the peers' reach probes, and try this rank's when a round names it."""
+        if self._probe is not None:
+            self._probe.check()
+
+    def close(self) -> None:
+        """Stop the probe's listener."""
+        if self._probe is not None:
+            self._probe.close()
 
     # -- reports -----------------------------------------------------------------------------
     def _latency(self) -> float | None:
@@ -153,7 +174,8 @@ class Responder:
         if request.episode != episode:
             return  # a newer request replaced it; the next check answers that one
         summary = self.dump(episode, request)
-        self._channel.put_ack(self._site.rank, Ack(episode, self._site.node, summary))
+        self._channel.put_ack(self._site.rank, Ack(episode, self._site.node, summary,
+                                                   self._address))  # fmt: skip
 
     def dump(self, episode: int, request: DumpRequest) -> Summary:
         """Write this rank's dump for ``episode``; return its summary (the ack).

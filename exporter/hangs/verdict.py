@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ranklist import format_ranks
-from . import codec
+from . import codec, spans
+from . import network as networks
 from .capture import summary_of
 from .dumps import EPISODE_GLOB
-from .protocol import Action, Episode, Frame, Located, Summary
+from .protocol import Action, Episode, Frame, Located, Network, Summary
 
 __all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "render", "verdict"]
 
@@ -46,6 +47,8 @@ class Verdict:
     #: Where each culprit that answered is stuck (the action names the first).
     places: list[Located] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
+    #: What the run-time probe saw between the nodes while every rank waited.
+    network: list[str] = field(default_factory=list)
     #: What the hang action did (``instrument(on_hang="abort")``), None when it did nothing.
     action: str | None = None
 
@@ -63,10 +66,6 @@ def _at(frame: Frame | None) -> str:
     if not frame:
         return "an unknown place (no Python frame)"
     return f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
-
-
-def _seq(seq: float) -> str:
-    return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
 
 
 def _action(action: Action | None) -> str | None:
@@ -117,13 +116,15 @@ def verdict(
     # file here may have answered on its own node, so it is not called silent.
     local_only = ep.local_only
     behind = sorted(req.behind)
-    last = dict(ep.last_enqueued)
     # Which op(s) sit at each (pg, seq) across ranks, from the Flight Recorder.
     at_seq: dict[tuple[str, int], dict[str, list[int]]] = {}
     for r, s in answered.items():
         for e in s.inflight:
             at_seq.setdefault((str(e.pg), int(e.seq)), {}).setdefault(e.op, []).append(r)
-    ops_here = at_seq.get((pg, int(seq)), {})
+    # The collective the waiting ranks are stuck in: the oldest they have in flight (with two
+    # DDP buckets in flight, the group's highest number is queued behind it).
+    stalled = _stalled(answered, pg, seq, behind)
+    ops_here = at_seq.get((pg, int(stalled))) or at_seq.get((pg, int(seq)), {})
     op = "/".join(sorted(ops_here)) if ops_here else "collective"
     # What the group is, where torch says (a DeviceMesh dimension: "mesh_shard").
     descs = {str(e.pg): str(e.pg_desc or "") for s in answered.values() for e in s.inflight}
@@ -133,12 +134,13 @@ def verdict(
         return f"pg {p} {desc}" if desc and desc not in _PLAIN_DESCS else f"pg {p}"
 
     named = group(pg)
+    queued = spans.queued(stalled - 1, seq)
     v = Verdict(
         header=(
             f"hang episode {req.episode} in run {ep.run}: "
             f"{'a rank is behind' if kind == 'behind' else 'symmetric hang'} in {named} at "
-            f"{op} #{_seq(seq)}, oldest in flight {req.age:.1f}s "
-            f"(threshold {req.threshold:.1f}s); "
+            f"{op} {spans.number(stalled)}{f' ({queued})' if queued else ''}, oldest in flight "
+            f"{req.age:.1f}s (threshold {req.threshold:.1f}s); "
             + (
                 f"{len(answered)}/{len(summaries)} ranks answered"
                 if not local_only
@@ -155,66 +157,160 @@ def verdict(
 
     for r in behind:
         got = answered.get(r)
-        was = f" (last reported collective #{_seq(last[r])})" if r in last else ""
+        last = ep.last_enqueued.get(r)
+        if last is None and got is not None and pg in got.seqs:
+            last = got.seqs[pg].last_enqueued
+        never = f"never entered {op} {spans.missed(last, seq)} ({named})"
+        was = f" (last reported collective {spans.number(last)})" if last is not None else ""
         if got is None and local_only:
             v.culprits.append(
-                f"rank {r} never entered {op} #{_seq(seq)} ({named}){was}; its dump is not in "
-                "this folder (another node's disk)"
+                f"rank {r} {never}{was}; its dump is not in this folder (another node's disk)"
             )
             continue
         if got is None:
-            v.culprits.append(
-                f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}){was} and {_SILENT}"
-            )
+            v.culprits.append(f"rank {r}{on(r)} {never}{was} and {_SILENT}")
             continue
         where = got.where or (got.frames[-1] if got.frames else None)
         v.culprits.append(
-            f"rank {r}{on(r)} never entered {op} #{_seq(seq)} ({named}); it is at {_at(where)} "
-            f"(step {got.step}, phase {got.phase})"
+            f"rank {r}{on(r)} {never}; it is at {_at(where)} (step {got.step}, phase {got.phase})"
         )
         if where:
             v.places.append(Located(r, op, seq, pg, where.file, where.line, where.function))
     for r in missing:
         if r not in behind and not local_only:
             v.culprits.append(f"rank {r}{on(r)} {_SILENT}")
+    crossed = _crossed(answered, group) if kind == "symmetric" and not behind else []
     if kind == "symmetric" and not v.culprits:
-        v.culprits.append(
-            f"no rank is behind: every rank is inside {op} #{_seq(seq)} ({named}) and none "
-            "completes (network or NCCL trouble, or mismatched collectives below)"
-        )
+        inside = f"{op} {spans.stuck(stalled - 1, seq)} ({named})"
+        _symmetric(v, ep.network, crossed, inside, _device(answered, pg, stalled))
+    if ep.network is not None:
+        v.network = networks.details(ep.network)
     for (mpg, mseq), ops in sorted(at_seq.items()):
         if len(ops) > 1:
             parts = ", ".join(f"rank {_ranks(rs)} in {o}" for o, rs in sorted(ops.items()))
             v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
-    _waiting(v, answered, pg, op, seq, behind, set(req.waiting), group)
+    _waiting(v, answered, pg, f"{op} {spans.stuck(stalled - 1, seq)}", behind,
+             set(req.waiting), group, bool(crossed))  # fmt: skip
     v.groups = _groups(answered)
     return v
+
+
+def _oldest_of(s: Summary, pg: str) -> tuple[float, float] | None:
+    """Return ``(oldest in flight, last entered)`` of one rank in ``pg`` (None: nothing in
+    flight there): its sequence numbers, else its Flight Recorder entries."""
+    seqs = s.seqs.get(pg)
+    if seqs is not None and seqs.last_enqueued > seqs.last_completed:
+        return spans.oldest(seqs.last_completed, seqs.last_enqueued), float(seqs.last_enqueued)
+    mine = sorted(float(e.seq) for e in s.inflight if str(e.pg) == pg)
+    return (mine[0], mine[-1]) if mine else None
+
+
+def _stalled(answered: Mapping[int, Summary], pg: str, seq: float, behind: list[int]) -> float:
+    """Return the collective the waiting ranks are stuck in: the oldest any has in flight."""
+    found = [got[0] for r, s in answered.items() if r not in behind
+             for got in [_oldest_of(s, pg)] if got is not None and got[0] <= seq]  # fmt: skip
+    return min(found, default=float(seq))
+
+
+def _inflight(s: Summary) -> list[tuple[str, str, float, float]]:
+    """Return ``(pg, op, oldest, last entered)`` of every group a rank has collectives in
+    flight in, by its sequence numbers or else its Flight Recorder entries, oldest first."""
+    pgs = {str(e.pg) for e in s.inflight} | set(s.seqs)
+    out = []
+    for pg in pgs:
+        got = _oldest_of(s, pg)
+        if got is not None:
+            ops = [e.op for e in s.inflight if str(e.pg) == pg and float(e.seq) == got[0]]
+            out.append((pg, ops[0] if ops else "collective", got[0], got[1]))
+    return sorted(out, key=lambda x: (x[2], x[0]))
+
+
+def _crossed(answered: Mapping[int, Summary], group: Callable[[str], str]) -> list[str]:
+    """Return ``rank R waits in OP #N (pg P)`` per group when the ranks wait in different
+    process groups with nobody behind (else nothing): collectives entered in opposite orders."""
+    where: dict[tuple[str, str], list[int]] = {}
+    for r, s in sorted(answered.items()):
+        found = _inflight(s)
+        if found:
+            pg, op, first, _ = found[0]
+            where.setdefault((pg, f"{op} {spans.number(first)}"), []).append(r)
+    if len({p for p, _ in where}) < 2:
+        return []
+    return [f"rank {_ranks(rs)} {'waits' if len(rs) == 1 else 'wait'} in {what} ({group(p)})"
+            for (p, what), rs in sorted(where.items())]  # fmt: skip
+
+
+def _device(answered: Mapping[int, Summary], pg: str, stalled: float) -> list[int]:
+    """Return the ranks whose stuck collective never started on the device while the others'
+    did (the Flight Recorder's states, NCCL): their device, or its stream, is suspect."""
+    states = {r: e.state for r, s in answered.items() for e in s.inflight
+              if str(e.pg) == pg and float(e.seq) == stalled and e.state}  # fmt: skip
+    if "started" not in states.values():
+        return []
+    return sorted(r for r, state in states.items() if state == "scheduled")
+
+
+def _symmetric(
+    v: Verdict, network: Network | None, crossed: list[str], inside: str, device: list[int]
+) -> None:
+    """Add what a hang with nobody behind is: a broken link or node, a deadlock across process
+    groups, or every rank in one collective that the network can (or cannot) be blamed for."""
+    if network is not None and network.faulty:
+        v.culprits += [f"{line}; every rank is stuck in {inside}"
+                       for line in networks.lines(network)
+                       if not line.startswith("NCCL RAS")]  # fmt: skip
+        return
+    if crossed:
+        v.culprits.append(
+            "no rank is behind: " + " and ".join(crossed) + ": the ranks entered the collectives "
+            "of these process groups in different orders, each waiting in one the others have "
+            "not entered (a deadlock in the training code)"
+        )
+    else:
+        v.culprits.append(f"no rank is behind: every rank is stuck in {inside} and none completes")
+    if network is None:
+        v.culprits.append("the network was not probed (network or NCCL trouble, or mismatched "
+                          "collectives below)")  # fmt: skip
+        return
+    suspect = (
+        f"suspect the device of rank {_ranks(device)}: its collective never started while the "
+        "others' did"
+        if device
+        else "suspect a rank's device or the backend"
+    )
+    if crossed:
+        suspect = "fix the order of the collectives"
+    clear = [line for line in networks.lines(network) if not line.startswith("NCCL RAS")]
+    v.culprits.append(f"{'; '.join(clear)}; {suspect}")
 
 
 def _waiting(
     v: Verdict,
     answered: Mapping[int, Summary],
     pg: str,
-    op: str,
-    seq: float,
+    what_here: str,
     behind: list[int],
     triggered: set[int],
     group: Callable[[str], str],
+    crossed: bool,
 ) -> None:
     """Add the ranks waiting in the stalled collective, and those held up elsewhere."""
     named = group(pg)
     waiting: dict[tuple[str, str], list[int]] = {}
     # The trigger's waiting ranks, plus every rank whose dump shows it inside the collective
     # (the trigger only lists those already past the threshold when it fired).
-    inside = {r for r, s in answered.items() if any(str(e.pg) == pg for e in s.inflight)}
+    inside = {r for r, s in answered.items() if _oldest_of(s, pg) is not None}
     for r in sorted(triggered | inside):
         found = answered.get(r)
         if found is None or r in behind:
             continue
-        mine = [e for e in found.inflight if str(e.pg) == pg]
-        what = f"{mine[0].op} #{mine[0].seq}" if mine else f"{op} #{_seq(seq)}"
-        key = (what, _at(found.where))
-        waiting.setdefault(key, []).append(r)
+        got = _oldest_of(found, pg)
+        what = what_here
+        if got is not None:
+            first = [e.op for e in found.inflight if str(e.pg) == pg and float(e.seq) == got[0]]
+            what = f"{first[0] if first else what_here.split(' #')[0]} "
+            what += spans.stuck(got[0] - 1, got[1])
+        waiting.setdefault((what, _at(found.where)), []).append(r)
     for (what, at), rs in waiting.items():
         verb = "waits" if len(rs) == 1 else "wait"
         v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({named}), called at {at}")
@@ -224,12 +320,13 @@ def _waiting(
     for r, s in sorted(answered.items()):
         if r in behind or r in inside:
             continue
-        for e in s.inflight[:1]:
-            key = (f"{e.op} #{e.seq}", group(str(e.pg)))
+        for p, op, oldest, last in _inflight(s)[:1]:
+            key = (f"{op} {spans.stuck(oldest - 1, last)}", group(p))
             elsewhere.setdefault(key, []).append(r)
+    why = "which the others have not entered" if crossed else "held up by this hang"
     for (what, where_pg), rs in elsewhere.items():
         verb = "waits" if len(rs) == 1 else "wait"
-        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({where_pg}), held up by this hang")
+        v.waiting.append(f"rank {_ranks(rs)} {verb} in {what} ({where_pg}), {why}")
 
 
 def _groups(answered: Mapping[int, Summary]) -> list[tuple[list[int], list[Frame]]]:
@@ -250,6 +347,9 @@ def render(v: Verdict, frames: int = 12) -> str:
         lines.append(f"ACTION: {v.action}")
     lines.append("CULPRITS:")
     lines += [f"  {c}" for c in v.culprits] or ["  none named"]
+    if v.network:
+        lines.append("NETWORK (probed between the nodes while every rank waited):")
+        lines += [f"  {n}" for n in v.network]
     if v.mismatches:
         lines.append("COLLECTIVE MISMATCH (ranks in different ops at the same sequence number):")
         lines += [f"  {m}" for m in v.mismatches]

@@ -16,7 +16,11 @@ runs on one background thread per rank, never on the training thread:
   key with a short summary;
 * the monitoring rank collects acks until every rank answered or a deadline passed, then logs
   the verdict (:mod:`exporter.hangs.verdict`) and writes it next to its dump. A rank that
-  never answers (SIGSTOPped, dead, or a thread holding the GIL) is named as such.
+  never answers (SIGSTOPped, dead, or a thread holding the GIL) is named as such;
+* while every rank waits inside a collective with nobody behind, the monitoring rank has one
+  rank per node probe the others over the backend's interface (:mod:`exporter.hangs.probing`;
+  every rank listens from the start, ``DDP_EXPORTER_HANG_PROBE=0`` turns it off), and the
+  verdict names the broken link or node, or says it is not the network.
 
 With ``on_hang="abort"`` the monitoring rank also decides, after an episode's dumps, whether
 the hang has lasted long enough to end the run, and every rank that answered the episode checks
@@ -36,16 +40,18 @@ the monitoring rank does :mod:`exporter.hangs.monitor`'s, and what travels betwe
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import storekeys
+from .. import settings, storekeys
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
+from ..log import log
 from ..settings import Identity
-from ..sources import launcher
+from ..sources import launcher, netcheck
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
@@ -54,6 +60,8 @@ from .action import ActionPolicy
 from .channel import Channel, Site, Store
 from .definition import DEFAULT_POLICY, HangPolicy
 from .monitor import Monitor
+from .probe import Listener
+from .probing import Answering, Rounds
 from .protocol import DumpRequest
 from .responder import FAULTHANDLER_S, Responder
 from .restarts import RestartPolicy, RestartState
@@ -77,6 +85,28 @@ def _forgetting(store: Store) -> Callable[[], None]:
     return forget
 
 
+def _backend() -> str:
+    """Return the default process group's backend (``""`` when torch cannot say)."""
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend()) if dist.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - the probe then listens where gloo would
+        return ""
+
+
+def _listener(backend: str, errors: ErrorCounter) -> Listener | None:
+    """Listen for the peers' probes at the backend's address (None, logged once, when not)."""
+    host, why = netcheck.backend_address(os.environ, backend)
+    try:
+        return Listener(host, errors)
+    except OSError as exc:
+        errors.record("forensics", exc)
+        log.warning("ddp-exporter: no hang probe listener on %s (%s): %r; a hang with nobody "
+                    "behind is judged without it", host, why, exc)  # fmt: skip
+        return None
+
+
 class HangWatcher:
     """Report, trigger and answer dump requests on one rank, from one background thread."""
 
@@ -98,6 +128,7 @@ class HangWatcher:
         restart: RestartPolicy | None = None,
         start_step: int | None = None,
         forget: Callable[[], None] | None = None,
+        probe: bool | None = None,
     ) -> None:
         self.rank = identity.rank
         self.world_size = identity.world_size
@@ -112,14 +143,21 @@ class HangWatcher:
                     interval_s, dump_dir, policy, errors)  # fmt: skip
         channel = Channel(store, storekeys.for_run(identity.run, identity.attempt),
                           identity.world_size)  # fmt: skip
+        probing = settings.hang_probe() if probe is None else probe
+        backend = _backend() if probing else ""
+        listener = _listener(backend, errors) if probing else None
+        answering = Answering(site, channel, listener) if probing else None
         self._rank = Responder(site, channel, inflight=inflight, recorder=recorder,
                                sections=sections, action=action, publish_abort=publish_abort,
-                               forget=forget if forget is not None else _forgetting(store))  # fmt: skip
+                               forget=forget if forget is not None else _forgetting(store),
+                               probe=answering)  # fmt: skip
         self._monitor: Monitor | None = None
         if monitor:
+            rounds = Rounds(site, channel, enabled=probing, backend=backend)
             self._monitor = Monitor(site, channel, action=action, restart=restart,
                                     start_step=start_step, answer=self._rank.check_request,
-                                    leave=self._rank.leave, keep=self._rank.keep)  # fmt: skip
+                                    leave=self._rank.leave, keep=self._rank.keep,
+                                    rounds=rounds)  # fmt: skip
         self._loop = BackgroundLoop(
             "ddp-exporter-forensics",
             self._tick_once,
@@ -148,6 +186,11 @@ class HangWatcher:
         return self._rank.aborted
 
     @property
+    def network(self) -> tuple[tuple[str, str, str], ...]:
+        """Return ``(finding, node, peer_node)`` of the open hang's probe (monitoring rank)."""
+        return self._monitor.network if self._monitor is not None else ()
+
+    @property
     def restarts(self) -> RestartState | None:
         """Return the run's restart ledger as the monitoring rank publishes it (action on)."""
         return self._monitor.restarts if self._monitor is not None else None
@@ -165,8 +208,9 @@ class HangWatcher:
         self._rank.publish(self._tick)
 
     def close(self) -> None:
-        """Stop the thread (a daemon: it may be stuck on a dead store)."""
+        """Stop the thread (a daemon: it may be stuck on a dead store) and the probe listener."""
         self._loop.close()
+        self._rank.close()
 
     def dump(self, episode: int, request: DumpRequest | Mapping[str, Any]) -> dict[str, Any]:
         """Write this rank's dump for ``episode`` now; return its summary as the ack carries it."""
@@ -200,6 +244,8 @@ class HangWatcher:
             rank.publish(self._tick)
         if full or stuck:
             rank.check_request()
+        if stuck:
+            rank.check_probe()
         rank.update_location()
         if rank.in_episode is not None:
             rank.check_action()

@@ -5,7 +5,9 @@ Every accusation the per-run alerts make names a rank: a straggler by compute or
 of a hang the hang action aborted (``abort``: the fleet counts aborts by node), a rank down while
 its run goes on (``down``). Each is turned into a
 series per ``(node, run, cause)`` by joining the firing alert with the rank's ``node``
-(``ddp_rank_info``).
+(``ddp_rank_info``). A hang with nobody behind whose probe found a node unreachable
+(``network``) or a link that carries no traffic (``link``, both its nodes) names the nodes
+itself (DDPHangNetworkFault).
 
 What is remembered, and what it costs. A fleet hosts hundreds of thousands of (node, run) pairs
 a month; rewriting a series for each at every evaluation would cost seconds per evaluation
@@ -28,7 +30,8 @@ on one node, says nothing about one node). It is suspect when blamed in at least
   since stragglers are judged against the run's own median;
 - a busy node is judged on its last ``fleet_runs`` runs, not on how many it hosted.
 
-Labels stay bounded: ``node``, ``run``, ``cause`` (compute, data, hang, abort, down).
+Labels stay bounded: ``node``, ``run``, ``cause`` (compute, data, link, network, hang, abort,
+down).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 #: What a node can be blamed for.
-CAUSES: tuple[str, ...] = ("compute", "data", "link", "hang", "abort", "down")
+CAUSES: tuple[str, ...] = ("compute", "data", "link", "network", "hang", "abort", "down")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,20 @@ def _accusations(cfg: MixinConfig) -> str:
     )
 
 
+def _network_accusations(cfg: MixinConfig) -> str:
+    """Return a (node, run, cause) vector of the nodes the hang probe names right now: an
+    unreachable node (cause network), both ends of a link that carries no traffic (link)."""
+    alert = 'ALERTS{alertname="DDPHangNetworkFault", alertstate="firing", finding="%s"}'
+    node, link = alert % "node", alert % "link"
+    return (
+        f"max {clauses(cfg).by('node, run, cause')} (\n"
+        f'  label_replace({node}, "cause", "network", "", "")\n  or\n'
+        f'  label_replace({link}, "cause", "link", "", "")\n  or\n'
+        f'  label_replace(label_replace({link}, "node", "$1", "peer_node", "(.+)"), "cause", '
+        '"link", "", "")\n)'
+    )
+
+
 def _node_of_rank(cfg: MixinConfig) -> str:
     """Return a (run, rank, node) vector: each rank's node, also for a rank gone lately."""
     c = clauses(cfg)
@@ -141,7 +158,8 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
     prev_total = _last(f.runs_total, cfg)
     blamed_now = (
         f"max {c.by('node, run, cause')} ({nl}{_accusations(cfg)} * 0{nl}"
-        f"+ {c.on('run, rank')} group_left (node){nl}({_node_of_rank(cfg)} * 0){nl}) + time()"
+        f"+ {c.on('run, rank')} group_left (node){nl}({_node_of_rank(cfg)} * 0){nl}"
+        f"or{nl}{_network_accusations(cfg)} * 0{nl}) + time()"
     )
     blamed_pairs = f"max {c.by('node, run')} ({f.blamed})"
     # A run's nodes, also ranks gone lately (a rank down still counts among its run's nodes).
@@ -224,6 +242,7 @@ FLEET_INPUT_ALERTS: tuple[str, ...] = (
     "DDPCollectiveStalled",
     "DDPCollectiveTimeoutImminent",
     "DDPHangAborted",
+    "DDPHangNetworkFault",
     "DDPRankDown",
 )
 

@@ -61,6 +61,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPTrainingStalled",
     "DDPCollectiveTimeoutImminent",
     "DDPCollectiveStalled",
+    "DDPHangNetworkFault",
     "DDPHangAborted",
     "DDPRestartLoop",
     "DDPRankStraggler",
@@ -86,6 +87,7 @@ MONITORING_ALERTS: tuple[str, ...] = ("DDPShardDown",)
 #: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
 RUN_ALERTS: tuple[str, ...] = (
     "DDPJobKilled",
+    "DDPHangNetworkFault",
     "DDPHangAborted",
     "DDPRestartLoop",
     "DDPTrainingStalled",

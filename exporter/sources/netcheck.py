@@ -24,6 +24,8 @@ from dataclasses import dataclass
 __all__ = [
     "KINDS",
     "Reach",
+    "backend_address",
+    "connect",
     "explain_master",
     "gloo_address",
     "interface_address",
@@ -72,15 +74,18 @@ def resolve(host: str) -> str | None:
         return None
 
 
-def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Reach:
-    """Try to connect to ``host:port`` until it works or ``seconds`` passed; say how it failed.
+def connect(
+    host: str, port: int, seconds: float, retry_s: float = 0.2
+) -> tuple[socket.socket | None, Reach]:
+    """Connect to ``host:port``, retrying a refusal until ``seconds`` passed; return the open
+    socket (None when it failed) and how the attempt ended.
 
     A refused connection is retried (the listener may start late); an unanswered one is the
     firewall's DROP or a dead host; no route or no ARP answer is an unreachable address.
     """
     ip = resolve(host)
     if ip is None:
-        return Reach(host, port, "unresolved")
+        return None, Reach(host, port, "unresolved")
     start = time.monotonic()
     end = start + seconds
     kind, error = "dropped", ""
@@ -90,18 +95,28 @@ def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Rea
             break
         try:
             # Long enough for a failed ARP resolution (3 s) to say "unreachable", not "dropped".
-            with socket.create_connection((ip, port), timeout=min(4.0, left)):
-                return Reach(host, port, "ok", ip, time.monotonic() - start)
+            sock = socket.create_connection((ip, port), timeout=min(4.0, left))
+            return sock, Reach(host, port, "ok", ip, time.monotonic() - start)
         except ConnectionRefusedError as exc:
             kind, error = "refused", str(exc)
         except TimeoutError as exc:
             kind, error = "dropped", str(exc) or "timed out"
         except OSError as exc:
             if exc.errno in _UNREACHABLE:  # no route, or no ARP answer: retrying will not help
-                return Reach(host, port, "unreachable", ip, time.monotonic() - start, str(exc))
+                return None, Reach(host, port, "unreachable", ip, time.monotonic() - start,
+                                   str(exc))  # fmt: skip
             kind, error = "dropped", str(exc)
         time.sleep(min(retry_s, max(0.0, end - time.monotonic())))
-    return Reach(host, port, kind, ip, time.monotonic() - start, error)
+    return None, Reach(host, port, kind, ip, time.monotonic() - start, error)
+
+
+def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Reach:
+    """Try to connect to ``host:port`` until it works or ``seconds`` passed; say how it failed
+    (:func:`connect`, the connection closed at once)."""
+    sock, found = connect(host, port, seconds, retry_s)
+    if sock is not None:
+        sock.close()
+    return found
 
 
 def interface_address(name: str) -> str | None:
@@ -132,6 +147,43 @@ def gloo_address(environ: Mapping[str, str]) -> tuple[str, str]:
     if addr:
         return addr, f"the hostname {host}"
     return "127.0.0.1", f"loopback (the hostname {host} does not resolve)"
+
+
+def _nccl_interface(value: str, names: list[str]) -> str | None:
+    """Return the first of ``names`` that ``NCCL_SOCKET_IFNAME=value`` selects and has an address.
+
+    NCCL's syntax: a comma-separated list of prefixes, or of exact names after ``=``; a list
+    after ``^`` excludes (not followed here: the caller falls back to gloo's choice).
+    """
+    if not value or value.startswith("^"):
+        return None
+    exact = value.startswith("=")
+    wanted = [w for w in value.lstrip("=").split(",") if w]
+    for name in names:
+        if any(name == w if exact else name.startswith(w) for w in wanted):
+            addr = interface_address(name)
+            if addr:
+                return addr
+    return None
+
+
+def backend_address(environ: Mapping[str, str], backend: str) -> tuple[str, str]:
+    """Return ``(address, why)``: where this rank's collectives backend talks to its peers.
+
+    NCCL: its ``NCCL_SOCKET_IFNAME`` interface's address (the sockets it bootstraps on, and its
+    data path over TCP; an InfiniBand or RoCE data path has no such address). Gloo, and NCCL
+    without the variable: :func:`gloo_address`.
+    """
+    if "nccl" in backend.lower():
+        value = environ.get("NCCL_SOCKET_IFNAME", "")
+        try:
+            names = [name for _, name in socket.if_nameindex()]
+        except OSError:
+            names = []
+        addr = _nccl_interface(value, names)
+        if addr:
+            return addr, f"NCCL_SOCKET_IFNAME={value}"
+    return gloo_address(environ)
 
 
 def is_loopback(addr: str) -> bool:

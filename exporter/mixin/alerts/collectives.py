@@ -1,10 +1,12 @@
-"""Build the collective and hang alerts: a collective stalled, or near its timeout.
+"""Build the collective and hang alerts: a collective stalled, or near its timeout; a link down.
 
 A hung rank is the one whose collective sequence number stops advancing, so these alerts name
 the ranks whose ``last_enqueued_seq`` is behind the run's maximum (role=behind, one alert per
 rank); with nobody behind, every rank waits inside the collective and the process group is one
 alert (role=waiting). The stall bound is the one hang definition (:mod:`exporter.hangs
-.definition`) that ``top`` and the hang watcher use too.
+.definition`) that ``top`` and the hang watcher use too. With nobody behind, the hang watcher
+probes the links between the nodes; a link or a node that carries no traffic is
+DDPHangNetworkFault, one alert per link or node, which the fleet counts against the nodes.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from ..alert import Alert, selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
 from ..recording import Recorded, recorded
-from .shared import finished_ranks, hang_location, with_role
+from .shared import finished_ranks, hang_location, hang_network, with_role
 
-__all__ = ["collective_alerts", "collective_stalled", "timeout_imminent"]
+__all__ = ["collective_alerts", "collective_stalled", "network_fault", "timeout_imminent"]
 
 #: The description's sentence on the role label: who the alert names.
 _WHO = (
@@ -29,11 +31,13 @@ _WHO = (
 
 
 def collective_alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
-    """Return DDPCollectiveTimeoutImminent (warning, critical) and DDPCollectiveStalled."""
+    """Return DDPCollectiveTimeoutImminent (warning, critical), DDPCollectiveStalled and
+    DDPHangNetworkFault."""
     return [
         timeout_imminent(cfg, "warning", cfg.timeout_warning_ratio),
         timeout_imminent(cfg, "critical", cfg.timeout_critical_ratio),
         collective_stalled(cfg),
+        network_fault(cfg),
     ]
 
 
@@ -93,7 +97,8 @@ def timeout_imminent(cfg: MixinConfig, severity: str, ratio: float) -> Alert:
             "A collective of process group {{ $labels.pg }} in run {{ $labels.run }} "
             "has been in flight for {{ $value | humanizePercentage }} of its timeout. " + _WHO
         )
-        + hang_location(cfg),
+        + hang_location(cfg)
+        + hang_network(cfg),
         "A collective (DDP's gradient allreduce) is not completing. The rank labelled "
         "role=behind stopped advancing its collective sequence number: it is the hung one; "
         "the others wait for it. When the watchdog's timeout expires, the job dies.",
@@ -135,7 +140,8 @@ def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
             f"{cfg.stall_latency_factor:g}x the run's normal latency (and at least "
             f"{cfg.stall_min_seconds:g}s). " + _WHO
         )
-        + hang_location(cfg),
+        + hang_location(cfg)
+        + hang_network(cfg),
         "Collective latency normally stays near its recent mean; an in-flight age many times "
         "that mean means a rank has not joined (role=behind names it) or the network stalled.",
         "Collectives dashboard: in-flight age against the mean latency and the timeout; "
@@ -144,4 +150,45 @@ def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         "(`ddp-exporter hangs DUMP_DIR`; the description names the culprit's file:line) and "
         "inspect the rank labelled behind (data loader, host, GPU). With role=waiting on all "
         "ranks, check the network fabric (NCCL_DEBUG=INFO logs, link errors).",
+    )
+
+
+def network_fault(cfg: MixinConfig = DEFAULT) -> Alert:
+    """Return DDPHangNetworkFault: every rank waits, and a link or a node carries no traffic."""
+    c = clauses(cfg)
+    found = selector(cfg, catalog.HANG_NETWORK.name, 'finding=~"link|node"')
+    return Alert(
+        "DDPHangNetworkFault",
+        "warning",
+        f"max {c.by('run, finding, node, peer_node')} ({found})",
+        "0s",
+        "Every rank waits inside a collective, and a link or a node between them carries no "
+        "traffic.",
+        (
+            "Every rank of run {{ $labels.run }} waits inside a collective with nobody behind, "
+            'and {{ if eq $labels.finding "link" }}the link between node {{ $labels.node }} and '
+            "node {{ $labels.peer_node }} carries no traffic: the hang watcher's probe could not "
+            "connect or move data across it, twice, while both nodes reach their other peers."
+            "{{ else }}node {{ $labels.node }} is unreachable from every peer on its backend "
+            "address: the hang watcher's probe could not connect to it or move data, twice, "
+            "from any other node, while the store still hears from it.{{ end }} The hang's "
+            "verdict (`ddp-exporter hangs DUMP_DIR`) says how each attempt failed."
+        ),
+        "A collective every rank entered and none completes has nobody behind: the job's code "
+        "is not where it hangs. While the ranks sit in it past the stall threshold, one rank "
+        "per node tries a side port of one rank on every other node, at the address the "
+        "backend uses (`DDP_EXPORTER_HANG_PROBE`): connect, send a few KiB, read them back. "
+        "A pair that fails twice while both its nodes reach the others is a broken link "
+        "(finding=link); a node no peer reaches is cut off on its backend address "
+        "(finding=node), its victims not blamed. The verdict comes on this evidence, long "
+        "before a hang with nobody behind is called symmetric. The fleet counts it against "
+        "the nodes (cause link, network).",
+        "The hang's verdict (`ddp-exporter hangs DUMP_DIR`): its NETWORK section lists the "
+        "pairs tried; `ddp-exporter top` shows STUCK with the probe's finding. From the named "
+        "node: `ip -s link` (errors, drops), `ethtool -S` (link flaps, CRC errors), the "
+        "switch port's counters; a firewall change (`nft list ruleset`, security groups).",
+        "Fix or drain the node (both ends of a link when you cannot tell which is broken): "
+        "Slurm `scontrol update NodeName=... State=DRAIN`, Kubernetes `kubectl cordon`. "
+        'Restart the job without it; with `on_hang="abort"` the abort line and '
+        "`<dump_dir>/<run>-abort.txt` name the nodes for a requeue script to exclude.",
     )

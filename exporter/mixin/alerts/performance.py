@@ -3,7 +3,8 @@
 A straggler shows the SHORTEST collective latency because its peers wait for it inside the
 allreduce, so stragglers are blamed by compute and data time per step against the run's median
 rank, never by collective latency; a slow link, which slows every rank alike, is named by the
-c10d-store round trips of the ranks behind it.
+c10d-store round trips of the ranks behind it, or, when the slow link is the store's own node's,
+by the round trips of every other node (inflated) against its own (not: the store is local).
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ def _straggler_expr(cfg: MixinConfig) -> str:
     """Return the ranks slow by compute or data (cause=phase), or behind a slow link."""
     r, c = recorded(cfg), clauses(cfg)
     blame = "|".join(BLAME_PHASES)
-    rank = c.on("run, rank")
+    rank, run = c.on("run, rank"), c.on("run")
+    waits = f'{rank} ({r.phase_share}{{phase="comm_wait"}} > {cfg.link_comm_share:g})'
+    nodes = (
+        f"count {c.by('run')} (count {c.by('run, node')} ({selector(cfg, catalog.RANK_INFO.name)}))"
+    )
     return (
         f"max {c.by('run, rank, cause')} (\n  label_replace(\n"
         f'    ({r.phase_ratio}{{phase=~"{blame}"}} > {cfg.straggler_ratio:g})\n'
@@ -46,8 +51,16 @@ def _straggler_expr(cfg: MixinConfig) -> str:
         f"or\nmax {c.by('run, rank, cause')} (\n  label_replace(\n"
         f"    ({r.store_rtt_ratio} > {cfg.link_rtt_ratio:g})\n"
         f"    and {rank} ({r.store_rtt_rank} > {cfg.link_min_rtt_seconds:g})\n"
-        f'    and {rank} ({r.phase_share}{{phase="comm_wait"}}'
-        f" > {cfg.link_comm_share:g}),\n"
+        f"    and {waits},\n"
+        '    "cause", "link", "", ""\n  )\n)\n'
+        # The store's own node's link: its ranks reach the store locally, so every other
+        # node's round trip is inflated (the run's median) and theirs is not. With two nodes
+        # either end's slow link inflates the same one: three nodes at least.
+        f"or\nmax {c.by('run, rank, cause')} (\n  label_replace(\n"
+        f"    ({r.store_rtt_ratio} < {1 / cfg.link_rtt_ratio:g})\n"
+        f"    and {run} ({r.store_rtt_run} > {cfg.link_min_rtt_seconds:g})\n"
+        f"    and {waits}\n"
+        f"    and {run} ({nodes} >= 3),\n"
         '    "cause", "link", "", ""\n  )\n)'
     )
 
@@ -61,7 +74,13 @@ def rank_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         cfg.straggler_for,
         "One rank is slower than its peers and holds the whole job back.",
         (
-            '{{ if eq $labels.cause "link" }}'
+            '{{ if and (eq $labels.cause "link") (lt $value 1.0) }}'
+            f"{WHERE.capitalize()} runs on the node of the c10d store, and every other node's "
+            f"round trips to the store (their median) take over {cfg.link_rtt_ratio:g}x its own "
+            "while every rank waits on communication: the network link of the "
+            "store's node is slow (a degraded NIC or cable, or a saturated link), and the whole "
+            "job runs at its pace."
+            '{{ else if eq $labels.cause "link" }}'
             f"{WHERE.capitalize()}'s round trips to the c10d store take "
             '{{ $value | printf "%.0f" }}x the run\'s median while every rank waits on '
             "communication: the network link of its node is slow (a degraded NIC or cable, "
@@ -80,9 +99,13 @@ def rank_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         f"over {cfg.link_rtt_ratio:g}x the run's median and over "
         f"{cfg.link_min_rtt_seconds * 1000:g} ms while over "
         f"{cfg.link_comm_share:.0%} of their step is exposed communication: their "
-        "packets queue behind the gradients on that link. It cannot name a slow link on "
-        "the node that hosts the store (every other node's round trips are then inflated) "
-        "or on half of the nodes or more; `ddp-exporter doctor --links` can.",
+        "packets queue behind the gradients on that link. A slow link on the node that "
+        "hosts the store inflates every other node's round trips instead, and not its own "
+        "(the store is local): with three nodes or more, cause=link then names the ranks "
+        f"whose round trip is {cfg.link_rtt_ratio:g}x below a run median over "
+        f"{cfg.link_min_rtt_seconds * 1000:g} ms. It cannot name a slow link on half of the "
+        "nodes or more, nor tell the two ends of a two-node job apart; `ddp-exporter doctor "
+        "--links` can.",
         "Stragglers dashboard: phase split per rank (the straggler's compute or data bar is "
         "taller; the others' comm_wait is taller). Overview: straggler score per rank.",
         "cause=compute: check that GPU for thermal or power throttling, ECC errors, a "

@@ -13,7 +13,15 @@ from ..alert import selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
 
-__all__ = ["WHERE", "aborted_runs", "finished_ranks", "hang_location", "looping_runs", "with_role"]
+__all__ = [
+    "WHERE",
+    "aborted_runs",
+    "finished_ranks",
+    "hang_location",
+    "hang_network",
+    "looping_runs",
+    "with_role",
+]
 
 #: How a description names the alert's rank.
 WHERE = "rank {{ $labels.rank }} of run {{ $labels.run }}"
@@ -67,5 +75,27 @@ def hang_location(cfg: MixinConfig = DEFAULT, rank_label: str = "rank", window: 
         f"{{{{ with printf `{metric}` $labels.run $labels.{rank_label} | query }}}}"
         "{{ with first . }} Its hang dump says it is at {{ .Labels.file }}:{{ .Labels.line }} "
         "in {{ .Labels.function }} (ddp-exporter hangs DUMP_DIR prints every rank's stack)."
+        "{{ end }}{{ end }}"
+    )
+
+
+def hang_network(cfg: MixinConfig = DEFAULT) -> str:
+    """Return a description suffix saying what the hang probe found between the nodes, if any.
+
+    While every rank waits inside a collective with nobody behind, the monitoring rank probes
+    the links between the nodes and publishes ``ddp_hang_network_info`` (exporter.hangs.probing);
+    a template ``query`` reads it for the alert's run and adds nothing otherwise.
+    """
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
+    metric = f"{catalog.HANG_NETWORK.name}{{{', '.join(matchers)}}}"
+    query = f"max by (finding, node, peer_node) ({metric})"
+    return (
+        f"{{{{ with printf `{query}` $labels.run | query }}}} The hang probe between the "
+        "nodes:{{ range . }}"
+        '{{ if eq .Labels.finding "link" }} the link between node {{ .Labels.node }} and node '
+        "{{ .Labels.peer_node }} carries no traffic;"
+        '{{ else if eq .Labels.finding "node" }} node {{ .Labels.node }} is unreachable on its '
+        "backend address;"
+        "{{ else }} every pair of nodes reachable and moving data: not the network;{{ end }}"
         "{{ end }}{{ end }}"
     )

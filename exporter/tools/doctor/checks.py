@@ -14,7 +14,7 @@ from typing import Any
 
 from ... import settings
 from ...ranklist import format_ranks
-from ...sources import netcheck
+from ...sources import netcheck, reach
 
 __all__ = [
     "ABANDONED",
@@ -71,8 +71,8 @@ VERDICT_GRACE_S = 3.0
 #: Seconds each rank tries to connect to each other rank's gloo address (in parallel).
 REACH_S = 3.0
 #: Largest job in which every rank tries every other; beyond, each its ring neighbours.
-REACH_ALL_MAX_RANKS = 64
-REACH_NEIGHBOURS = 4
+REACH_ALL_MAX_RANKS = reach.REACH_ALL_MAX
+REACH_NEIGHBOURS = reach.REACH_NEIGHBOURS
 POLL_S = 0.1
 
 OK, FAIL, SKIP, NA, MISSING, WARN = "ok", "FAIL", "skip", "-", "missing", "warn"

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import collections
 
-from ...sources import netcheck
+from ...sources import netcheck, reach
 from .checks import (
     FAIL,
     FIX_GLOO,
     FIX_LAUNCHER,
     FIX_VERSIONS,
     OK,
-    REACH_ALL_MAX_RANKS,
-    REACH_NEIGHBOURS,
     VERSION_KEYS,
     Check,
     Report,
@@ -91,10 +89,7 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
 
 def reach_targets(rank: int, world: int) -> list[int]:
     """Return the ranks ``rank`` tries to connect to: every other, or its ring neighbours."""
-    if world <= REACH_ALL_MAX_RANKS:
-        return [r for r in range(world) if r != rank]
-    near = {(rank + d) % world for d in range(-REACH_NEIGHBOURS, REACH_NEIGHBOURS + 1)}
-    return sorted(near - {rank})
+    return reach.reach_targets(rank, world)
 
 
 def judge_reach(
@@ -104,35 +99,15 @@ def judge_reach(
 
     ``failed`` maps each rank that tried to ``{peer: how it failed}``. A rank is to blame when
     more than half of the ranks that tried it failed: a firewall that drops gloo's ports on
-    its node, or a GLOO_SOCKET_IFNAME the other nodes have no route to. The worst-reached
-    rank is blamed first and its own attempts then no longer count (a node that drops
-    everything fails towards everyone), so a rank whose attempts failed only towards ranks to
-    blame is fine.
+    its node, or a GLOO_SOCKET_IFNAME the other nodes have no route to. The judgement is the
+    run-time probe's too (:func:`exporter.sources.reach.unreachable`): the worst-reached rank
+    is blamed first and its own attempts then no longer count (a node that drops everything
+    fails towards everyone), so a rank whose attempts failed only towards ranks to blame is
+    fine.
     """
     by_rank = {r.rank: r for r in reports if r.rank is not None}
-
-    def failed_against(triers: set[int]) -> dict[int, dict[int, str]]:
-        """Return ``{peer: {rank that failed to reach it: how}}`` over ``triers``' attempts."""
-        out: dict[int, dict[int, str]] = collections.defaultdict(dict)
-        for rank in triers:
-            for peer, kind in failed[rank].items():
-                out[int(peer)][rank] = kind
-        return out
-
-    blamed: set[int] = set()
-    while True:
-        triers = set(failed) - blamed
-        tried = collections.Counter(p for rank in triers for p in reach_targets(rank, world))
-        against = failed_against(triers)
-        worst = max(
-            (p for p, who in against.items() if p not in blamed and len(who) * 2 > tried[p]),
-            key=lambda p: (len(against[p]) / tried[p], -p),
-            default=None,
-        )
-        if worst is None:
-            break
-        blamed.add(worst)
-    against = failed_against(set(failed))  # every rank that tried, for the detail
+    blamed = reach.unreachable(failed, world)
+    against = reach.failed_against(failed, set(failed))  # every rank that tried, for the detail
     checks: dict[int, Check] = {}
     notes: list[str] = []
     for rank in sorted(by_rank):

@@ -12,7 +12,9 @@ import statistics
 import time
 
 from ... import catalog as c
+from ...hangs import spans
 from ...hangs.definition import SeqState, find_hangs
+from ...hangs.network import series_text
 from ...mixin.config import DEFAULT, MixinConfig
 from ...ranklist import format_ranks
 from .rows import COUNTERS, RankRow
@@ -106,16 +108,19 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
     ]
     findings = find_hangs(states, _normal_latency(live), config.hang_policy)
     by_rank = {r.rank: r for r in live}
+    # What the monitoring rank's probe found between the nodes, during a hang nobody is behind.
+    probed = series_text([found for r in live for found in r.network])
     # A group stalled with nobody behind while another has a rank behind is held up by that
     # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
     culprit_pgs = sorted({f.pg for f in findings if f.kind == "behind"})
     for f in findings:
         for rank in f.behind:
             by_rank[rank].suspect = "behind"
+            last = by_rank[rank].pg_seq.get(f.pg)
             by_rank[rank].note = (
-                f"{f.seq - by_rank[rank].pg_seq.get(f.pg, 0.0):.0f} collectives behind in pg "
-                f"{f.pg}: never entered #{f.seq:.0f}, which ranks {_ranks(f.waiting)} "
-                f"wait in for {f.age:.0f} s"
+                f"{f.seq - (last or 0.0):.0f} collectives behind in pg {f.pg}: never entered "
+                f"{spans.missed(last, f.seq)}, which ranks {_ranks(f.waiting)} wait in for "
+                f"{f.age:.0f} s"
             )
         for rank in f.excused:
             r = by_rank[rank]
@@ -132,16 +137,21 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
                         f"waiting for rank(s) {_ranks(f.excused)} in a declared section, pg "
                         f"{f.pg}, {f.age:.0f} s"
                     )
-            elif f.kind == "waiting" and culprit_pgs:
+            elif f.kind in ("waiting", "symmetric") and culprit_pgs:
                 r.note = r.note or (
                     f"waiting in pg {f.pg} for {f.age:.0f} s, held up by the hang in pg "
                     f"{', '.join(culprit_pgs)}"
                 )
             else:
                 r.suspect = r.suspect or "stuck"
+                done, entered = r.pg_done.get(f.pg), r.pg_seq.get(f.pg, f.seq)
+                queued = spans.queued(done, entered)
                 r.note = (
-                    f"inside collective #{f.seq:.0f} of pg {f.pg} for {f.age:.0f} s, no rank behind"
+                    f"inside collective {spans.number(spans.oldest(done, entered))} of pg "
+                    f"{f.pg}{f' ({queued})' if queued else ''} for {f.age:.0f} s, no rank behind"
                 )
+                if probed:
+                    r.note += f"; probe: {probed}"
     return states
 
 
@@ -164,22 +174,30 @@ def _slow_link(live: list[RankRow], config: MixinConfig) -> None:
     """Suspect a rank behind a slow link: its store round trips stand out while it waits.
 
     A slow link slows every rank alike; the store round trips of the ranks behind it stand out
-    (the same test as DDPRankStraggler cause=link, on this read's last heartbeat).
+    (the same test as DDPRankStraggler cause=link, on this read's last heartbeat). When the
+    slow link is the store's own node's, every other node's round trips are inflated and not
+    its own (the store is local): with three nodes or more, its ranks are named.
     """
     trips = [r.store_rtt for r in live if r.store_rtt >= 0]
     med = statistics.median(trips) if trips else 0.0
+    nodes = len({r.node for r in live if r.node})
     for r in live:
         total = sum(r.phases.values())
         waits = total > 0 and r.phases.get("comm_wait", 0.0) / total > config.link_comm_share
         rtt = r.store_rtt
-        if (
-            med > 0 and waits and not r.suspect and rtt > config.link_rtt_ratio * med
-            and rtt > config.link_min_rtt_seconds
-        ):  # fmt: skip
+        if not (med > 0 and waits and not r.suspect and rtt >= 0):
+            continue
+        if rtt > config.link_rtt_ratio * med and rtt > config.link_min_rtt_seconds:
             r.suspect = "straggler:link"
             r.note = (
                 f"link: store round trip {rtt * 1e3:.0f} ms vs median {med * 1e3:.1f} ms: the "
                 "network link of its node is slow"
+            )
+        elif nodes >= 3 and rtt * config.link_rtt_ratio < med and med > config.link_min_rtt_seconds:
+            r.suspect = "straggler:link"
+            r.note = (
+                f"link: store round trip {rtt * 1e3:.1f} ms here, median {med * 1e3:.0f} ms from "
+                "the other nodes: its node hosts the store and its network link is slow"
             )
 
 

@@ -56,6 +56,8 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.coll_count += v
     elif n == c.LAST_ENQUEUED_SEQ.name:
         row.pg_seq[labels.get("pg", "")] = v
+    elif n == c.LAST_COMPLETED_SEQ.name:
+        row.pg_done[labels.get("pg", "")] = v
     elif n == c.INFLIGHT_AGE.name:
         row.pg_age[labels.get("pg", "")] = v
     elif n == c.COLLECTIVE_TIMEOUT.name:
@@ -83,6 +85,10 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.abort_streak = v
     elif n == c.HANG_ABORT_LIMIT.name:
         row.abort_limit = v
+    elif n == c.HANG_NETWORK.name:
+        found = (labels.get("finding", ""), labels.get("node", ""), labels.get("peer_node", ""))
+        if found not in row.network:
+            row.network.append(found)
     elif n == c.HANG_ABORTED_ATTEMPT.name:
         row.aborted_attempts.append(
             (labels.get("attempt", ""), labels.get("culprit_rank", ""), labels.get("node", ""), v)
@@ -92,6 +98,7 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
 _PROM_NAMES = (
     *COUNTERS,
     c.LAST_ENQUEUED_SEQ.name,
+    c.LAST_COMPLETED_SEQ.name,
     c.INFLIGHT_AGE.name,
     c.COLLECTIVE_TIMEOUT.name,
     c.HEARTBEAT.name,
@@ -103,6 +110,7 @@ _PROM_NAMES = (
     c.HANG_ABORT_STREAK.name,
     c.HANG_ABORT_LIMIT.name,
     c.HANG_ABORTED_ATTEMPT.name,
+    c.HANG_NETWORK.name,
 )
 
 

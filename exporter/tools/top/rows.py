@@ -24,6 +24,8 @@ class RankRow:
     coll_count: float = 0.0
     # Per process group: last enqueued sequence number, oldest in-flight age, timeout.
     pg_seq: dict[str, float] = field(default_factory=dict)
+    #: Per process group: last completed sequence number.
+    pg_done: dict[str, float] = field(default_factory=dict)
     pg_age: dict[str, float] = field(default_factory=dict)
     pg_timeout: dict[str, float] = field(default_factory=dict)
     heartbeat: float = 0.0
@@ -44,6 +46,9 @@ class RankRow:
     abort_streak: float = -1.0
     abort_limit: float = -1.0
     aborted_attempts: list[tuple[str, str, str, float]] = field(default_factory=list)
+    #: Monitoring rank during a hang with nobody behind: what the probe between the nodes
+    #: found, ``(finding, node, peer_node)`` (``ddp_hang_network_info``).
+    network: list[tuple[str, str, str]] = field(default_factory=list)
     #: Increases over a window, when the source computed them (Prometheus); None: diagnose()
     #: takes the difference to the previous read.
     window: dict[str, float] | None = None

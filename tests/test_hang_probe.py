@@ -1,0 +1,389 @@
+"""The run-time reach probe of a hang with nobody behind, and the collectives a verdict names.
+
+Real sockets on this host for the probe's listener and attempts; the judgement of who failed
+against whom on made-up rounds; three watchers in this process over one store (the protocol's
+own test harness) with the attempts between two nodes made to fail, from the probe to an early
+symmetric episode, its verdict, its series and the abort that names the nodes; a deadlock
+across two process groups with every link fine; and one two-buckets-in-flight hang said the
+same way by the verdict, ``top`` and the dump. The real faults (nftables, namespaces) are the
+lab's (tests/test_lab_probe.py).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from harness import wait_for
+from test_hang_protocol import _Recorder, _Sections, _Store
+
+from exporter.errors import ErrorCounter
+from exporter.hangs import codec, network, probing, spans
+from exporter.hangs import verdict as verdicts
+from exporter.hangs.action import ActionPolicy
+from exporter.hangs.definition import HangFinding, HangPolicy, SeqState, find_hangs
+from exporter.hangs.dumps import render_dump
+from exporter.hangs.probe import Listener, reach, reach_all
+from exporter.hangs.protocol import (
+    DumpRequest,
+    PeerReach,
+    PgSeqs,
+    ProbeRequest,
+    ProbeResult,
+    RankDump,
+    RankState,
+)
+from exporter.hangs.watcher import HangWatcher
+from exporter.settings import Identity
+from exporter.sources import ras
+from exporter.sources.flight import PGState
+from exporter.tools.top import diagnose
+from exporter.tools.top.rows import RankRow
+
+pytestmark = pytest.mark.unit
+
+
+# -- the probe's listener and attempts, over real sockets ---------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_listener_echoes_and_an_attempt_says_how_it_ended():
+    errors = ErrorCounter()
+    listener = Listener("127.0.0.1", errors)
+    try:
+        # Listening, not yet serving: the kernel accepts, nobody echoes: stalled, not dropped.
+        assert reach(listener.address, connect_s=1.0, move_s=0.5).kind == "stalled"
+        listener.serve()
+        found = reach_all({1: listener.address, 2: listener.address})
+        assert {r: f.kind for r, f in found.items()} == {1: "ok", 2: "ok"}
+        assert all(f.seconds < 1.0 for f in found.values())
+        # Nothing listens there: refused, retried until the deadline.
+        assert reach(f"127.0.0.1:{_free_port()}", connect_s=0.5).kind == "refused"
+        assert reach("no-such-host.invalid:1", connect_s=0.5).kind == "unresolved"
+        # A stranger's bytes get no echo and do not stop the listener.
+        with socket.create_connection(_split(listener.address), timeout=2) as s:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            s.settimeout(2)
+            assert s.recv(10) == b""
+        assert reach(listener.address).kind == "ok"
+    finally:
+        listener.close()
+    assert not any(errors.snapshot().values()), errors.snapshot()
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+# -- who failed against whom ---------------------------------------------------------------------
+NODES3 = {0: "n0", 1: "n1", 2: "n2"}
+
+
+def _round(failed: dict[int, dict[int, str]], nodes: dict[int, str] = NODES3,
+           answered: set[int] | None = None):  # fmt: skip
+    """Judge one made-up round among ``nodes`` where ``failed[rank][peer]`` says how it failed."""
+    peers, plan = network.plan(nodes, {r: f"10.0.0.{r}:1" for r in nodes})
+    request = ProbeRequest(1, "0", 36.0, peers, plan)
+    results = {
+        r: ProbeResult(1, r, {p: PeerReach(failed.get(r, {}).get(p, "ok"), 0.001 * (p + 1))
+                              for p in plan[r]})
+        if answered is None or r in answered else None
+        for r in plan
+    }  # fmt: skip
+    return network.judge(request, results, nodes)
+
+
+def test_a_dropped_pair_is_a_link_and_no_node_is_blamed():
+    found = _round({1: {2: "dropped"}, 2: {1: "dropped"}})
+    assert [(f.a, f.b, f.how) for f in found.links] == [("n1", "n2", "dropped")]
+    assert found.down == () and found.faulty
+    assert network.blamed_nodes(found) == ["n1", "n2"]
+    assert network.series(found) == [("link", "n1", "n2")]
+    assert network.lines(found)[0] == (
+        "link between node n1 and node n2: connections time out (dropped); both reach their "
+        "other peers"
+    )
+
+
+def test_a_node_nobody_reaches_is_down_and_its_victims_are_not_blamed():
+    found = _round({0: {2: "dropped"}, 1: {2: "dropped"}, 2: {0: "dropped", 1: "dropped"}})
+    assert [(f.node, f.how, f.tried_by) for f in found.down] == [("n2", "dropped", 2)]
+    assert found.links == ()
+    assert network.series(found) == [("node", "n2", "")]
+    assert network.lines(found)[0].startswith(
+        "node n2: unreachable from every peer on its backend address: connections time out"
+    )
+
+
+def test_two_nodes_cannot_tell_the_node_from_the_link():
+    found = _round({0: {1: "dropped"}, 1: {0: "dropped"}}, {0: "n0", 1: "n1"})
+    assert found.down == () and [(f.a, f.b) for f in found.links] == [("n0", "n1")]
+    assert "two nodes: nothing tells which end is broken" in network.lines(found)[0]
+
+
+def test_every_pair_answering_is_not_the_network_and_a_silent_node_is_no_verdict():
+    clear = _round({})
+    assert not clear.faulty and network.series(clear) == [("clear", "", "")]
+    assert network.lines(clear)[0].startswith("every pair of the 3 nodes reachable and moving data")
+    assert clear.slowest is not None and clear.median_s is not None
+    silent = _round({}, answered={0, 1})
+    assert silent.silent == ("n2",) and not silent.faulty and network.series(silent) == []
+    # A fault must hold in the confirming round too.
+    first = _round({1: {2: "dropped"}, 2: {1: "dropped"}})
+    assert not network.confirm(first, clear).faulty
+    assert network.confirm(first, first).links == first.links
+
+
+def test_every_rank_stuck_answering_and_nobody_behind_is_what_starts_a_probe():
+    stuck = [SeqState(r, "0", 36, 12.0) for r in range(3)]
+    findings = find_hangs(stuck)
+    assert probing.all_stuck(stuck, findings, 10.0, {0, 1, 2}) == ("0", 36)
+    assert probing.all_stuck(stuck, findings, 10.0, {0, 1}) is None  # a silent rank
+    assert probing.all_stuck(stuck, findings, 15.0, {0, 1, 2}) is None  # not long enough
+    behind = [*stuck[:2], SeqState(2, "0", 35, 0.0)]
+    assert probing.all_stuck(behind, find_hangs(behind), 10.0, {0, 1, 2}) is None
+    section = [*stuck[:2], SeqState(2, "0", 36, 12.0, in_section=True)]
+    assert probing.all_stuck(section, find_hangs(section), 10.0, {0, 1, 2}) is None
+    # Two groups entered in opposite orders: each rank waits in one, every rank is stuck.
+    crossed = [SeqState(0, "1", 5, 12.0), SeqState(1, "1", 4, 0.0),
+               SeqState(0, "2", 4, 0.0), SeqState(1, "2", 5, 12.0)]  # fmt: skip
+    found = find_hangs(crossed)
+    assert [f.kind for f in found] == ["waiting", "waiting"]
+    assert probing.all_stuck(crossed, found, 10.0, {0, 1}) == ("1", 5)
+    # ... and, once past the symmetric threshold, the hang is symmetric in both groups.
+    late = [SeqState(s.rank, s.pg, s.last_enqueued, s.inflight_age and 70.0) for s in crossed]
+    assert [f.kind for f in find_hangs(late)] == ["symmetric", "symmetric"]
+
+
+# -- three watchers, one store: the probe decides ------------------------------------------------
+class _AllInside:
+    """Every rank inside collective 36 (35 completed) since ``since``."""
+
+    name = "hook"
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+
+    def read(self) -> list[PGState]:
+        return [PGState("0", 36, 35, time.monotonic() - self.since, 1800.0)]
+
+
+def _watchers(tmp_path, inflight, *, action: ActionPolicy | None = None, exits=None):
+    store, watchers = _Store(), []
+    policy = HangPolicy(stall_min_seconds=0.5, symmetric_min_seconds=30.0)
+    for rank in range(3):
+        identity = Identity(rank=rank, world_size=3, local_rank=0, run="probe", node=f"n{rank}")
+        w = HangWatcher(identity, store, inflight=inflight(rank), recorder=_Recorder(),
+                        sections=_Sections(), interval_s=0.2, monitor=rank == 0,
+                        dump_dir=str(tmp_path), errors=ErrorCounter(), policy=policy,
+                        action=action, forget=lambda: None, probe=True)  # fmt: skip
+        if action is not None:
+            leaving = w._rank._leaving
+            leaving._exit = lambda code, r=rank, w=w: (exits.__setitem__(r, code), w._loop.stop())
+            leaving._quiet = lambda: None
+        watchers.append(w)
+    return store, watchers
+
+
+def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_it(
+    tmp_path, monkeypatch
+):
+    real, real_try, me = probing.reach_all, probing.Answering._try, threading.local()
+
+    def cut(targets, *args):
+        # Node n1 and node n2 cannot reach each other (their listeners are rank 1's and 2's).
+        found = real(targets, *args)
+        return {p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f
+                for p, f in found.items()}  # fmt: skip
+
+    def tagged(self, number, targets):
+        me.rank = self._site.rank  # the attempts run on this thread
+        real_try(self, number, targets)
+
+    monkeypatch.setattr(probing, "reach_all", cut)
+
+    monkeypatch.setattr(probing.Answering, "_try", tagged)
+    exits: dict[int, int] = {}
+    since = time.monotonic()
+    store, watchers = _watchers(tmp_path, lambda r: _AllInside(since),
+                                action=ActionPolicy(after_s=1.0, publish_s=0.2), exits=exits)  # fmt: skip
+    try:
+        for w in watchers:
+            w.start()
+        verdict_file = wait_for(lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")), 20,
+                                "the early episode's verdict")[0]  # fmt: skip
+        took = time.monotonic() - since
+        text = verdict_file.read_text()
+        assert watchers[0].network == (("link", "n1", "n2"),)
+        wait_for(lambda: len(exits) == 3, 30, "every rank to leave")
+    finally:
+        for w in watchers:
+            w.close()
+    assert took < 30.0  # long before the symmetric threshold
+    assert "symmetric hang in pg 0 at collective #36" in text, text
+    assert (
+        "link between node n1 and node n2: connections time out (dropped); both reach "
+        "their other peers; every rank is stuck in collective #36 (pg 0)"
+    ) in text, text
+    assert "NETWORK (probed between the nodes while every rank waited):" in text
+    episode = codec.episode_from_dict(
+        json.loads(verdict_file.with_name("episode.json").read_text())
+    )
+    assert episode.network is not None and episode.network.links[0].a == "n1"
+    action = episode.action
+    assert action is not None and action.culprits == () and action.nodes == ("n1", "n2")
+    assert "carries no traffic (dropped)" in (action.network or "")
+    (line,) = tmp_path.glob("probe-abort.txt")
+    assert "culprit_nodes=n1,n2" in line.read_text(), line.read_text()
+
+
+class _Crossed:
+    """Ranks 0 and 2 wait in pg 1 #5, rank 1 in pg 2 #5: collectives entered in opposite orders."""
+
+    name = "hook"
+
+    def __init__(self, rank: int, since: float) -> None:
+        self.rank, self.since = rank, since
+
+    def read(self) -> list[PGState]:
+        age = time.monotonic() - self.since
+        mine, other = ("1", "2") if self.rank != 1 else ("2", "1")
+        return [PGState(mine, 5, 4, age, 1800.0), PGState(other, 4, 4, 0.0, 1800.0)]
+
+
+def test_a_deadlock_across_two_groups_is_not_the_network(tmp_path, monkeypatch):
+    monkeypatch.setattr(HangPolicy, "symmetric_seconds", lambda self, lat, tmo: 3.0)
+    since = time.monotonic()
+    store, watchers = _watchers(tmp_path, lambda r: _Crossed(r, since))
+    try:
+        for w in watchers:
+            w.start()
+        verdict_file = wait_for(lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")), 30,
+                                "the symmetric episode's verdict")[0]  # fmt: skip
+        assert watchers[0].network == (("clear", "", ""),), verdict_file.read_text()
+    finally:
+        for w in watchers:
+            w.close()
+    text = verdict_file.read_text()
+    assert "symmetric hang in pg 1" in text, text
+    assert "every pair of the 3 nodes reachable and moving data" in text, text
+    assert "not the network; fix the order of the collectives" in text, text
+    assert "node n" not in text.split("NETWORK")[0].split("CULPRITS:")[1], text
+
+
+# -- the first collective a rank missed: verdict, top and the dump agree -------------------------
+def _summary(rank: int, last_enqueued: int, last_completed: int, inflight: list[int]) -> dict:
+    frames = [{"file": "/job/train.py", "line": 40, "function": "train_step"}]
+    return {"rank": rank, "step": 9, "phase": "collective", "frames": frames, "where": frames[0],
+            "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
+            "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}}}  # fmt: skip
+
+
+def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
+    # Ranks 0 and 2 entered #699 and #700 (two DDP buckets) and wait in #699; rank 1 last
+    # entered #698: the first collective it missed is #699.
+    summaries = {0: _summary(0, 700, 698, [699, 700]), 1: _summary(1, 698, 698, []),
+                 2: _summary(2, 700, 698, [699, 700])}  # fmt: skip
+    episode = {"episode": 1, "run": "r", "pg": "0", "kind": "behind", "seq": 700, "behind": [1],
+               "waiting": [0, 2], "age": 12.0, "threshold": 10.0, "world_size": 3,
+               "last_enqueued": {"0": 700, "1": 698, "2": 700}}  # fmt: skip
+    text = verdicts.render(verdicts.verdict(episode, summaries))
+    assert "a rank is behind in pg 0 at all_reduce #699 (#700 queued behind it)" in text, text
+    assert "rank 1 never entered all_reduce #699–#700 (pg 0)" in text, text
+    assert "rank 0,2 wait in all_reduce #699, #700 queued behind it (pg 0)" in text, text
+    # top, from the same ranks' series.
+    rows = [RankRow(f"r{r}", rank=r, up=True, pg_seq={"0": float(e)}, pg_done={"0": float(d)},
+                    pg_age={"0": a}) for r, e, d, a in ((0, 700, 698, 12.0), (1, 698, 698, 0.0),
+                                                        (2, 700, 698, 12.0))]  # fmt: skip
+    first = diagnose(rows)
+    again = [RankRow(r.target, rank=r.rank, up=True, pg_seq=r.pg_seq, pg_done=r.pg_done,
+                     pg_age=r.pg_age) for r in rows]  # fmt: skip
+    verdict_of = {r.rank: r.verdict for r in diagnose(again, {r.target: r for r in first})}
+    assert "never entered #699–#700" in verdict_of[1], verdict_of
+    # The dumps: rank 1 last entered #698, rank 0 waits in #699 with #700 behind it.
+    request = DumpRequest(1, "0", "behind", 700, (1,), (0, 2))
+
+    def dump(rank: int, entered: int, done: int) -> str:
+        state = RankState(0.0, (), (), {}, "collective", 9, {"0": PgSeqs(entered, done)})
+        return render_dump(rank, RankDump(state, 1, "r", rank, 3, "h", "n", 1, request))
+
+    assert "pg 0: nothing in flight; last entered #698" in dump(1, 698, 698)
+    assert "pg 0: in flight #699, #700 queued behind it; last completed #698" in dump(0, 700, 698)
+
+
+def test_a_symmetric_hang_names_the_collective_stuck_and_what_is_queued_behind_it():
+    summaries = {r: _summary(r, 838, 836, [837, 838]) for r in range(4)}
+    episode = {"episode": 1, "run": "r", "pg": "0", "kind": "symmetric", "seq": 838,
+               "behind": [], "waiting": [0, 1, 2, 3], "age": 70.0, "threshold": 60.0,
+               "world_size": 4}  # fmt: skip
+    v = verdicts.verdict(episode, summaries)
+    assert "symmetric hang in pg 0 at all_reduce #837 (#838 queued behind it)" in v.header
+    assert v.culprits[0] == ("no rank is behind: every rank is stuck in all_reduce #837, #838 "
+                             "queued behind it (pg 0) and none completes")  # fmt: skip
+    assert v.waiting[0].startswith("rank 0-3 wait in all_reduce #837, #838 queued behind it")
+    assert spans.missed(None, 5) == "#5" and spans.stuck(None, 5) == "#5"
+
+
+# -- NCCL's RAS, where it answers -----------------------------------------------------------------
+def test_ras_lines_come_from_ncclras_protocol_and_none_without_it():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    report = ("RAS status\n==========\nJob summary\n  Nodes 2 Processes 2\nErrors\n======\n"
+              "  #1 process unresponsive: rank 1 on node n1 (dead peer)\n")  # fmt: skip
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            f = conn.makefile("rwb")
+            assert f.readline().startswith(b"CLIENT PROTOCOL")
+            f.write(b"SERVER PROTOCOL 2\n")
+            f.flush()
+            assert f.readline().startswith(b"TIMEOUT")
+            f.write(b"OK\n")
+            f.flush()
+            assert f.readline() == b"STATUS\n"
+            f.write(report.encode())
+            f.flush()
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    lines = ras.query(server.getsockname(), seconds=5.0)
+    server.close()
+    assert lines == ("#1 process unresponsive: rank 1 on node n1 (dead peer)",)
+    assert ras.query(("127.0.0.1", _free_port()), seconds=1.0) == ()
+    assert ras.ras_address({"NCCL_RAS_ENABLE": "0"}) is None
+    assert ras.ras_address({"NCCL_RAS_ADDR": "10.0.0.1:1234"}) == ("10.0.0.1", 1234)
+
+
+def test_the_probe_messages_travel_through_the_codec_unchanged():
+    request = ProbeRequest(2, "0", 36.0, {0: "10.0.0.1:5", 3: "10.0.0.2:6"}, {0: (3,), 3: (0,)},
+                           6.0, 1.5)  # fmt: skip
+    assert codec.decode_probe_request(codec.encode_probe_request(request)) == request
+    result = ProbeResult(2, 3, {0: PeerReach("dropped", 3.0)})
+    assert codec.decode_probe_result(codec.encode_probe_result(result)) == result
+    found = _round({1: {2: "dropped"}, 2: {1: "dropped"}})
+    assert codec.network_from_dict(codec.network_to_dict(found)) == found
+    assert HangFinding  # the definition's type is what the monitor opens early episodes with
+
+
+def test_top_says_what_the_probe_found_beside_stuck():
+    def rows() -> list[RankRow]:
+        out = [RankRow(f"r{r}", rank=r, up=True, node=f"n{r}", pg_seq={"0": 838.0},
+                       pg_done={"0": 836.0}, pg_age={"0": 75.0}) for r in range(3)]  # fmt: skip
+        out[0].network = [("link", "n1", "n2")]
+        return out
+
+    first = diagnose(rows())
+    verdict_of = {r.rank: r.verdict for r in diagnose(rows(), {r.target: r for r in first})}
+    assert verdict_of[2] == (
+        "STUCK: inside collective #837 of pg 0 (#838 queued behind it) for 75 s, no rank "
+        "behind; probe: the link between node n1 and node n2 carries no traffic"
+    ), verdict_of
