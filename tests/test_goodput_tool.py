@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter import catalog
 from exporter.errors import ErrorCounter
 from exporter.export.collector import DDPCollector, RankSources
+from exporter.sources.flight import InFlight
 from exporter.sources.goodput import CATEGORIES, document, goodput_path
 from exporter.sources.goodput.ledger import save
-from exporter.sources.flight import InFlight
 from exporter.sources.recorder import Recorder
 from exporter.sources.walltime import JobClock
 from exporter.tools import cli
