@@ -288,11 +288,6 @@ class Observer:
         self._wait_scrapers(since)
 
     def _publish_abort(self) -> None:
-        # The run's account ends at the abort and is on disk before the exit, so that the next
-        # attempt carries it on; its final totals go out in the scrapes awaited below.
-        goodput = getattr(self, "goodput", None)
-        if goodput is not None:
-            goodput.finish(clean=False)
         # The hang watcher already set what the collector publishes: make sure it is read.
         self._wait_scrapers(self._server.scrapers.now() if self._server is not None else 0.0)
         if self.otlp is not None:

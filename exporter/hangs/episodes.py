@@ -12,6 +12,7 @@ the age it had then); the culprit's node is what the culprit said in its first a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import ErrorCounter
@@ -32,6 +33,10 @@ class _Aborted(Protocol):
     @property
     def aborted(self) -> tuple[float, str, str] | None:
         """Return ``(unix time, culprit rank label, its node)`` once the action decided."""
+        ...
+
+    def when_aborting(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this rank leaves on an abort, before it exits."""
         ...
 
 
@@ -103,7 +108,8 @@ def start_goodput(
     """Start the rank's goodput account beside its heartbeat (None without one); never raises.
 
     Every rank publishes its work; the monitoring rank keeps the account, reading the hang
-    watcher's episodes when it runs one. A clean end (``rank.end`` marked) ends the account.
+    watcher's episodes when it runs one. A clean end (``rank.end`` marked) ends the account, and
+    so does the hang action's abort, before the rank exits.
     """
     if rank.heartbeat is None or store is None:
         return None
@@ -116,6 +122,10 @@ def start_goodput(
             interval_s=endpoint.heartbeat_s, monitor=monitor, dump_dir=dump_dir,
             errors=rank.errors, start_step=start_step, hangs=feed, end=rank.end,
         )  # fmt: skip
+        if watcher is not None and monitor:
+            # The account ends at the abort and is on disk before the exit (the next attempt
+            # carries it on); the final scrapes the abort waits for read its last totals.
+            watcher.when_aborting(lambda: tracker.finish(clean=False))
         return tracker.start()
     except Exception as exc:  # noqa: BLE001 - the account must never stop training
         rank.errors.record("goodput", exc)
