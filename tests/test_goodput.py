@@ -209,3 +209,12 @@ def test_the_carried_account_reads_what_was_written(tmp_path) -> None:
     (tmp_path / "r-goodput.json").write_text('{"something": "else"}')
     with pytest.raises(ValueError, match="not a goodput account"):
         load_carried(str(tmp_path), "r", "1")
+
+
+def test_the_summary_of_a_run_that_never_stepped_reads() -> None:
+    # Every second planned (startup): no unplanned ETTR, and still a summary.
+    sim = Sim(startup=5.0)
+    sim.end()
+    doc = document(run="r", state=sim.account.state(sim.now), blame=[])
+    assert doc["unplanned_ettr"] is None
+    assert "ETTR 0.0% (productive over the wall clock); without planned time" in render(doc)

@@ -128,9 +128,10 @@ def render(doc: Mapping[str, Any]) -> str:
     lines.append(head)
     share = ettr(totals)
     if share is not None:
-        unplanned = unplanned_ettr(totals)
+        unplanned = unplanned_ettr(totals)  # None while every second was planned
+        rest = f"{unplanned:.1%}" if unplanned is not None else "-"
         lines.append(f"ETTR {share:.1%} (productive over the wall clock); without planned time "
-                     f"(startup, declared sections) {unplanned:.1%}")  # fmt: skip
+                     f"(startup, declared sections) {rest}")  # fmt: skip
     lines += ["", f"{'category':<14} {'seconds':>10} {'share':>7}"]
     for cat in CATEGORIES:
         seconds = totals.get(cat, 0.0)
