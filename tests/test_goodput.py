@@ -218,3 +218,14 @@ def test_the_summary_of_a_run_that_never_stepped_reads() -> None:
     doc = document(run="r", state=sim.account.state(sim.now), blame=[])
     assert doc["unplanned_ettr"] is None
     assert "ETTR 0.0% (productive over the wall clock); without planned time" in render(doc)
+
+
+def test_the_mixin_s_copies_of_the_definitions_agree() -> None:
+    # The mixin does not import the library's sources: its copies must not drift.
+    from exporter.mixin.alerts import goodput as alert
+    from exporter.mixin.recording import PLANNED as RECORDED_PLANNED
+    from exporter.sources.goodput import BLAMED, PLANNED
+
+    assert RECORDED_PLANNED == PLANNED
+    assert alert.BLAMED == BLAMED
+    assert set(alert.UNPLANNED_BADPUT) == set(CATEGORIES) - set(PLANNED) - {"productive"}
