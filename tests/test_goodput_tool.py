@@ -8,6 +8,7 @@ its goodput file; ``ddp-exporter goodput`` reads it back as a table and as JSON,
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter import catalog
 from exporter.errors import ErrorCounter
 from exporter.export.collector import DDPCollector, RankSources
+from exporter.settings import identity
 from exporter.sources.flight import InFlight
-from exporter.sources.goodput import CATEGORIES, document, goodput_path
+from exporter.sources.goodput import (
+    CATEGORIES,
+    GoodputTracker,
+    document,
+    goodput_path,
+    summary_path,
+)
 from exporter.sources.goodput.ledger import save
 from exporter.sources.recorder import Recorder
+from exporter.sources.sections import REGISTRY
 from exporter.sources.walltime import JobClock
 from exporter.tools import cli
 
@@ -110,3 +119,34 @@ def test_the_monitoring_rank_publishes_every_category_and_the_blame() -> None:
     # The other ranks publish none of it.
     for view in (None, _View(None)):
         assert catalog.GOODPUT.name + "{" not in _scrape(view)
+
+
+class _Aborted:
+    """The hang watcher as the account reads it, once the action decided to abort."""
+
+    def __init__(self, unix: float) -> None:
+        self.unix = unix
+
+    def latest(self):
+        return None
+
+    def aborted(self) -> float | None:
+        return self.unix
+
+    def node_of(self, rank: int) -> str:
+        return ""
+
+
+def test_an_abort_ends_the_account_at_the_decision_and_writes_it(tmp_path) -> None:
+    now = time.time()
+    tracker = GoodputTracker(
+        identity(run="r", group=(0, 2), environ={}), None, recorder=Recorder("explicit"),
+        sections=REGISTRY, interval_s=1.0, monitor=True, dump_dir=str(tmp_path),
+        errors=ErrorCounter(), hangs=_Aborted(now - 0.5), start_unix=now - 10.0,
+    )  # fmt: skip
+    tracker.finish(clean=False)  # what the hang watcher's abort calls, before the exit
+    tracker.close()
+    doc = json.loads(Path(goodput_path(str(tmp_path), "r")).read_text())
+    assert doc["ended"] == "aborted" and doc["until_unix"] == pytest.approx(now - 0.5, abs=0.01)
+    assert sum(doc["totals"].values()) == pytest.approx(9.5, abs=0.01)
+    assert "ended aborted" in Path(summary_path(str(tmp_path), "r")).read_text()
