@@ -68,6 +68,10 @@ __all__ = [
     "JOB_DEADLINE",
     "JOB_TOTAL_STEPS",
     "FINISHED",
+    "GOODPUT_CATEGORIES",
+    "GOODPUT",
+    "GOODPUT_BLAME",
+    "GOODPUT_STARTED",
 ]
 
 #: Labels on every series the exporter publishes: the run keeps concurrent jobs apart.
@@ -106,6 +110,24 @@ ERROR_WHERE: tuple[str, ...] = (
     "discovery",
     "forensics",
     "section",
+    "goodput",
+)
+
+#: Where a run's time went (the ``category`` label of the goodput series): productive first, then
+#: each kind of badput. What each means is defined once, in exporter.sources.goodput.categories.
+GOODPUT_CATEGORIES: tuple[str, ...] = (
+    "productive",
+    "startup",
+    "data",
+    "communication",
+    "straggler",
+    "checkpoint",
+    "evaluation",
+    "section",
+    "hang",
+    "restart",
+    "lost_work",
+    "other",
 )
 
 #: Values of ``ddp_rank_info{comm_timing}``: what times this rank's communication. DDP's own
@@ -156,12 +178,16 @@ LABEL_HELP: dict[str, str] = {
     "line": "Its line.",
     "function": "Its function.",
     "section": "The name given to ``exporter.deadline``.",
-    "culprit_rank": "The rank a hang action blamed (empty for a symmetric hang).",
+    "culprit_rank": "The rank a hang action blamed (empty for a symmetric hang); on the goodput "
+    "blame series, the rank whose straggling or hang cost the time.",
     "finding": "What the hang probe found between the nodes: "
     + ", ".join(f"``{v}``" for v in ("link", "node", "clear"))
     + " (a link that carries no traffic, a node unreachable on its backend address, every pair "
     "reachable).",
     "peer_node": "The other end of a broken link (empty for a node or ``clear``).",
+    "category": "Where a run's time went: "
+    + ", ".join(f"``{v}``" for v in GOODPUT_CATEGORIES)
+    + " (defined in ``exporter.sources.goodput.categories``).",
 }
 
 #: Histogram bounds (seconds) for whole training steps.
@@ -503,6 +529,33 @@ JOB_TOTAL_STEPS = MetricDef(
     "x epochs), in the unit of ddp_steps_total; absent when unknown.",
 )
 
+GOODPUT = MetricDef(
+    "ddp_goodput_seconds_total",
+    "counter",
+    "The run's wall clock by where it went, from the first process start of its first attempt: "
+    "productive training (each step once, at the healthy pace) and each kind of badput; the "
+    "categories add up to the wall clock. Published by the monitoring rank, carried across the "
+    "run's attempts (a restarted attempt goes on from the previous one's account).",
+    ("category",),
+    unit="seconds",
+)
+GOODPUT_BLAME = MetricDef(
+    "ddp_goodput_blame_seconds_total",
+    "counter",
+    "The part of a goodput category that one rank cost the run: straggler (the time the other "
+    "ranks waited for it) and hang (the hang it was behind), with the node it runs on. Published "
+    "by the monitoring rank, only for ranks that cost time.",
+    ("category", "culprit_rank", "node"),
+    unit="seconds",
+)
+GOODPUT_STARTED = MetricDef(
+    "ddp_goodput_started_timestamp_seconds",
+    "gauge",
+    "Unix time the run's account starts: the first process start of its first attempt. "
+    "Published by the monitoring rank.",
+    unit="seconds",
+)
+
 #: Every metric family, in exposition order.
 METRICS: tuple[MetricDef, ...] = (
     RANK_INFO,
@@ -540,6 +593,9 @@ METRICS: tuple[MetricDef, ...] = (
     JOB_DEADLINE,
     JOB_TOTAL_STEPS,
     FINISHED,
+    GOODPUT,
+    GOODPUT_BLAME,
+    GOODPUT_STARTED,
 )
 
 #: Init phases of exporter.watch_init(), in order (bounded label set of ddp_init_phase_*).
@@ -613,7 +669,8 @@ def series_per_rank(
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 1 untimed
     + 4 in-flight gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
-    peer_series ranks: only late peers are published there). The in-flight gauges cover every process
+    peer_series ranks: only late peers are published there), len(GOODPUT_CATEGORIES) goodput
+    categories and the account's start. The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram, bytes and untimed count cover
     each ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind
     of collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
@@ -626,7 +683,8 @@ def series_per_rank(
     culprit during an episode), the finished timestamp (in the final scrapes) and the abort
     timestamp (in a leaving rank's last scrapes), an invalid setting (one series per variable
     holding a value the exporter cannot use), the hang probe's findings (on the monitoring rank
-    during a hang with nobody behind: one per broken link, at most 8, or per node).
+    during a hang with nobody behind: one per broken link, at most 8, or per node), the goodput
+    blame (on the monitoring rank: one series per rank and category that cost the run time).
     """
     n = 1 + 1 + (len(STEP_BUCKETS) + 3) + 2 * len(PHASES) + 1 + len(ERROR_WHERE)
     # histogram + bytes + untimed per (op, pg)
@@ -639,6 +697,7 @@ def series_per_rank(
         n += 4
     if monitor:
         n += min(world_size, peer_series)
+        n += len(GOODPUT_CATEGORIES) + 1  # the run's goodput account and its start
     n += 4 * sections + int(job_deadline) + int(total_steps)
     if hang_action and monitor:
         n += 2

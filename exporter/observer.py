@@ -22,6 +22,7 @@ from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
 from .hangs.action import policies
+from .hangs.episodes import start_goodput
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources import ending, launcher
@@ -129,14 +130,14 @@ class Observer:
         if action is not None and self.hangs is None:
             log.error("ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
                       "(no c10d store, or its start failed): a hang will not end the run")  # fmt: skip
-
+        self.goodput = start_goodput(self, identity, endpoint, store, cfg.dump_dir, cfg.start_step)
         peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
         self.collector = DDPCollector(RankSources(
             run=self.run, rank=self.rank, errors=self.errors, info=self.info_labels,
             recorder=self.recorder, inflight=self.inflight, job_clock=self.job_clock,
             peer_ages=peers, memory=memory_source, hangs=self.hangs,
             store_round_trip=(lambda hb=self.heartbeat: hb.round_trip_s) if self.heartbeat
-            else None, finished=lambda: self.end.unix))  # fmt: skip
+            else None, finished=lambda: self.end.unix, goodput=self.goodput))  # fmt: skip
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
@@ -254,7 +255,7 @@ class Observer:
                 part.uninstrument()
         if ending.ending_cleanly() if clean is None else clean:
             self._publish_end()
-        for thread in (self.heartbeat, self.hangs, self._cuda):
+        for thread in (self.heartbeat, self.hangs, self._cuda, self.goodput):
             if thread is not None:
                 thread.close()
         if self.otlp is not None:

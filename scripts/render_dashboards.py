@@ -1,4 +1,4 @@
-"""Render the six Grafana dashboards as PNGs from a real Prometheus filled by a drill.
+"""Render the Grafana dashboards as PNGs from a real Prometheus filled by a drill.
 
     python3 scripts/render_dashboards.py --out docs/img
 
@@ -43,7 +43,7 @@ from exporter.tools.reaper import Interrupted, become_subreaper, raise_on_signal
 
 REPO = Path(__file__).resolve().parents[1]
 #: The dashboards in the order the docs show them.
-DASHBOARDS = ("overview", "stragglers", "collectives", "liveness", "memory", "fleet")
+DASHBOARDS = ("overview", "stragglers", "collectives", "liveness", "memory", "goodput", "fleet")
 #: Dashboards drawn as they look just before the hang (the straggler at its height); the
 #: others as they look at the end of the drill, the hang going on.
 BEFORE_HANG = ("overview", "stragglers", "memory")

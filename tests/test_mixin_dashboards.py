@@ -38,10 +38,11 @@ def substitute(expr: str) -> str:
 
 
 @pytest.mark.unit
-def test_six_dashboards_with_fixed_uids() -> None:
-    assert set(BUILT) == {"overview", "stragglers", "collectives", "memory", "liveness", "fleet"}
+def test_seven_dashboards_with_fixed_uids() -> None:
+    stems = {"overview", "stragglers", "collectives", "memory", "liveness", "goodput", "fleet"}
+    assert set(BUILT) == stems
     uids = {d["uid"] for d in BUILT.values()}
-    assert len(uids) == 6 and all(u.startswith("ddp-") for u in uids)
+    assert len(uids) == 7 and all(u.startswith("ddp-") for u in uids)
 
 
 @pytest.mark.unit
@@ -104,6 +105,11 @@ def test_panels_cover_their_topics() -> None:
     fleet = exprs("fleet")
     assert "DDPSuspectNode" in fleet and 'node=~"$node"' in fleet
     assert BUILT["fleet"]["time"]["from"] == f"now-{DEFAULT.fleet_window}"
+    goodput = exprs("goodput")
+    r = rules.recorded(DEFAULT)
+    for name in (r.ettr, r.ettr_short, r.ettr_long, r.goodput_short, r.goodput, r.blame_long):
+        assert name in goodput, name
+    assert r.blame_node in goodput  # which node cost the most hours
     live = exprs("liveness")
     assert f"time() - max by (cluster, run, rank) ({catalog.HEARTBEAT.name}" in live
     assert catalog.PEER_HEARTBEAT_AGE.name in live and "up{" in live

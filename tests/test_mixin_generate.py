@@ -50,7 +50,7 @@ def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
         assert (tmp_path / rel).read_text() == text
     assert (tmp_path / "docker-compose.yml").exists()
     assert (tmp_path / "docs/runbook.md").exists()
-    assert len(list((tmp_path / "dashboards/grafana").glob("*.json"))) == 6
+    assert len(list((tmp_path / "dashboards/grafana").glob("*.json"))) == 7
     assert str(tmp_path / "dashboards/prometheus/rules.yml") in capsys.readouterr().out
 
 

@@ -18,6 +18,7 @@ from promstack import require, run_prometheus, write_file_sd
 from exporter.mixin import kubernetes as k8s
 from exporter.mixin.__main__ import apply_overrides
 from exporter.mixin.config import DEFAULT, MixinConfig
+from exporter.mixin.dashboards import dashboard_specs
 from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
 from exporter.settings import DEFAULT_PORT
@@ -336,7 +337,7 @@ def test_prometheus_rule_carries_exactly_the_rules(tmp_path: Path) -> None:
 def test_dashboard_configmaps_hold_the_committed_json() -> None:
     maps = load_all("grafana-dashboards.yaml")
     files = sorted((ROOT / "dashboards/grafana").glob("*.json"))
-    assert len(maps) == len(files) == 6
+    assert len(maps) == len(files) == len(dashboard_specs())
     seen = {}
     for cm in maps:
         jsonschema.validate(cm, CONFIG_MAP)

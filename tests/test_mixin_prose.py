@@ -43,7 +43,8 @@ SHIFTED = dataclasses.replace(
     eta_window="26m", job_deadline_margin_seconds=2417.0, job_deadline_for="28m",
     misconfigured_for="29m", fleet_window="31d", fleet_runs=34, fleet_blamed_runs=33,
     fleet_interval="32m", fleet_carry="71m", suspect_node_for="36m", shard_down_for="38m",
-    ranks_per_pod=4, federate_job="federate",
+    ranks_per_pod=4, federate_job="federate", goodput_window="39m", goodput_long_window="57m",
+    goodput_node_window="51m", goodput_min_ettr=0.71, goodput_for="27m",
 )  # fmt: skip
 
 #: The exporter's defaults the prose states, changed the same way.

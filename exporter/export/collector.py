@@ -33,6 +33,7 @@ from ..sources.walltime import JobClock
 
 __all__ = [
     "DDPCollector",
+    "GoodputView",
     "HangStatus",
     "RankSources",
     "RestartView",
@@ -72,6 +73,16 @@ class HangStatus(Protocol):
     network: tuple[tuple[str, str, str], ...]
 
 
+class GoodputView(Protocol):
+    """What the collector reads of the run's goodput account (exporter.sources.goodput)."""
+
+    def snapshot(
+        self,
+    ) -> tuple[dict[str, float], list[tuple[str, int, str, float]], float] | None:
+        """Return ``(seconds by category, blame, the run's start)``; None off the monitor."""
+        ...
+
+
 @dataclass
 class RankSources:
     """What one rank's collector reads at scrape time; None where a part does not run."""
@@ -94,6 +105,8 @@ class RankSources:
     sections: SectionRegistry = field(default=REGISTRY)
     #: Returns the Unix time the rank ended cleanly, None while it trains.
     finished: Callable[[], float | None] | None = None
+    #: The run's goodput account (its monitoring rank publishes it), else None.
+    goodput: GoodputView | None = None
 
 
 def add_invalid_settings(fam: Metric, base: list[str]) -> None:
@@ -143,6 +156,7 @@ class DDPCollector(Collector):
             self._sections,
             self._job_clock,
             self._end,
+            self._goodput,
         ):
             try:
                 part(fams, base)
@@ -259,3 +273,16 @@ class DDPCollector(Collector):
         finished = self._src.finished() if self._src.finished is not None else None
         if finished is not None:
             fams[c.FINISHED.name].add_metric(base, finished)
+
+    def _goodput(self, fams: dict, base: list[str]) -> None:
+        view = self._src.goodput
+        found = view.snapshot() if view is not None else None
+        if found is None:
+            return
+        totals, blame, started = found
+        fam = fams[c.GOODPUT.name]
+        for category in c.GOODPUT_CATEGORIES:
+            fam.add_metric(base + [category], totals.get(category, 0.0))
+        for category, culprit, node, seconds in blame:
+            fams[c.GOODPUT_BLAME.name].add_metric(base + [category, str(culprit), node], seconds)
+        fams[c.GOODPUT_STARTED.name].add_metric(base, started)

@@ -104,6 +104,8 @@ class Responder:
         self._location_mark: Mark | None = None
         #: ``(unix time, culprit rank label, its node)`` once this rank is leaving on an abort.
         self.aborted: tuple[float, str, str] | None = None
+        #: Called once this rank knows it leaves on an abort, before it publishes and exits.
+        self.when_aborting: list[Callable[[], None]] = []
         #: The episode this rank answered while it may be told to leave (action on).
         self.in_episode: Answered | None = None
         self._leaving: Leaving[Action] | None = None
@@ -281,6 +283,11 @@ class Responder:
             str(culprits[0]) if culprits else "",
             str(nodes[0]) if nodes else "",
         )
+        for callback in self.when_aborting:
+            try:
+                callback()
+            except Exception as exc:  # noqa: BLE001 - a listener must not keep the rank alive
+                self._site.errors.record("forensics", exc)
         if self._leaving is not None:
             self._leaving.leave(action, answered)
 

@@ -185,6 +185,11 @@ class HangWatcher:
         """Return ``(unix time, culprit rank label, its node)`` once leaving on an abort."""
         return self._rank.aborted
 
+    def when_aborting(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this rank leaves on an abort, before it publishes and exits
+        (on the thread that decided; it must be quick)."""
+        self._rank.when_aborting.append(callback)
+
     @property
     def network(self) -> tuple[tuple[str, str, str], ...]:
         """Return ``(finding, node, peer_node)`` of the open hang's probe (monitoring rank)."""

@@ -207,6 +207,21 @@ class MixinConfig:
     #: How long a node must meet the definition before DDPSuspectNode fires.
     suspect_node_for: str = "15m"
 
+    # --- goodput: where a run's wall clock went (exporter.sources.goodput) --------------------
+    #: Rolling window of ETTR per run and per cluster, which DDPGoodputLow judges ...
+    goodput_window: str = "1h"
+    #: ... and the longer rolling window of ETTR (the published anchors use an hour and a day).
+    goodput_long_window: str = "1d"
+    #: How far back the Goodput dashboard ranks the nodes that cost runs the most time.
+    goodput_node_window: str = "7d"
+    #: Evaluation interval of the goodput records (rolling windows of hours need no more).
+    goodput_interval: str = "1m"
+    #: DDPGoodputLow: productive time below this share of the run's unplanned time (its wall
+    #: clock less startup and declared sections, which their own alerts judge) ...
+    goodput_min_ettr: float = 0.85
+    #: ... over ``goodput_window``, for this long.
+    goodput_for: str = "15m"
+
     # --- past one Prometheus: shards under a global server (exporter.mixin.sharding) ---------
     #: Prometheus shards the generated sharded deployment (deploy/sharded/) splits runs over.
     shards: int = 2
@@ -256,6 +271,7 @@ class MixinConfig:
                 raise ValueError(f"{name} must be positive")
         duration_seconds(self.suspect_node_for)
         duration_seconds(self.shard_down_for)
+        self._check_goodput()
         if not 1 <= int(self.shards) <= 1024:
             raise ValueError(f"shards must be in 1..1024: {self.shards}")
         if duration_seconds(self.restart_loop_window) < duration_seconds(self.baseline_window):
@@ -281,6 +297,18 @@ class MixinConfig:
         self._check_receivers()
         if not re.fullmatch(r"[\w./-]+=[\w.-]*", self.k8s_pod_selector):
             raise ValueError(f"k8s_pod_selector must be key=value: {self.k8s_pod_selector!r}")
+
+    def _check_goodput(self) -> None:
+        windows = ("goodput_window", "goodput_long_window", "goodput_node_window",
+                   "goodput_interval")  # fmt: skip
+        for name in windows:
+            if duration_seconds(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive")
+        duration_seconds(self.goodput_for)
+        if duration_seconds(self.goodput_long_window) <= duration_seconds(self.goodput_window):
+            raise ValueError("goodput_long_window must be longer than goodput_window")
+        if not 0 < self.goodput_min_ettr < 1:
+            raise ValueError(f"goodput_min_ettr must be in (0, 1): {self.goodput_min_ettr}")
 
     def _check_receivers(self) -> None:
         for name in ("webhook_url", "slack_webhook_url"):
@@ -349,6 +377,11 @@ FAST = MixinConfig(
     fleet_carry="10s",
     suspect_node_for="0s",
     shard_down_for="5s",
+    goodput_window="1m",
+    goodput_long_window="5m",
+    goodput_node_window="10m",
+    goodput_interval="1s",
+    goodput_for="30s",
 )
 
 

@@ -6,6 +6,12 @@ with the rate window in the name (``mean_rate1m``). :func:`recorded` names them 
 configuration; :func:`recording_groups` writes them, in groups small enough to evaluate well
 within their interval at 4096 ranks (benchmarks/scale.py). The fleet's records, a group of
 their own with their own interval, live with the fleet (:mod:`exporter.mixin.fleet`).
+
+The goodput records (a run's time account, :mod:`exporter.sources.goodput`) have their own
+group and interval (:func:`group_interval`): rolling windows of hours and days. They go through
+one series per run and category, ``max`` over the monitoring rank's counters, which a restarted
+attempt carries on: a new scrape target or a counter that starts again from zero (``increase``
+counts a reset from zero) keeps the run's meaning.
 """
 
 from __future__ import annotations
@@ -17,14 +23,24 @@ from .alert import selector
 from .cluster import Clauses, clauses
 from .config import DEFAULT, MixinConfig
 
-__all__ = ["BLAME_PHASES", "RECORDING_GROUPS", "Recorded", "recorded", "recording_groups"]
+__all__ = [
+    "BLAME_PHASES",
+    "RECORDING_GROUPS",
+    "Recorded",
+    "group_interval",
+    "recorded",
+    "recording_groups",
+]
+
+#: Goodput categories a healthy job spends by design (exporter.sources.goodput's PLANNED).
+PLANNED: tuple[str, ...] = ("startup", "checkpoint", "evaluation", "section")
 
 #: Step phases that a straggler is blamed by (never comm_wait, never collective latency).
 BLAME_PHASES: tuple[str, ...] = ("compute", "data")
 
 #: Recording groups. Prometheus runs groups concurrently, rules within one in order, so a rule
 #: that reads a recorded series sits in the same group after it.
-RECORDING_GROUPS = ("step", "collective", "health", "job")
+RECORDING_GROUPS = ("step", "collective", "health", "job", "goodput")
 
 #: One recording rule: ``{"record": name, "expr": PromQL}``.
 Rule = dict[str, str]
@@ -70,6 +86,19 @@ class Recorded:
     version_ranks: str
     projected_finish_rank: str
     projected_finish_run: str
+    goodput: str
+    goodput_short: str
+    goodput_long: str
+    ettr: str
+    ettr_short: str
+    ettr_long: str
+    ettr_cluster_short: str
+    ettr_cluster_long: str
+    unplanned_ettr: str
+    blame: str
+    blame_short: str
+    blame_long: str
+    blame_node: str
 
 
 def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
@@ -80,6 +109,8 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
     inflight = catalog.INFLIGHT_AGE.name
     seq = catalog.LAST_ENQUEUED_SEQ.name
     eta = f"projected_finish_timestamp_rate{cfg.eta_window}"
+    gp, gw, gl = _base(catalog.GOODPUT), cfg.goodput_window, cfg.goodput_long_window
+    blame = _base(catalog.GOODPUT_BLAME)
     return Recorded(
         steps_rate=f"run_rank:{_base(catalog.STEPS)}:rate{w}",
         steps_rate_run=f"run:{_base(catalog.STEPS)}:max_rate{w}",
@@ -112,6 +143,19 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         version_ranks=f"run_field_version:{catalog.RANK_INFO.name}:count",
         projected_finish_rank=f"run_rank:{catalog.JOB_TOTAL_STEPS.name}:{eta}",
         projected_finish_run=f"run:{catalog.JOB_TOTAL_STEPS.name}:{eta}",
+        goodput=f"run_category:{gp}:max",
+        goodput_short=f"run_category:{gp}:increase{gw}",
+        goodput_long=f"run_category:{gp}:increase{gl}",
+        ettr=f"run:{gp}:ettr",
+        ettr_short=f"run:{gp}:ettr_increase{gw}",
+        ettr_long=f"run:{gp}:ettr_increase{gl}",
+        ettr_cluster_short=f"cluster:{gp}:ettr_increase{gw}",
+        ettr_cluster_long=f"cluster:{gp}:ettr_increase{gl}",
+        unplanned_ettr=f"run:{gp}:unplanned_ettr_increase{gw}",
+        blame=f"run_culprit_category:{blame}:max",
+        blame_short=f"run_culprit_category:{blame}:increase{gw}",
+        blame_long=f"run_culprit_category:{blame}:increase{gl}",
+        blame_node=f"node_category:{blame}:increase{cfg.goodput_node_window}",
     )
 
 
@@ -144,7 +188,13 @@ def recording_groups(cfg: MixinConfig = DEFAULT) -> dict[str, list[Rule]]:
         # Version skew and the projected finish: their own group, so that it runs beside
         # health (the per-field version records alone are 4 series per rank).
         "job": _job_records(cfg, r, c),
+        "goodput": _goodput_records(cfg, r, c),
     }
+
+
+def group_interval(cfg: MixinConfig, name: str) -> str | None:
+    """Return the evaluation interval of the recording group ``name`` (None: the global one)."""
+    return cfg.goodput_interval if name == "goodput" else None
 
 
 def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
@@ -342,5 +392,55 @@ def _job_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
         {
             "record": r.projected_finish_run,
             "expr": f"max {c.by('run')} ({r.projected_finish_rank})",
+        },
+    ]
+
+
+def _ratio(c: Clauses, by: str, series: str) -> str:
+    """Return productive over every category of ``series`` (one per category), kept ``by``."""
+    return f'sum {c.by(by)} ({series}{{category="productive"}})\n/\n(sum {c.by(by)} ({series}) > 0)'
+
+
+def _goodput_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
+    """Return the goodput records: the run's account per category, ETTR per run and cluster."""
+    run = "run, category"
+    # The time a healthy job spends by design, judged by its own alerts (a copy of
+    # exporter.sources.goodput.PLANNED: the mixin does not import the library's sources).
+    planned = "|".join(PLANNED)
+    return [
+        {
+            "record": r.goodput,
+            "expr": f"max {c.by(run)} ({_sel(cfg, catalog.GOODPUT)})",
+        },
+        {"record": r.goodput_short, "expr": f"increase({r.goodput}[{cfg.goodput_window}])"},
+        {"record": r.goodput_long, "expr": f"increase({r.goodput}[{cfg.goodput_long_window}])"},
+        {"record": r.ettr, "expr": _ratio(c, "run", r.goodput)},
+        {"record": r.ettr_short, "expr": _ratio(c, "run", r.goodput_short)},
+        {"record": r.ettr_long, "expr": _ratio(c, "run", r.goodput_long)},
+        {"record": r.ettr_cluster_short, "expr": _ratio(c, "", r.goodput_short)},
+        {"record": r.ettr_cluster_long, "expr": _ratio(c, "", r.goodput_long)},
+        {
+            # What DDPGoodputLow judges: productive over the time that was not planned.
+            "record": r.unplanned_ettr,
+            "expr": (
+                f'sum {c.by("run")} ({r.goodput_short}{{category="productive"}})\n/\n'
+                f'(sum {c.by("run")} ({r.goodput_short}{{category!~"{planned}"}}) > 0)'
+            ),
+        },
+        {
+            "record": r.blame,
+            "expr": (
+                f"max {c.by('run, culprit_rank, node, category')} "
+                f"({_sel(cfg, catalog.GOODPUT_BLAME)})"
+            ),
+        },
+        {"record": r.blame_short, "expr": f"increase({r.blame}[{cfg.goodput_window}])"},
+        {"record": r.blame_long, "expr": f"increase({r.blame}[{cfg.goodput_long_window}])"},
+        {
+            # Which node cost the runs most time (a straggler or a hang on it), across runs.
+            "record": r.blame_node,
+            "expr": (
+                f"sum {c.by('node, category')} (increase({r.blame}[{cfg.goodput_node_window}]))"
+            ),
         },
     ]

@@ -23,6 +23,7 @@ from typing import Any
 
 from .alert import Alert, selector
 from .alerts.collectives import collective_alerts
+from .alerts.goodput import goodput_alerts
 from .alerts.hang_action import hang_action_alerts, restart_history
 from .alerts.liveness import liveness_alerts
 from .alerts.misconfigured import misconfigured_alert
@@ -31,7 +32,14 @@ from .alerts.performance import performance_alerts
 from .alerts.shared import hang_location
 from .config import DEFAULT, MixinConfig
 from .fleet import fleet_group, shard_down_alert, suspect_node_alert
-from .recording import BLAME_PHASES, RECORDING_GROUPS, Recorded, recorded, recording_groups
+from .recording import (
+    BLAME_PHASES,
+    RECORDING_GROUPS,
+    Recorded,
+    group_interval,
+    recorded,
+    recording_groups,
+)
 from .render import dump_yaml
 
 __all__ = [
@@ -73,6 +81,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "DDPSectionOverdue",
     "DDPJobWillMissDeadline",
     "DDPExporterMisconfigured",
+    "DDPGoodputLow",
     "DDPSuspectNode",
     "DDPShardDown",
 )
@@ -94,6 +103,7 @@ RUN_ALERTS: tuple[str, ...] = (
     "DDPThroughputDrop",
     "DDPJobWillMissDeadline",
     "DDPExporterMisconfigured",
+    "DDPGoodputLow",
 )
 
 
@@ -106,6 +116,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
         *performance_alerts(cfg),
         *outside_loop_alerts(cfg),
         misconfigured_alert(cfg),
+        *goodput_alerts(cfg),
     ]
 
 
@@ -124,14 +135,21 @@ def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     recording = recording_groups(cfg)
     return {
         "groups": [
-            *(
-                {"name": f"ddp-exporter.{name}", "rules": recording[name]}
-                for name in RECORDING_GROUPS
-            ),
+            *(_group(cfg, name, recording[name]) for name in RECORDING_GROUPS),
             {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
             fleet_group(cfg),
         ]
     }
+
+
+def _group(cfg: MixinConfig, name: str, rules: list[dict[str, str]]) -> dict[str, Any]:
+    """Return one recording group, with its own interval where it has one."""
+    interval = group_interval(cfg, name)
+    group: dict[str, Any] = {"name": f"ddp-exporter.{name}"}
+    if interval is not None:
+        group["interval"] = interval
+    group["rules"] = rules
+    return group
 
 
 def render_rules(cfg: MixinConfig = DEFAULT) -> str:

@@ -5,7 +5,8 @@
 - :mod:`.hang_action`: the hang action aborted a run, or stopped after aborts without progress;
 - :mod:`.performance`: stragglers, input-bound ranks, throughput drops, GPU memory;
 - :mod:`.outside_loop`: init stuck, version skew, sections overdue, a deadline missed;
-- :mod:`.misconfigured`: a variable of the exporter the ranks cannot use.
+- :mod:`.misconfigured`: a variable of the exporter the ranks cannot use;
+- :mod:`.goodput`: a run that turns too little of its time into training, and what it lost.
 
 What several domains read (the ranks that ended cleanly, the runs the hang action ended, where
 a hung rank is stuck) is in :mod:`.shared`. The fleet's alerts (a node across runs, a shard the

@@ -1,7 +1,7 @@
 """Build the Grafana dashboards: one module per dashboard, one renderer.
 
 Each dashboard module (:mod:`.overview`, :mod:`.stragglers`, :mod:`.collectives`,
-:mod:`.memory`, :mod:`.liveness`, :mod:`.fleet`) has ``dashboard(cfg)``, a thin spec:
+:mod:`.memory`, :mod:`.liveness`, :mod:`.goodput`, :mod:`.fleet`) has ``dashboard(cfg)``, a thin spec:
 panels with their PromQL, written by :class:`~.panels.Queries` with every selector filtered on
 the template variables and every clause keeping the cluster label. :mod:`.grafana` renders a
 spec as the JSON model Grafana 11 and 12 load.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config import DEFAULT, MixinConfig
 from ..render import dump_json
-from . import collectives, fleet, liveness, memory, overview, stragglers
+from . import collectives, fleet, goodput, liveness, memory, overview, stragglers
 from .grafana import (
     BUILTIN_ANNOTATION,
     DATASOURCE,
@@ -43,11 +43,11 @@ __all__ = [
 
 
 #: The dashboard modules, in the order of the dashboards' links and reference page.
-DASHBOARDS = (overview, stragglers, collectives, memory, liveness, fleet)
+DASHBOARDS = (overview, stragglers, collectives, memory, liveness, goodput, fleet)
 
 
 def dashboard_specs(cfg: MixinConfig = DEFAULT) -> tuple[DashboardSpec, ...]:
-    """Return the six dashboards as specs."""
+    """Return every dashboard as a spec."""
     return tuple(module.dashboard(cfg) for module in DASHBOARDS)
 
 

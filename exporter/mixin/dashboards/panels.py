@@ -44,7 +44,7 @@ class PanelSpec:
     ``"errors"`` (the exporter counted an error), ``"hang"`` (a hang episode is open),
     ``"deadline"`` (the job knows its wall-clock deadline and total steps), ``"sections"`` (an
     ``exporter.deadline`` section is running), ``"abort"`` (the run has ``on_hang="abort"``), ``"fleet"`` (the fleet group has evaluated once,
-    ``fleet_interval``), ``"blame"`` (some node was blamed in a run).
+    ``fleet_interval``), ``"blame"`` (some node was blamed in a run, or a rank cost its run time).
     """
 
     title: str

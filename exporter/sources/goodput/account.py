@@ -1,0 +1,456 @@
+"""Keep one run's time account on the monitoring rank: every second in one category, by tick.
+
+The tracker (:mod:`.tracker`) feeds the account from its background thread: the rank's own step
+split as steps complete, the other ranks' excess work (:class:`~.peers.PeerTally`), its declared
+sections, the hang watcher's episodes. Time-based categories (startup, restart, sections, hang)
+are published as they pass; a step's time is split into categories once the other ranks'
+readings that explain it have had :attr:`Account.hold_s` to arrive, so that a category never
+has to be taken back: every published total only grows (the counters' contract). What is not
+yet split is pending; at the end the rest of the wall clock is ``other``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import quantiles
+
+from .categories import (
+    BASELINE_QUANTILE,
+    CATEGORIES,
+    CAUSES,
+    SECTION_CATEGORIES,
+    category_of_cause,
+)
+from .peers import Excess
+
+__all__ = ["Account", "Carried", "Episode", "StepTotals"]
+
+#: Most per-step communication samples the healthy baseline is taken over.
+_BASELINE_SAMPLES = 256
+#: Fewest samples before the baseline is trusted (until then no communication is excess).
+_BASELINE_MIN = 4
+#: A straggler's windows less than this far apart are one episode.
+_EPISODE_GAP_S = 15.0
+#: Most episodes of each kind the account keeps (the latest).
+_EPISODES = 100
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """The monitoring rank's own steps so far in this attempt, split by phase (seconds)."""
+
+    steps: int
+    data_s: float
+    #: Compute and optimizer.
+    compute_s: float
+    #: Exposed communication (waits included).
+    comm_s: float
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A hang episode as the hang watcher opened it."""
+
+    number: int
+    onset_unix: float
+    #: The rank behind (None: every rank stuck inside the collective).
+    culprit: int | None
+    node: str = ""
+
+
+@dataclass
+class Carried:
+    """What the run's earlier attempts left: their account and where they got."""
+
+    run_start_unix: float
+    #: When the previous attempt's account ends (its abort, its end, its last save).
+    until_unix: float
+    totals: dict[str, float]
+    #: ``(category, culprit rank) -> seconds``.
+    blame: dict[tuple[str, int], float] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    furthest_step: int | None = None
+    baseline_s: float | None = None
+    attempts: tuple[str, ...] = ()
+    split: dict[str, float] = field(default_factory=dict)
+    stragglers: list[dict[str, object]] = field(default_factory=list)
+    hangs: list[dict[str, object]] = field(default_factory=list)
+
+
+@dataclass
+class _Chunk:
+    unix: float
+    steps0: int
+    steps1: int
+    data: float
+    compute: float
+    comm: float
+
+
+@dataclass
+class _Credit:
+    unix: float
+    culprit: int
+    cause: str
+    seconds: float
+    #: The median rank's time per step for this cause (data, compute), 0 when not per step.
+    usual: float = 0.0
+
+
+class Account:
+    """The time account of one run, kept by its monitoring rank (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        attempt: str,
+        start_unix: float,
+        start_step: int | None = None,
+        carried: Carried | None = None,
+        hold_s: float = 3.0,
+    ) -> None:
+        self.rank = rank
+        self.attempt = attempt
+        self.hold_s = hold_s
+        self._lock = threading.Lock()
+        self._carried = carried
+        self.run_start = carried.run_start_unix if carried is not None else start_unix
+        self._since = carried.until_unix if carried is not None else start_unix
+        # Before the first step: the run's startup, or, in a later attempt, its restart.
+        self._before = "startup" if carried is None and attempt in ("", "0") else "restart"
+        self._base = dict.fromkeys(CATEGORIES, 0.0)
+        if carried is not None:
+            self._base.update({k: v for k, v in carried.totals.items() if k in self._base})
+            # An attempt that crashed left time it had not split: the run's, so other.
+            unsplit = carried.until_unix - carried.run_start_unix - sum(self._base.values())
+            self._base["other"] += max(0.0, unsplit)
+        self._cats = dict.fromkeys(CATEGORIES, 0.0)  # this attempt's finalized step categories
+        self._sections = dict.fromkeys(SECTION_CATEGORIES, 0.0)
+        self._first: float | None = None
+        self._pre_sections = 0.0
+        self._hang_closed = 0.0
+        self._hang_open: Episode | None = None
+        self._hang_steps = 0
+        self._hang_seen = 0
+        self._hang_credit = 0.0
+        self._debt = 0.0
+        self._blame: dict[tuple[str, int], float] = dict(carried.blame) if carried else {}
+        self.nodes: dict[int, str] = dict(carried.nodes) if carried else {}
+        self._chunks: deque[_Chunk] = deque()
+        self._credits: deque[_Credit] = deque()
+        self._last: StepTotals | None = None
+        self._samples: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
+        if carried is not None and carried.baseline_s is not None:
+            self._samples.extend([carried.baseline_s] * _BASELINE_MIN)
+        self.start_step = start_step
+        self._prev_furthest = carried.furthest_step if carried else None
+        self.split = {"input": 0.0, "compute": 0.0, "communication": 0.0}
+        if carried is not None:
+            self.split.update({k: v for k, v in carried.split.items() if k in self.split})
+        self.stragglers: list[dict[str, object]] = list(carried.stragglers) if carried else []
+        self.hangs: list[dict[str, object]] = list(carried.hangs) if carried else []
+        self.attempts = (*carried.attempts, attempt) if carried else (attempt,)
+        self._published = dict.fromkeys(CATEGORIES, 0.0)
+        #: When the account ended (frozen), and how: clean, aborted, ended.
+        self.until: float | None = None
+        self.ended = ""
+
+    # -- what the tracker tells it -----------------------------------------------------------
+    def first_step(self, unix: float) -> None:
+        """Note when this attempt's first step started (once)."""
+        with self._lock:
+            if self._first is None and self.until is None:
+                self._first = max(unix, self._since)
+                self._pre_sections = sum(self._sections.values())
+
+    def sections(self, by_category: dict[str, float]) -> None:
+        """Set this attempt's own declared-section time so far, by category."""
+        with self._lock:
+            if self.until is None:
+                for cat in SECTION_CATEGORIES:
+                    self._sections[cat] = max(self._sections[cat], by_category.get(cat, 0.0))
+
+    def steps(self, now: float, own: StepTotals) -> None:
+        """Take the steps completed since the last call (split once ``hold_s`` has passed)."""
+        with self._lock:
+            last = self._last
+            self._last = own
+            if last is None or self.until is not None or own.steps < last.steps:
+                return
+            chunk = _Chunk(now, last.steps, own.steps, own.data_s - last.data_s,
+                           own.compute_s - last.compute_s, own.comm_s - last.comm_s)  # fmt: skip
+            if chunk.steps1 > chunk.steps0 or chunk.comm or chunk.compute or chunk.data:
+                self._chunks.append(chunk)
+
+    def excess(self, found: Excess) -> None:
+        """Take one window's excess of a slower rank: what the run waited for it, by cause."""
+        with self._lock:
+            if self.until is None:
+                for cause, seconds in found.causes.items():
+                    if seconds > 0:
+                        usual = found.usual.get(cause, 0.0)
+                        self._credits.append(
+                            _Credit(found.unix, found.culprit, cause, seconds, usual)
+                        )
+
+    def hang(self, now: float, episode: Episode | None, own_steps: int) -> None:
+        """Follow the hang watcher's latest episode: open until this rank steps again."""
+        with self._lock:
+            if self.until is not None:
+                return
+            if episode is not None and episode.number > self._hang_seen:
+                self._hang_seen = episode.number
+                if self._hang_open is not None:
+                    self._close_hang(now, "recovered")
+                self._hang_open, self._hang_steps = episode, own_steps
+                if episode.culprit is not None and episode.node:
+                    self.nodes[episode.culprit] = episode.node
+            elif self._hang_open is not None and own_steps > self._hang_steps:
+                self._close_hang(now, "recovered")
+
+    def _close_hang(self, end: float, how: str) -> None:
+        episode = self._hang_open
+        assert episode is not None
+        self._hang_open = None
+        seconds = max(0.0, end - episode.onset_unix)
+        self._hang_closed += seconds
+        if episode.culprit is not None:
+            key = ("hang", episode.culprit)
+            self._blame[key] = self._blame.get(key, 0.0) + seconds
+        if how == "recovered":
+            # The steps it held up complete with this time inside: take it out of them.
+            self._hang_credit += seconds
+        self._add_episode(self.hangs, {
+            "onset_unix": round(episode.onset_unix, 3), "end_unix": round(end, 3),
+            "seconds": round(seconds, 3), "culprit_rank": episode.culprit,
+            "node": self.nodes.get(episode.culprit, "") if episode.culprit is not None else "",
+            "how": how, "attempt": self.attempt,
+        })  # fmt: skip
+
+    # -- splitting steps -----------------------------------------------------------------------
+    def finalize(self, now: float) -> None:
+        """Split every step whose explanation had time to arrive; drop excess nobody waited for."""
+        with self._lock:
+            self._finalize(now, everything=False)
+
+    def _finalize(self, now: float, everything: bool) -> None:
+        while self._chunks and (everything or self._chunks[0].unix <= now - self.hold_s):
+            self._split(self._chunks.popleft())
+        ttl = 0.0 if everything else 3 * self.hold_s
+        while self._credits and self._credits[0].unix < now - ttl:
+            self._credits.popleft()  # the run never waited for it (or the wait was a hang's)
+
+    def _take(self, chunk: _Chunk, part: str, seconds: float) -> float:
+        have = getattr(chunk, part)
+        got = min(have, seconds) if have > 0 else 0.0
+        setattr(chunk, part, have - got)
+        return got
+
+    def _split(self, ch: _Chunk) -> None:
+        n = ch.steps1 - ch.steps0
+        healthy = self._hang_credit <= 0
+        if self._hang_credit > 0:
+            netted = 0.0
+            for part in ("comm", "compute", "data"):
+                netted += self._take(ch, part, self._hang_credit - netted)
+            self._hang_credit -= netted
+            self._debt += netted  # the slow rank's own excess for it is the same time
+        healthy = not self._apply_credits(ch) and healthy
+        cats = self._cats
+        cats["data"] += ch.data
+        base = ch.comm
+        if n > 0:
+            if len(self._samples) >= _BASELINE_MIN:
+                base = min(ch.comm, self.baseline() * n)
+            if healthy:  # the baseline is what steps nobody held up needed
+                self._samples.append(ch.comm / n)
+        cats["communication"] += ch.comm - base
+        clean = ch.compute + base
+        redone = self._redone(ch)
+        lost = clean * redone / n if n > 0 else 0.0
+        cats["productive"] += clean - lost
+        cats["lost_work"] += lost
+        self.split["input"] += ch.data
+        self.split["compute"] += ch.compute
+        self.split["communication"] += ch.comm
+
+    def _apply_credits(self, ch: _Chunk) -> bool:
+        """Book the excess of slower ranks this chunk waited for; say whether any was."""
+        booked = False
+        for credit in list(self._credits):
+            before = credit.seconds
+            if self._debt > 0:
+                dropped = min(self._debt, credit.seconds)
+                credit.seconds -= dropped
+                self._debt -= dropped
+            if credit.culprit == self.rank:
+                if credit.cause in CAUSES:
+                    # Its own work above the median rank's is what the others waited for.
+                    part = "data" if credit.cause == "data" else "compute"
+                    spare = getattr(ch, part) - credit.usual * (ch.steps1 - ch.steps0)
+                    if spare > 0:
+                        taken = self._take(ch, part, min(spare, credit.seconds))
+                        self._book(credit, taken, ch.unix)
+                else:
+                    credit.seconds = 0.0  # this rank's own sections are counted as they run
+            else:
+                # This rank waited for it in the collective: above its usual communication.
+                spare = ch.comm - self._usual_comm(ch)
+                if spare > 0:
+                    self._book(credit, self._take(ch, "comm", min(spare, credit.seconds)),
+                               ch.unix)  # fmt: skip
+            booked = booked or credit.seconds < before
+            if credit.seconds <= 1e-9:
+                self._credits.remove(credit)
+        return booked
+
+    def _usual_comm(self, ch: _Chunk) -> float:
+        """Return the chunk's communication at the healthy baseline (0 before it is known)."""
+        if len(self._samples) < _BASELINE_MIN:
+            return 0.0
+        return self.baseline() * (ch.steps1 - ch.steps0)
+
+    def _book(self, credit: _Credit, seconds: float, unix: float) -> None:
+        if seconds <= 0:
+            return
+        credit.seconds -= seconds
+        category = category_of_cause(credit.cause)
+        self._cats[category] += seconds
+        if category == "straggler":
+            self.split["compute" if credit.cause == "compute" else "input"] += seconds
+            key = ("straggler", credit.culprit)
+            self._blame[key] = self._blame.get(key, 0.0) + seconds
+            self._straggled(credit, seconds, unix)
+
+    def _straggled(self, credit: _Credit, seconds: float, unix: float) -> None:
+        last = self.stragglers[-1] if self.stragglers else None
+        if (
+            last is not None
+            and last["culprit_rank"] == credit.culprit
+            and last["cause"] == credit.cause
+            and unix - float(last["end_unix"]) <= _EPISODE_GAP_S  # type: ignore[arg-type]
+        ):
+            last["end_unix"] = round(unix, 3)
+            last["seconds"] = round(float(last["seconds"]) + seconds, 3)  # type: ignore[arg-type]
+            return
+        self._add_episode(self.stragglers, {
+            "culprit_rank": credit.culprit, "node": self.nodes.get(credit.culprit, ""),
+            "cause": credit.cause, "start_unix": round(credit.unix, 3),
+            "end_unix": round(unix, 3), "seconds": round(seconds, 3), "attempt": self.attempt,
+        })  # fmt: skip
+
+    @staticmethod
+    def _add_episode(episodes: list[dict[str, object]], episode: dict[str, object]) -> None:
+        episodes.append(episode)
+        del episodes[:-_EPISODES]
+
+    def _redone(self, ch: _Chunk) -> float:
+        """Return how many of the chunk's steps an earlier attempt had already done."""
+        if self.start_step is None or self._prev_furthest is None:
+            return 0.0
+        first, last = self.start_step + ch.steps0, self.start_step + ch.steps1
+        return float(max(0, min(last, self._prev_furthest) - first))
+
+    def baseline(self) -> float:
+        """Return the healthy exposed communication per step (the lower quartile of samples)."""
+        samples = list(self._samples)
+        if len(samples) < 2:
+            return samples[0] if samples else 0.0
+        return quantiles(samples, n=int(round(1 / BASELINE_QUANTILE)), method="inclusive")[0]
+
+    @property
+    def furthest_step(self) -> int | None:
+        """Return the furthest step any attempt of the run reached (None where unknown)."""
+        own = None
+        if self.start_step is not None and self._last is not None:
+            own = self.start_step + self._last.steps
+        known = [s for s in (own, self._prev_furthest) if s is not None]
+        return max(known) if known else None
+
+    # -- the end -------------------------------------------------------------------------------
+    def end(self, until: float, how: str) -> None:
+        """End the account at ``until``: split every step, the rest of the wall clock is other."""
+        with self._lock:
+            if self.until is not None:
+                return
+            if self._hang_open is not None:
+                self._close_hang(until, "aborted" if how == "aborted" else "open at the end")
+            self._finalize(until, everything=True)
+            self.until, self.ended = until, how
+            wall = until - self.run_start
+            rest = wall - sum(self._totals(until).values())
+            self._cats["other"] += max(0.0, rest)
+
+    # -- what is published -------------------------------------------------------------------
+    def _totals(self, now: float) -> dict[str, float]:
+        """Return every category's seconds at ``now`` (caller holds the lock)."""
+        out = dict(self._base)
+        for cat, seconds in self._cats.items():
+            out[cat] += seconds
+        for cat, seconds in self._sections.items():
+            out[cat] += seconds
+        now = self.until if self.until is not None else now
+        if self._first is None:
+            before = now - self._since - sum(self._sections.values())
+        else:
+            before = self._first - self._since - self._pre_sections
+        out[self._before] += max(0.0, before)
+        hang = self._hang_closed
+        if self._hang_open is not None:
+            hang += max(0.0, now - self._hang_open.onset_unix)
+        out["hang"] += hang
+        return out
+
+    def totals(self, now: float) -> dict[str, float]:
+        """Return every category's seconds so far; each only ever grows (counters)."""
+        with self._lock:
+            out = self._totals(now)
+            for cat, seconds in out.items():
+                out[cat] = self._published[cat] = max(self._published[cat], seconds)
+            return out
+
+    def blame(
+        self, now: float, node_of: Callable[[int], str] | None = None
+    ) -> list[tuple[str, int, str, float]]:
+        """Return ``(category, culprit rank, node, seconds)`` of the time blamed on a rank."""
+        with self._lock:
+            blame = dict(self._blame)
+            episode = self._hang_open
+            if episode is not None and episode.culprit is not None and self.until is None:
+                key = ("hang", episode.culprit)
+                blame[key] = blame.get(key, 0.0) + max(0.0, now - episode.onset_unix)
+        out = []
+        for (cat, culprit), seconds in sorted(blame.items()):
+            node = self.nodes.get(culprit, "")
+            if not node and node_of is not None:
+                node = self.nodes.setdefault(culprit, node_of(culprit))
+            out.append((cat, culprit, node, seconds))
+        return out
+
+    def _with_node(self, episode: dict[str, object]) -> dict[str, object]:
+        culprit = episode.get("culprit_rank")
+        if not episode.get("node") and isinstance(culprit, int) and culprit in self.nodes:
+            episode["node"] = self.nodes[culprit]
+        return dict(episode)
+
+    def state(self, now: float) -> dict[str, object]:
+        """Return the account as the run's goodput file holds it (JSON-ready)."""
+        totals = self.totals(now)
+        until = self.until if self.until is not None else now
+        with self._lock:
+            return {
+                "run_start_unix": round(self.run_start, 3),
+                "until_unix": round(until, 3),
+                "ended": self.ended,
+                "attempts": list(self.attempts),
+                "totals": {k: round(v, 3) for k, v in totals.items()},
+                "furthest_step": self.furthest_step,
+                "baseline_comm_per_step_s": round(self.baseline(), 6) if self._samples else None,
+                "split": {k: round(v, 3) for k, v in self.split.items()},
+                "stragglers": [self._with_node(e) for e in self.stragglers],
+                "hangs": [self._with_node(e) for e in self.hangs],
+            }

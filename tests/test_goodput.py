@@ -1,0 +1,231 @@
+"""The goodput account: every second of a simulated job in its category, and on disk.
+
+tests/goodput_sim.py runs a lockstep job in simulated time and feeds the account as the tracker
+does: the ranks' work read at their own phase of the interval, the monitoring rank's own step
+split, its sections, the hang watcher's episodes. Each fault must land in its category, on the
+rank that caused it, and the categories must add up to the wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from goodput_sim import HANG_THRESHOLD_S, Sim
+
+from exporter import catalog
+from exporter.sources.goodput import (
+    CATEGORIES,
+    Carried,
+    Episode,
+    PeerTally,
+    Work,
+    document,
+    load_carried,
+    render,
+    section_category,
+)
+from exporter.sources.goodput.ledger import goodput_path, save
+
+pytestmark = pytest.mark.unit
+
+
+def _wall(sim: Sim) -> float:
+    return sim.now - sim.account.run_start
+
+
+def _sums_to_wall(totals: dict[str, float], wall: float) -> None:
+    assert sum(totals.values()) == pytest.approx(wall, rel=1e-6), totals
+
+
+def test_the_categories_are_the_catalog_s_and_sections_have_theirs() -> None:
+    assert CATEGORIES == catalog.GOODPUT_CATEGORIES
+    assert section_category("checkpoint") == section_category("save_ckpt") == "checkpoint"
+    assert section_category("evaluation") == section_category("validate") == "evaluation"
+    assert section_category("data_prep") == "section"
+
+
+def test_a_healthy_job_is_productive_after_its_startup() -> None:
+    sim = Sim(startup=5.0)
+    sim.steps(300)
+    totals = sim.end()
+    _sums_to_wall(totals, _wall(sim))
+    assert totals["startup"] == pytest.approx(5.0, abs=0.01)
+    assert totals["productive"] == pytest.approx(300 * 0.107, rel=0.01)
+    for cat in ("straggler", "communication", "hang", "restart", "lost_work", "data"):
+        assert totals[cat] < 0.05, (cat, totals)
+    assert totals["other"] < 0.05
+
+
+@pytest.mark.parametrize("culprit", [1, 2, 0])
+def test_a_straggler_s_cost_is_what_the_others_waited_blamed_on_it(culprit: int) -> None:
+    sim = Sim()
+    sim.steps(50)
+    sim.steps(60, compute={culprit: 0.1})  # 6 s the others wait for it
+    sim.steps(50)
+    totals = sim.end()
+    _sums_to_wall(totals, _wall(sim))
+    assert totals["straggler"] == pytest.approx(6.0, rel=0.05), totals
+    assert totals["productive"] == pytest.approx(160 * 0.107, rel=0.02), totals
+    blame = sim.account.blame(sim.now)
+    assert [(c, r) for c, r, _, _ in blame] == [("straggler", culprit)], blame
+    (episode,) = sim.account.stragglers
+    assert (episode["culprit_rank"], episode["cause"]) == (culprit, "compute")
+
+
+def test_a_slow_reader_is_a_straggler_by_data_and_a_slow_input_for_all_is_data() -> None:
+    sim = Sim()
+    sim.steps(20)
+    sim.steps(40, data={1: 0.05})
+    sim.steps(20)
+    sim.steps(40, data={0: 0.05, 1: 0.05, 2: 0.05})
+    sim.steps(20)
+    totals = sim.end()
+    assert totals["straggler"] == pytest.approx(2.0, rel=0.1), totals
+    assert sim.account.stragglers[0]["cause"] == "data"
+    assert totals["data"] == pytest.approx(2.0, rel=0.1), totals
+
+
+def test_a_slower_network_is_communication_beyond_the_baseline() -> None:
+    sim = Sim()
+    sim.steps(100)
+    sim.steps(50, comm=0.105)  # 0.1 s more per step on every rank alike
+    sim.steps(50)
+    totals = sim.end()
+    assert totals["communication"] == pytest.approx(5.0, rel=0.05), totals
+    assert totals["straggler"] < 0.05
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_a_declared_checkpoint_is_checkpoint_whoever_writes_it(rank: int) -> None:
+    sim = Sim()
+    sim.steps(50)
+    sim.one_step(section=(rank, "checkpoint", 4.0))
+    sim.steps(50)
+    totals = sim.end()
+    _sums_to_wall(totals, _wall(sim))
+    assert totals["checkpoint"] == pytest.approx(4.0, rel=0.03), totals
+    assert totals["straggler"] < 0.05 and totals["communication"] < 0.05, totals
+
+
+def test_a_hang_that_recovers_is_hang_not_straggler() -> None:
+    sim = Sim()
+    sim.steps(50)
+    sim.one_step(stall=(1, 14.0))
+    sim.steps(50)
+    totals = sim.end()
+    _sums_to_wall(totals, _wall(sim))
+    assert totals["hang"] == pytest.approx(14.0, abs=0.5), totals
+    assert totals["straggler"] < 0.5 and totals["communication"] < 0.5, totals
+    (hang,) = sim.account.hangs
+    assert (hang["culprit_rank"], hang["node"], hang["how"]) == (1, "node-b", "recovered")
+    assert ("hang", 1) in {(c, r) for c, r, _, _ in sim.account.blame(sim.now)}
+
+
+def test_an_aborted_hang_ends_the_account_at_the_abort() -> None:
+    sim = Sim()
+    sim.steps(50)
+    onset = sim.now
+    sim.advance(HANG_THRESHOLD_S)
+    sim.episode = Episode(1, onset, 2, "node-c")
+    sim.advance(12.0)
+    sim.tick()
+    totals = sim.end("aborted")
+    _sums_to_wall(totals, _wall(sim))
+    assert totals["hang"] == pytest.approx(22.0, abs=0.01), totals
+    sim.advance(5.0)  # the ranks leaving: nothing more is counted
+    assert sim.totals() == totals
+
+
+def test_counters_only_grow() -> None:
+    sim = Sim()
+    seen = dict.fromkeys(CATEGORIES, 0.0)
+    for i in range(40):
+        sim.steps(5, compute={1: 0.05} if 10 <= i < 20 else None)
+        if i == 25:
+            sim.one_step(section=(2, "evaluation", 2.0))
+        now = sim.totals()
+        for cat in CATEGORIES:
+            assert now[cat] >= seen[cat] - 1e-9, (cat, now[cat], seen[cat])
+        seen = now
+
+
+def test_a_restarted_attempt_carries_the_account_and_counts_the_redone_steps(tmp_path) -> None:
+    first = Sim(attempt="0", start_step=0)
+    first.steps(100)
+    first.advance(3.0)  # the open step before the crash: not split
+    first.tick()
+    state = document(run="r", world_size=3, state=first.account.state(first.now),
+                     blame=first.account.blame(first.now))  # fmt: skip
+    save(goodput_path(str(tmp_path), "r"), json.dumps(state))
+    assert load_carried(str(tmp_path), "r", "0") is None  # attempt 0: a new job
+    carried = load_carried(str(tmp_path), "r", "1")
+    assert carried is not None and carried.furthest_step == 100
+    gap = 20.0
+    second = Sim(attempt="1", start=first.now + gap, startup=6.0, start_step=80, carried=carried)
+    second.steps(120)
+    totals = second.end()
+    _sums_to_wall(totals, second.now - first.account.run_start)
+    assert totals["restart"] == pytest.approx(gap + 6.0, abs=0.05), totals
+    assert totals["lost_work"] == pytest.approx(20 * 0.107, rel=0.05), totals
+    assert totals["productive"] == pytest.approx(200 * 0.107, rel=0.03), totals
+    assert totals["startup"] == pytest.approx(5.0, abs=0.01)
+    assert totals["other"] == pytest.approx(3.0, abs=0.3)  # what the crashed attempt left open
+
+
+def test_the_tally_waits_for_every_rank_and_ignores_noise() -> None:
+    tally = PeerTally()
+    base = [Work(10, 0.0, 1.0), Work(10, 0.0, 1.0), Work(10, 0.0, 1.0)]
+    assert tally.observe(base, 0.0) is None
+    moved = [Work(20, 0.0, 2.0), Work(20, 0.0, 2.02), Work(10, 0.0, 1.0)]
+    assert tally.observe(moved, 1.0) is None  # rank 2 has not moved: the window stays open
+    moved[2] = Work(20, 0.0, 3.0)
+    found = tally.observe(moved, 2.0)
+    assert found is not None and found.culprit == 2
+    assert found.causes == pytest.approx({"compute": 0.98})  # over the median rank's 1.02 s
+    noisy = [Work(30, 0.0, 3.0), Work(30, 0.0, 3.03), Work(30, 0.0, 4.0)]
+    assert tally.observe(noisy, 3.0) is None  # 3 % over the median: synchronous noise
+
+
+def test_the_summary_names_the_account_its_bottleneck_and_episodes() -> None:
+    sim = Sim()
+    sim.steps(50)
+    sim.steps(20, compute={2: 0.2})
+    sim.steps(20)
+    sim.end()
+    blame = sim.account.blame(sim.now, lambda r: f"node-{r}")
+    doc = document(run="r", world_size=3, state=sim.account.state(sim.now), blame=blame)
+    assert doc["bottleneck"] == "compute-bound"
+    assert doc["largest_badput"] == "startup"
+    text = render(doc)
+    assert "straggler episode: rank 2 (node node-2), compute, cost 4.0 s" in text, text
+    assert "ETTR" in text and "productive" in text
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def test_the_carried_account_reads_what_was_written(tmp_path) -> None:
+    carried = Carried(1.0, 2.0, {"productive": 1.0})
+    assert carried.totals["productive"] == 1.0
+    (tmp_path / "r-goodput.json").write_text('{"something": "else"}')
+    with pytest.raises(ValueError, match="not a goodput account"):
+        load_carried(str(tmp_path), "r", "1")
+
+
+def test_the_summary_of_a_run_that_never_stepped_reads() -> None:
+    # Every second planned (startup): no unplanned ETTR, and still a summary.
+    sim = Sim(startup=5.0)
+    sim.end()
+    doc = document(run="r", state=sim.account.state(sim.now), blame=[])
+    assert doc["unplanned_ettr"] is None
+    assert "ETTR 0.0% (productive over the wall clock); without planned time" in render(doc)
+
+
+def test_the_mixin_s_copies_of_the_definitions_agree() -> None:
+    # The mixin does not import the library's sources: its copies must not drift.
+    from exporter.mixin.alerts import goodput as alert
+    from exporter.mixin.recording import PLANNED as RECORDED_PLANNED
+    from exporter.sources.goodput import BLAMED, PLANNED
+
+    assert RECORDED_PLANNED == PLANNED
+    assert alert.BLAMED == BLAMED
+    assert set(alert.UNPLANNED_BADPUT) == set(CATEGORIES) - set(PLANNED) - {"productive"}
