@@ -10,11 +10,11 @@ collective latency. While that holds, every rank whose last enqueued sequence nu
 the group's maximum is *behind*: it never entered the collective the others wait in (the hung
 rank). Ranks are read milliseconds apart, so on a live job sequence numbers differ by one or two
 all the time; without an in-flight age past the threshold, a lag means nothing. A rank that is
-itself stuck inside a collective past the threshold, in this group or any other, is waiting,
-not behind: either its reading is older than the others' (it has since left the collective they
-all passed), or every rank is stuck in collectives and the one that launched fewer is no
-culprit, or (a 2-D mesh) it waits in one group for the culprit and so never enters the next
-collective of its other group.
+itself stuck inside a collective past half the threshold (readings are taken moments apart),
+in this group or any other, is waiting, not behind: either its reading is older than the
+others' (it has since left the collective they all passed), or every rank is stuck in
+collectives and the one that launched fewer is no culprit, or (a 2-D mesh) it waits in one
+group for the culprit and so never enters the next collective of its other group.
 
 When no rank is behind, the stalled ranks are *waiting* (the alerts say ``role="waiting"``); once
 every rank of the group has sat inside a collective for longer than
@@ -136,7 +136,9 @@ def find_hangs(
     # A rank stuck inside a collective of any group waits; it is behind nowhere. In a 2-D mesh
     # (HSDP) the rank that waits in its shard group for the culprit never enters the next
     # collective of its replicate group, whose other ranks then wait for it: a victim.
-    stuck = {s.rank for s in states if s.inflight_age > stall}
+    # Half the threshold: ranks are read moments apart, so in a deadlock across two groups a
+    # rank's older reading can show it short of the threshold while the others' show them past.
+    stuck = {s.rank for s in states if s.inflight_age > stall / 2}
     # How long each rank has sat inside a collective, of any group: in a deadlock across two
     # groups every rank waits, each in the group the others have not entered.
     inside: dict[int, float] = {}
