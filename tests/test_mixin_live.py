@@ -19,7 +19,7 @@ from harness import Job, wait_for
 from promstack import Prometheus, require, run_prometheus, write_file_sd
 
 from exporter.mixin import dashboards, rules, stack
-from exporter.mixin.config import DEFAULT
+from exporter.mixin.config import DEFAULT, duration_seconds
 
 pytestmark = pytest.mark.stack
 
@@ -66,7 +66,7 @@ def live_targets() -> Iterator[list[tuple[str, str, str]]]:
     require("prometheus")
     with Job(
         RANKS,
-        ["--duration", "300", "--port", "0", "--addr", "127.0.0.1", "--heartbeat", "1"],
+        ["--duration", "600", "--port", "0", "--addr", "127.0.0.1", "--heartbeat", "1"],
         env={"DDP_EXPORTER_RUN": RUN, "OMP_NUM_THREADS": "1"},
     ) as job:
         urls = job.wait_urls(timeout=120)
@@ -146,8 +146,11 @@ def test_panels_that_should_have_data_have_it(prom: Prometheus) -> None:
         missing[:] = [f"{s} / {p.title}" for s, p, e, i in expected if not _has_data(prom, e, i)]
         return not missing
 
+    # The goodput panels read increases of series recorded once per goodput_interval: they have
+    # data from the second evaluation of that group on.
+    timeout = 90 + 2 * duration_seconds(DEFAULT.goodput_interval)
     try:
-        wait_for(all_have_data, 90, "data in every panel", interval=1.0)
+        wait_for(all_have_data, timeout, "data in every panel", interval=1.0)
     except AssertionError as exc:
         raise AssertionError(f"panels without data: {missing}") from exc
 
