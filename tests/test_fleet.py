@@ -54,6 +54,9 @@ def stack(tmp_path_factory):
         yield st, sd
 
 
+# Which node is slow, and which runs each node was seen in before its run ended, are timing
+# claims: another job's CPU load would slow a healthy node, or a short run's start, for real.
+@pytest.mark.solo
 def test_fleet_drill_names_the_bad_node_and_no_other(stack):
     st, sd = stack
     f = fleet_recorded(FAST)
