@@ -6,6 +6,7 @@
 # then write a markdown report with the versions, every figure and each test's outcome.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default: gpu-report/
+#   GPU_CHECK_BENCH_ARGS="--rounds 15" bash scripts/gpu-check.sh   # a shorter benchmark
 #
 # Uses the python3 (and its CUDA torch) already there; installs nothing from the network. Pure-
 # Python dependencies missing there can be carried as wheels in .whl/ (docs/how-it-works/compatibility.md).
@@ -50,11 +51,16 @@ if not torch.cuda.is_available():
     sys.exit("gpu-check: torch sees no CUDA device here")
 PY
 
-# pytest-timeout ends a stuck test inside pytest, so every job it started is stopped.
-"$PY" -m pytest -q -rA -p no:cacheprovider -o timeout=240 tests/gpu \
+# pytest-timeout ends a stuck test inside pytest, so every job it started is stopped; the outer
+# timeout bounds the step (SIGINT: pytest still stops its jobs and writes its report). One
+# process (addopts without -n): one GPU, and whatever pytest-xdist that machine has.
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=--strict-markers)
+timeout -s INT 300 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
   --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
-timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-"$PY" -m pytest -q -p no:cacheprovider -o timeout=120 tests/test_core.py tests/test_flight.py \
+# shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
+timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \
+  2>&1 | tee "$OUT/bench.log"
+"${PYTEST[@]}" -o timeout=120 tests/test_core.py tests/test_flight.py \
   tests/test_reducer_timing.py tests/test_gradients.py tests/test_blame.py tests/test_hangs.py \
   --junitxml "$OUT/cpu-tests.xml" 2>&1 | tee "$OUT/cpu-tests.log" | tail -3
 
