@@ -23,6 +23,7 @@ import urllib.request
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -67,6 +68,22 @@ def train(model: DDP, loader: DataLoader, opt: torch.optim.Optimizer, steps: int
             done += 1
             if done == steps:
                 return
+
+
+def count_buckets(device: torch.device, loader: DataLoader, steps: int) -> int:
+    """Train a fresh model as the instrumented one trained, counting its buckets with a hook."""
+    model = make_model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    calls = [0]
+
+    def counting(state, bucket):  # DDP checks the parameters' names
+        calls[0] += 1
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting)
+    train(model, loader, opt, steps)
+    torch.cuda.synchronize()
+    return calls[0]
 
 
 def under_sync_debug(fn) -> str | None:
@@ -155,9 +172,10 @@ def main() -> None:
     }
     report["metrics"] = {name: samples for name, samples in parse(text).items()}
     report["errors"] = obs.errors.snapshot()
+    obs.close()
+    report["expected_buckets"] = count_buckets(device, loader, steps)
     with open(sys.argv[1], "w") as f:
         json.dump(report, f, default=str)
-    obs.close()
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 
 import pytest
@@ -80,8 +81,10 @@ def test_nccl_rank_times_buckets_with_cuda_events(nccl_report):
     assert r["active_after_refusal"] is False
     assert r["recorder"]["steps"] == r["expected_steps"], r["recorder"]
     (op, pg, _, latency_sum, count, nbytes), = r["recorder"]["collectives"]  # fmt: skip
-    # Several 1 MiB buckets per backward, each one timed by its CUDA-event pair.
-    assert count >= 2 * r["expected_steps"], r["recorder"]
+    # Several 1 MiB buckets per backward, each one timed by its CUDA-event pair: as many as a
+    # counting hook sees on the same model over the same steps (DDP's first iteration, before
+    # it rebuilds its buckets, may reduce in fewer).
+    assert count == r["expected_buckets"] > r["expected_steps"], (count, r["expected_buckets"])
     (_, enqueued, completed, _), = r["bookkeeping"]  # fmt: skip
     assert enqueued == completed == count, r["bookkeeping"]
     assert nbytes > 0
@@ -107,7 +110,7 @@ def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
         assert value(s, f"ddp_gpu_memory_{series}_bytes") == mem[key], (series, mem)
     assert 0 < mem["allocated"] <= mem["reserved"] <= mem["total"]
     info = _one(s, "ddp_rank_info")
-    assert info["backend"] == "nccl" and info["device"] == "cuda:0", info
+    assert info["backend"] == "nccl" and info["device"] == "cuda", info
     assert info["cuda_version"] != "none" and info["nccl_version"] != "none", info
     assert info["comm_timing"] == "hook", info
 
@@ -153,7 +156,7 @@ def test_shared_gpu_straggler_blamed_by_compute():
             "25 steps on every rank",
         )
         info = _one(job.scrape(0), "ddp_rank_info")
-        assert info["device"] == "cuda:0" and info["backend"] == "gloo", info
+        assert info["device"] == "cuda" and info["backend"] == "gloo", info
         assert info["comm_timing"] == "hook", info
         previous: dict = {}
 
@@ -207,7 +210,8 @@ def test_shared_gpu_hang_named_with_its_forensics(tmp_path):
         s0 = job.scrape(0)
     assert episode["kind"] == "behind" and episode["behind"] == [1], text
     line = _line_in(TRAINER, "_load_batch_that_never_returns", "time.sleep(1)")
-    assert f"rank 1 never entered all_reduce #{int(episode['seq'])}" in text, text
+    seq = int(episode["seq"])
+    assert re.search(rf"rank 1 \(node [^)]+\) never entered all_reduce #{seq} ", text), text
     assert f"trainer.py:{line} in _load_batch_that_never_returns" in text, text
     assert value(s0, "ddp_collective_inflight_age_seconds", pg="0") > 1.0
     assert took < 120, took
@@ -216,7 +220,8 @@ def test_shared_gpu_hang_named_with_its_forensics(tmp_path):
 def test_shared_gpu_gradients_bit_identical(tmp_path):
     out = tmp_path / "verdict.json"
     grad_worker = os.path.join("tests", "workers", "grad_worker.py")
-    with Job(2, [str(out), "cuda"], env={"OMP_NUM_THREADS": "1"}, module=grad_worker) as job:
+    args = [str(out), "cuda", "gloo", "ddp"]
+    with Job(2, args, env={"OMP_NUM_THREADS": "1"}, module=grad_worker) as job:
         assert job.wait(timeout=240) == 0, job.output()
     for rank, per_rank in enumerate(json.loads(out.read_text())):
         for name, r in per_rank.items():
@@ -226,3 +231,22 @@ def test_shared_gpu_gradients_bit_identical(tmp_path):
         assert per_rank["builtin/auto"]["timing"] == "hook"
         assert per_rank["builtin/auto"]["buckets"] > 6
         assert per_rank["fp16_before/auto"]["timing"] == "none"
+
+
+def test_nccl_sharded_gradients_bit_identical(tmp_path):
+    """FSDP2 and tensor parallelism on NCCL, one rank (NCCL takes one rank per GPU): the exporter
+    wraps their collectives on CUDA tensors and the loss, gradients and parameters stay the same
+    bit for bit."""
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    out = tmp_path / "verdict.json"
+    grad_worker = os.path.join("tests", "workers", "grad_worker.py")
+    args = [str(out), "cuda", "nccl", "sharded"]
+    with Job(1, args, env={"OMP_NUM_THREADS": "1"}, module=grad_worker) as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    (per_rank,) = json.loads(out.read_text())
+    print("sharded on NCCL:", json.dumps(per_rank))  # the ops timed, for the report
+    for name in ("fsdp2/collectives", "tp/collectives"):
+        r = per_rank[name]
+        assert r["grads"] and r["params"] and r["losses"], (name, r)
+        assert r["steps"] == 6 and r["timing"] == "collectives", (name, r)

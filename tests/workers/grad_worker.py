@@ -4,8 +4,10 @@ FSDP2 and tensor parallelism clip the gradients' total norm (``clip_grad_norm_``
 parameters: functional all-reduces, timed by the exporter's stand-ins), then compare bit for bit.
 
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
-``cuda`` as argv[2] the models train on the GPU over gloo (tests/gpu), where the exporter times
-with its hook (``auto`` picks it on CUDA).
+``cuda`` as argv[2] the models train on GPU 0 over gloo (tests/gpu: ranks share the GPU), where
+the exporter times with its hook (``auto`` picks it on CUDA); ``nccl`` as argv[3] takes NCCL
+instead (one rank: NCCL refuses two on one device); ``ddp`` or ``sharded`` as argv[4] runs those
+scenarios alone (default: all).
 """
 
 import sys
@@ -21,7 +23,11 @@ import exporter
 STEPS = 6
 
 
-DEVICE = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
+ARGS = sys.argv[1:] + [None] * 3
+# Every rank on GPU 0: torch.cuda.set_device needs an index, and one GPU hosts them all.
+DEVICE = torch.device("cuda", 0) if ARGS[1] == "cuda" else torch.device("cpu")
+BACKEND = ARGS[2] or "gloo"
+SCENARIOS = ARGS[3] or "all"
 
 
 def make_net() -> torch.nn.Sequential:
@@ -85,12 +91,15 @@ def scenario(name: str, timing: str, rank: int) -> dict:
 
 
 def make_fsdp2() -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # The mesh on the model's device: fully_shard's default mesh is CUDA's wherever CUDA exists.
+    mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
     net = make_net().to(DEVICE)
     for layer in (net[0], net[2], net[4]):
-        fully_shard(layer)
-    return fully_shard(net)
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
 
 
 def make_tp() -> torch.nn.Module:
@@ -153,19 +162,20 @@ def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     if DEVICE.type == "cuda":
         torch.cuda.set_device(DEVICE)
+    dist.init_process_group(BACKEND)
+    rank = dist.get_rank()
     # On CUDA, "auto" is the hook: the reducer's timers would synchronise the host.
     timings = ("auto",) if DEVICE.type == "cuda" else ("auto", "hook")
-    out = {
-        f"{name}/{timing}": scenario(name, timing, rank)
-        for timing in timings
-        for name in ("builtin", "fp16_after", "fp16_before")
-    }
-    out["fsdp2/collectives"] = fsdp2_scenario(rank)
-    out["tp/collectives"] = fsdp2_scenario(rank, make_tp, shared=True)
+    out = {}
+    if SCENARIOS in ("all", "ddp"):
+        for timing in timings:
+            for name in ("builtin", "fp16_after", "fp16_before"):
+                out[f"{name}/{timing}"] = scenario(name, timing, rank)
+    if SCENARIOS in ("all", "sharded"):
+        out["fsdp2/collectives"] = fsdp2_scenario(rank)
+        out["tp/collectives"] = fsdp2_scenario(rank, make_tp, shared=True)
     write_all_ranks(sys.argv[1], out)
     leave()
 
