@@ -30,14 +30,16 @@ def test_a_plain_module_or_no_model_is_watched(world1):
     """Not DDP: the torch.distributed collectives are wrapped, and restored exactly on close."""
     import torch.distributed as dist
 
-    before = (dist.all_reduce, dist.all_gather_single, dist.Work.wait, dist.Work.get_future)
+    # torch 2.13 renames all_gather_into_tensor all_gather_single; older releases lack the new name.
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    before = (dist.all_reduce, getattr(dist, gather), dist.Work.wait, dist.Work.get_future)
     for model in (torch.nn.Linear(2, 2), None):
         obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
         assert obs.parallelism == ("module" if model is not None else "none")
         assert dist.all_reduce is not before[0] and dist.Work.wait is not before[2]
         with exporter.step():
             dist.all_reduce(torch.ones(4))
-            dist.all_gather_single(torch.empty(2), torch.ones(2), async_op=True).wait()
+            getattr(dist, gather)(torch.empty(2), torch.ones(2), async_op=True).wait()
             # Consumed through its future: counted, untimed, not held until a wait.
             dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
         s = parse(scrape_text(obs.url))
@@ -56,7 +58,7 @@ def test_a_plain_module_or_no_model_is_watched(world1):
             process_groups=1, store_heartbeat=False, timed_collectives=2
         )
         obs.close()
-        assert (dist.all_reduce, dist.all_gather_single, dist.Work.wait,
+        assert (dist.all_reduce, getattr(dist, gather), dist.Work.wait,
                 dist.Work.get_future) == before  # fmt: skip
 
 
