@@ -11,6 +11,7 @@ scenarios alone (default: all).
 """
 
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,19 @@ def train(model: DDP, opt: torch.optim.Optimizer, rank: int) -> list[list[torch.
     return grads
 
 
+def settled(obs: exporter.Observer) -> bool:
+    """Wait until every collective the exporter saw launch is marked complete (on CUDA, the
+    hook's event pairs resolve on the exporter's thread once the GPU passed them)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    deadline = time.monotonic() + 30
+    while not all(enq == done for _, enq, done, _ in obs.recorder.inflight()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def scenario(name: str, timing: str, rank: int) -> dict:
     plain = make_model()
     inst = make_model()
@@ -76,6 +90,7 @@ def scenario(name: str, timing: str, rank: int) -> dict:
         inst.register_comm_hook(None, default_hooks.fp16_compress_hook)
     gp = train(plain, opt_p, rank)
     gi = train(inst, opt_i, rank)
+    done = settled(obs)
     snap = obs.recorder.snapshot()
     obs.close()
     same_grads = all(torch.equal(a, b) for sa, sb in zip(gp, gi) for a, b in zip(sa, sb))
@@ -86,6 +101,7 @@ def scenario(name: str, timing: str, rank: int) -> dict:
         "params": same_params,
         "steps": snap.steps,
         "buckets": buckets,
+        "settled": done,
         "timing": obs.comm_timing,
     }
 
@@ -147,6 +163,7 @@ def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
     opt_i = torch.optim.SGD(inst.parameters(), lr=0.1, momentum=0.9)
     obs = exporter.instrument(inst, optimizer=opt_i, port=0, addr="127.0.0.1", heartbeat_s=0)
     gi, li = train_fsdp2(inst, opt_i, rank, shared)
+    done = settled(obs)
     snap = obs.recorder.snapshot()
     obs.close()
     local = [p.to_local() for p in plain.parameters()], [p.to_local() for p in inst.parameters()]
@@ -157,6 +174,8 @@ def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
         "steps": snap.steps,
         "buckets": sum(c[4] for c in snap.collectives),
         "ops": sorted({c[0] for c in snap.collectives if c[4]}),
+        "untimed_ops": sorted({op for op, _, n in snap.untimed if n}),
+        "settled": done,
         "timing": obs.comm_timing,
     }
 
