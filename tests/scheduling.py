@@ -17,8 +17,10 @@ fast and honest:
   cores would falsify: it runs while no other ``job``, ``stack`` or ``lab`` test runs. Every such
   test holds a shared lock while it runs and a solo test the exclusive one (``flock`` on files
   in a folder the controller makes for the run); a solo test waiting keeps new shared holders
-  out, so it waits only for the tests already running. Solo tests are ordered after the other
-  costly tests, where the workers that wait for them have only in-process tests left to run.
+  out, so it waits only for the tests already running. The solo tests run as one block: one
+  group (``solo``), so one worker, holding the exclusive lock from the first to the last, so
+  that the costly tests drain once rather than before each. They are ordered after the other
+  costly tests, where the workers beside them have only in-process tests left to run.
 
 Without xdist (``-n 0``) every test runs alone anyway and nothing is locked.
 """
@@ -41,6 +43,8 @@ __all__ = [
     "ORDER",
     "SERIAL",
     "SHARING",
+    "SOLO_GROUP",
+    "SoloBlock",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_runtest_protocol",
@@ -60,6 +64,9 @@ SHARING = ("lab", "stack", "job")
 
 #: The variable naming the run's lock folder; the controller sets it before it starts workers.
 LOCKS = "DDP_EXPORTER_TEST_LOCKS"
+
+#: The xdist group of every solo test (one worker runs them one after another).
+SOLO_GROUP = "solo"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,13 +90,20 @@ def _solo(item: pytest.Item) -> bool:
     return item.get_closest_marker("solo") is not None
 
 
+# First: pytest-xdist's own hook turns a test's xdist_group marker into its nodeid's "@group"
+# suffix, which is what --dist loadgroup schedules by; registered after this conftest plugin, it
+# would otherwise run first and never see the groups added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Group the serial tiers' tests; order every test costliest first, solo tests after."""
     cost: dict[str, float] = {}
     for item in items:
-        if tier_of(item) in SERIAL and not _solo(item):
+        if _solo(item):
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(SOLO_GROUP))
+        elif tier_of(item) in SERIAL:
             item.add_marker(pytest.mark.xdist_group(tier_of(item)))
         module = item.nodeid.split("::")[0]
         cost[module] = min(cost.get(module, len(ORDER)), ORDER.index(tier_of(item)))
@@ -121,14 +135,46 @@ def turn(folder: Path, exclusive: bool) -> Iterator[None]:
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
+class SoloBlock:
+    """The exclusive lock, held from one solo test to the next while they follow each other."""
+
+    def __init__(self) -> None:
+        self._held: contextlib.ExitStack | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._held is not None
+
+    def enter(self, folder: Path) -> None:
+        """Take the exclusive lock unless this block holds it already."""
+        if self._held is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(turn(folder, exclusive=True))
+            self._held = stack
+
+    def leave(self, next_is_solo: bool) -> None:
+        """Give the lock back unless the next test on this worker is solo too."""
+        if self._held is not None and not next_is_solo:
+            held, self._held = self._held, None
+            held.close()
+
+
+_block = SoloBlock()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    """Run a costly test under the shared lock, a solo test under the exclusive one."""
+    """Run a costly test under the shared lock, a run of solo tests under the exclusive one."""
     folder = os.environ.get(LOCKS)
     if not folder or not hasattr(item.config, "workerinput"):
         return (yield)
-    solo = _solo(item)
-    if not solo and tier_of(item) not in SHARING:
+    if not _solo(item):
+        if tier_of(item) not in SHARING:
+            return (yield)
+        with turn(Path(folder), exclusive=False):
+            return (yield)
+    _block.enter(Path(folder))
+    try:
         return (yield)
-    with turn(Path(folder), exclusive=solo):
-        return (yield)
+    finally:
+        _block.leave(next_is_solo=nextitem is not None and _solo(nextitem))

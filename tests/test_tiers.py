@@ -86,6 +86,51 @@ def test_the_costliest_tests_come_first_and_solo_tests_after_the_jobs(
     ]
 
 
+def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
+    pytester.makepyfile(
+        test_mixed=(
+            "import pytest\n"
+            "@pytest.mark.stack\n@pytest.mark.solo\ndef test_healthy():\n    pass\n"
+            "@pytest.mark.lab\n@pytest.mark.solo\ndef test_bandwidth():\n    pass\n"
+            "@pytest.mark.lab\ndef test_link():\n    pass\n"
+            "@pytest.mark.stack\ndef test_drill():\n    pass\n"
+        )
+    )
+    items, _ = pytester.inline_genitems("--strict-markers")
+    groups = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        groups[item.name] = marker.args[0] if marker else None
+    assert groups == {"test_healthy": "solo", "test_bandwidth": "solo", "test_link": "lab",
+                      "test_drill": None}  # fmt: skip
+
+
+def test_a_run_of_solo_tests_keeps_the_room_from_the_first_to_the_last(tmp_path) -> None:
+    import threading
+
+    from harness import wait_for
+    from scheduling import SoloBlock, turn
+
+    block, entered, done = SoloBlock(), threading.Event(), threading.Event()
+
+    def shared() -> None:
+        with turn(tmp_path, exclusive=False):
+            entered.set()
+        done.set()
+
+    block.enter(tmp_path)  # the first solo test
+    waiter = threading.Thread(target=shared)
+    waiter.start()
+    block.leave(next_is_solo=True)
+    block.enter(tmp_path)  # the second: the room was never given back
+    assert block.held and not entered.wait(0.5)
+    block.leave(next_is_solo=False)  # the last of the run
+    assert not block.held
+    wait_for(done.is_set, 10, "the shared holder in once the run of solo tests ended")
+    waiter.join(10)
+
+
 def test_a_waiting_solo_test_keeps_new_shared_holders_out(tmp_path) -> None:
     import fcntl
     import threading

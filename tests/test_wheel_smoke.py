@@ -81,7 +81,8 @@ def _tree(site: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in site.rglob("*") if "__pycache__" not in p.parts}
 
 
-@pytest.mark.tool
+# A job: a fresh venv with torch installed, and a training process (the OTLP check) from it.
+@pytest.mark.job
 def test_base_install_every_command_then_the_mixin_extra(venv: Venv) -> None:
     # The package runs from the venv, not from the checkout.
     where = venv.python("-c", "import exporter; print(exporter.__file__)").stdout
