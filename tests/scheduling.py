@@ -68,6 +68,9 @@ LOCKS = "DDP_EXPORTER_TEST_LOCKS"
 #: The xdist group of every solo test (one worker runs them one after another).
 SOLO_GROUP = "solo"
 
+#: The lock folder this session made (a controller's): only its maker removes it.
+_MADE = pytest.StashKey[str]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register ``solo``; on the controller of a parallel run, make the run's lock folder."""
@@ -77,13 +80,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run on the worker of this group")
     workers = getattr(config.option, "numprocesses", None)
     if not hasattr(config, "workerinput") and workers:
-        os.environ[LOCKS] = tempfile.mkdtemp(prefix="ddp-exporter-test-locks-")
+        folder = tempfile.mkdtemp(prefix="ddp-exporter-test-locks-")
+        config.stash[_MADE] = os.environ[LOCKS] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's lock folder (the controller's; workers have ended by now)."""
-    if not hasattr(config, "workerinput") and os.environ.get(LOCKS):
-        shutil.rmtree(os.environ.pop(LOCKS), ignore_errors=True)
+    """Remove the run's lock folder, where this session made it (workers have ended by now).
+
+    Not otherwise: a pytest run inside a test (pytester) inherits the variable and loads this
+    plugin too, and must leave the outer run's folder and its workers' locks alone.
+    """
+    folder = config.stash.get(_MADE, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get(LOCKS) == folder:
+            del os.environ[LOCKS]
 
 
 def _solo(item: pytest.Item) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from tiers import TIERS
 
@@ -84,6 +86,22 @@ def test_the_costliest_tests_come_first_and_solo_tests_after_the_jobs(
         "test_b_mixed.py::test_healthy",
         "test_a_units.py::test_u",
     ]
+
+
+def test_a_pytest_run_inside_a_test_leaves_the_outer_runs_locks_alone(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    from scheduling import LOCKS
+
+    outer = tmp_path / "locks"
+    outer.mkdir()
+    monkeypatch.setenv(LOCKS, str(outer))  # as on a worker of a parallel run
+    pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
+    pytester.makepyfile(
+        test_inner="import pytest\npytestmark = pytest.mark.unit\ndef test_a():\n    pass\n"
+    )
+    pytester.runpytest_inprocess("--strict-markers").assert_outcomes(passed=1)
+    assert outer.is_dir() and os.environ.get(LOCKS) == str(outer)
 
 
 def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> None:
