@@ -73,6 +73,23 @@ def test_a_straggler_s_cost_is_what_the_others_waited_blamed_on_it(culprit: int)
     assert (episode["culprit_rank"], episode["cause"]) == (culprit, "compute")
 
 
+def test_a_blip_of_one_window_is_counted_but_not_listed_as_an_episode() -> None:
+    sim = Sim()
+    sim.steps(50)
+    sim.steps(1, compute={0: 0.08})  # one step: the run waited 0.08 s for rank 0
+    sim.steps(50)
+    sim.end()
+    assert [e["culprit_rank"] for e in sim.account.stragglers] == [0]
+    assert sim.account.state(sim.now)["stragglers"] == []  # not an episode of the run's
+    sim = Sim()
+    sim.steps(50)
+    sim.steps(60, compute={1: 0.1})
+    sim.steps(50)
+    sim.end()
+    (episode,) = sim.account.state(sim.now)["stragglers"]
+    assert episode["culprit_rank"] == 1 and episode["start_unix"] <= episode["end_unix"]
+
+
 def test_a_slow_reader_is_a_straggler_by_data_and_a_slow_input_for_all_is_data() -> None:
     sim = Sim()
     sim.steps(20)

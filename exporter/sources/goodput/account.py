@@ -36,6 +36,9 @@ _BASELINE_MIN = 4
 _EPISODE_GAP_S = 15.0
 #: Most episodes of each kind the account keeps (the latest).
 _EPISODES = 100
+#: A straggler episode that cost the run less than this is not listed in the run's account (a
+#: window's blip at a phase change: a rank's checkpoint, a hang's onset); its seconds still are.
+_EPISODE_MIN_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -339,7 +342,7 @@ class Account:
             return
         self._add_episode(self.stragglers, {
             "culprit_rank": credit.culprit, "node": self.nodes.get(credit.culprit, ""),
-            "cause": credit.cause, "start_unix": round(credit.unix, 3),
+            "cause": credit.cause, "start_unix": round(min(credit.unix, unix), 3),
             "end_unix": round(unix, 3), "seconds": round(seconds, 3), "attempt": self.attempt,
         })  # fmt: skip
 
@@ -451,6 +454,10 @@ class Account:
                 "furthest_step": self.furthest_step,
                 "baseline_comm_per_step_s": round(self.baseline(), 6) if self._samples else None,
                 "split": {k: round(v, 3) for k, v in self.split.items()},
-                "stragglers": [self._with_node(e) for e in self.stragglers],
+                "stragglers": [
+                    self._with_node(e)
+                    for e in self.stragglers
+                    if float(e["seconds"]) >= _EPISODE_MIN_S  # type: ignore[arg-type]
+                ],
                 "hangs": [self._with_node(e) for e in self.hangs],
             }
