@@ -127,6 +127,11 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
         the_lab.rate_limit(2, 2)
         slow = wait_for(lambda: re.search(r"big all_reduce took (\d+\.\d) s", jobs[0].text()),
                         120, "a big all-reduce past the probe's threshold")  # fmt: skip
+        # The probe starts once every rank sits in one collective past the threshold. Ranks
+        # leave a slow all-reduce seconds apart (the ring's last hops cross the slow link), so
+        # that can take another slow step or two.
+        wait_for(lambda: any("probing the links" in job.text() for job in jobs), 120,
+                 "the probe of a slow but alive link")  # fmt: skip
         log = _stop(the_lab, jobs)
         assert float(slow.group(1)) > 10.0, log
         assert "probing the links" in log, log
