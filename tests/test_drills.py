@@ -1,11 +1,11 @@
 """Fault drills: a real job, a real Prometheus (1 s scrapes, FAST rules), a real Alertmanager
 and a webhook receiver here. Each fault, on two different ranks, must page naming that rank,
 and no alert may blame a healthy rank: on rank 1 of a DDP job and on rank 2 of an FSDP2 job
-(``fully_shard``), which must get the same answers from the same rules. ``ddp-exporter top`` reads the same job throughout,
-from the ranks' endpoints and from Prometheus, and must agree: it names the faulty rank with
-the matching verdict and never accuses a healthy one. Ranks are launched one process each (as a
-scheduler like srun does): under torchrun the agent tears the whole job down when one rank
-is killed.
+(``fully_shard``), side by side, which must get the same answers from the same rules.
+``ddp-exporter top`` reads each job throughout, from the ranks' endpoints and from Prometheus,
+and must agree: it names the faulty rank with the matching verdict and never accuses a healthy
+one. Ranks are launched one process each (as a scheduler like srun does): under torchrun the
+agent tears the whole job down when one rank is killed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from harness import Ranks, TopReader, wait_for
@@ -132,20 +133,11 @@ def wait_alert(st: LocalStack, run: str, names: set[str], rank: int, timeout: fl
     return None
 
 
-# That nobody else is accused, by an alert or by top's one-second tables, is a timing claim:
-# another job's CPU load would make a healthy rank a straggler for real.
-@pytest.mark.solo
-@pytest.mark.parametrize("fault_rank", [1, 2])
-@pytest.mark.parametrize("fault", list(EXPECTED))
-def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
-    st, sd = stack
-    run = f"drill-{fault}-{fault_rank}"
+def check_fault(st: LocalStack, fault: str, fault_rank: int, run: str, ranks: Ranks) -> None:
+    """Wait for the fault's page naming ``fault_rank``; check that ``top`` agrees, nobody else blamed."""
     names, bound = EXPECTED[fault]
-    ranks = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(fault_rank),
-                                  "--parallel", PARALLEL[fault_rank]])  # fmt: skip
-    watch = None
+    watch = TopWatch(st, ranks, run)
     try:
-        watch = TopWatch(st, ranks, run)
         hit = wait_alert(st, run, names, fault_rank, FAULT_AFTER + 60 + bound)
         onset = ranks.seen("injecting fault")
         assert onset is not None, ranks.output()[-3000:]
@@ -170,9 +162,34 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault, fault_rank):
                  f"top to give rank {fault_rank} {TOP_VERDICT[fault]!r}")  # fmt: skip
         assert not watch.wrongly_accused(fault_rank), watch.wrongly_accused(fault_rank)
     finally:
-        if watch is not None:
-            watch.stop()
-        stop_ranks(ranks, sd, run)
+        watch.stop()
+
+
+# That nobody else is accused, by an alert or by top's one-second tables, is a timing claim:
+# another job's CPU load would make a healthy rank a straggler for real. The two jobs of a fault
+# run side by side, as the healthy drill's two jobs do (the load it proves pages nobody; a
+# faulty job's slowed, stuck or dead rank only takes load away).
+@pytest.mark.solo
+@pytest.mark.parametrize("fault", list(EXPECTED))
+def test_fault_pages_naming_the_faulty_rank(stack, fault):
+    """The fault on rank 1 of a DDP job and on rank 2 of an FSDP2 job: each page names its rank."""
+    st, sd = stack
+    runs = {rank: f"drill-{fault}-{rank}" for rank in PARALLEL}
+    jobs: dict[int, Ranks] = {}
+    try:
+        for rank, run in runs.items():
+            jobs[rank] = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(rank),
+                                               "--parallel", PARALLEL[rank]])  # fmt: skip
+        # Each job is checked on its own thread, as if it ran alone: a page or a verdict that
+        # comes and goes is read while it is there, not after the other job's wait.
+        with ThreadPoolExecutor(len(runs)) as pool:
+            checks = [pool.submit(check_fault, st, fault, rank, run, jobs[rank])
+                      for rank, run in runs.items()]  # fmt: skip
+        for check in checks:
+            check.result()
+    finally:
+        for rank, ranks in jobs.items():
+            stop_ranks(ranks, sd, runs[rank])
 
 
 HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "120"))
