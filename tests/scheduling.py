@@ -11,7 +11,9 @@ fast and honest:
   them, instead of one long drill starting last and running alone at the end.
 - **Groups.** The lab's tests run one after another on one worker (they share the root
   namespace's bridge); a test that needs a fixed resource (the default ports) names a group of
-  its own with ``pytest.mark.xdist_group``.
+  its own with ``pytest.mark.xdist_group``. The tests of a module that share a module-scoped
+  fixture (a job, a stack, a venv) run on one worker too, so that the fixture is set up once
+  rather than once on each worker that draws one of them.
 - **Solo tests.** A test marked ``solo`` asserts something about timing on a healthy job (no
   alert even pending over minutes; a link's bandwidth) that another job's CPU load on the same
   cores would falsify: it runs while no other ``job``, ``stack`` or ``lab`` test runs. Every such
@@ -101,6 +103,14 @@ def _solo(item: pytest.Item) -> bool:
     return item.get_closest_marker("solo") is not None
 
 
+def _module_fixture(item: pytest.Item) -> bool:
+    """Say whether ``item`` uses a module-scoped fixture (its module's tests share one)."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest.Function's; other items have none
+    if info is None:
+        return False
+    return any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs)
+
+
 # First: pytest-xdist's own hook turns a test's xdist_group marker into its nodeid's "@group"
 # suffix, which is what --dist loadgroup schedules by; registered after this conftest plugin, it
 # would otherwise run first and never see the groups added here.
@@ -116,6 +126,8 @@ def pytest_collection_modifyitems(
                 item.add_marker(pytest.mark.xdist_group(SOLO_GROUP))
         elif tier_of(item) in SERIAL:
             item.add_marker(pytest.mark.xdist_group(tier_of(item)))
+        elif _module_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         module = item.nodeid.split("::")[0]
         cost[module] = min(cost.get(module, len(ORDER)), ORDER.index(tier_of(item)))
 

@@ -124,6 +124,28 @@ def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> No
                       "test_drill": None}  # fmt: skip
 
 
+def test_tests_sharing_a_module_fixture_are_one_group(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
+    pytester.makepyfile(
+        test_shared=(
+            "import pytest\n"
+            "pytestmark = pytest.mark.job\n"
+            "@pytest.fixture(scope='module')\ndef job():\n    return 1\n"
+            "def test_a(job):\n    pass\n"
+            "def test_b(job):\n    pass\n"
+            "def test_alone(tmp_path):\n    pass\n"
+            "@pytest.mark.xdist_group('default-ports')\ndef test_ports(job):\n    pass\n"
+        )
+    )
+    items, _ = pytester.inline_genitems("--strict-markers")
+    groups = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        groups[item.name] = marker.args[0] if marker else None
+    assert groups == {"test_a": "test_shared.py", "test_b": "test_shared.py", "test_alone": None,
+                      "test_ports": "default-ports"}  # fmt: skip
+
+
 def test_a_run_of_solo_tests_keeps_the_room_from_the_first_to_the_last(tmp_path) -> None:
     import threading
 
