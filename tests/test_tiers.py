@@ -104,29 +104,36 @@ def test_a_pytest_run_inside_a_test_leaves_the_outer_runs_locks_alone(
     assert outer.is_dir() and os.environ.get(LOCKS) == str(outer)
 
 
-def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> None:
+def _groups(pytester: pytest.Pytester, **modules: str) -> dict[str, str | None]:
+    """Collect ``modules`` with the tier and scheduling plugins; map each test to its group."""
     pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
-    pytester.makepyfile(
+    pytester.makepyfile(**modules)
+    items, _ = pytester.inline_genitems("--strict-markers")
+    groups = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        groups[item.name] = marker.args[0] if marker else None
+    return groups
+
+
+def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> None:
+    groups = _groups(
+        pytester,
         test_mixed=(
             "import pytest\n"
             "@pytest.mark.stack\n@pytest.mark.solo\ndef test_healthy():\n    pass\n"
             "@pytest.mark.lab\n@pytest.mark.solo\ndef test_bandwidth():\n    pass\n"
             "@pytest.mark.lab\ndef test_link():\n    pass\n"
             "@pytest.mark.stack\ndef test_drill():\n    pass\n"
-        )
+        ),
     )
-    items, _ = pytester.inline_genitems("--strict-markers")
-    groups = {}
-    for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        groups[item.name] = marker.args[0] if marker else None
     assert groups == {"test_healthy": "solo", "test_bandwidth": "solo", "test_link": "lab",
                       "test_drill": None}  # fmt: skip
 
 
 def test_tests_sharing_a_module_fixture_are_one_group(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
-    pytester.makepyfile(
+    groups = _groups(
+        pytester,
         test_shared=(
             "import pytest\n"
             "pytestmark = pytest.mark.job\n"
@@ -135,13 +142,8 @@ def test_tests_sharing_a_module_fixture_are_one_group(pytester: pytest.Pytester)
             "def test_b(job):\n    pass\n"
             "def test_alone(tmp_path):\n    pass\n"
             "@pytest.mark.xdist_group('default-ports')\ndef test_ports(job):\n    pass\n"
-        )
+        ),
     )
-    items, _ = pytester.inline_genitems("--strict-markers")
-    groups = {}
-    for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        groups[item.name] = marker.args[0] if marker else None
     assert groups == {"test_a": "test_shared.py", "test_b": "test_shared.py", "test_alone": None,
                       "test_ports": "default-ports"}  # fmt: skip
 
