@@ -9,6 +9,7 @@ rank that caused it, and the categories must add up to the wall clock.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from goodput_sim import HANG_THRESHOLD_S, Sim
@@ -111,6 +112,25 @@ def test_a_slower_network_is_communication_beyond_the_baseline() -> None:
     totals = sim.end()
     assert totals["communication"] == pytest.approx(5.0, rel=0.05), totals
     assert totals["straggler"] < 0.05
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jitter_is_the_healthy_pace_and_a_lasting_slowdown_is_communication(seed: int) -> None:
+    rng = random.Random(seed)
+    sim = Sim()
+    for _ in range(600):
+        sim.one_step(comm=rng.uniform(0.0, 0.04))  # 0.02 s on average, never the same twice
+    totals = sim.end()
+    assert totals["communication"] < 0.01 * _wall(sim), totals
+    rng = random.Random(seed)
+    sim = Sim()
+    for i in range(600):
+        sim.one_step(comm=rng.uniform(0.0, 0.04) + (0.05 if 200 <= i < 300 else 0.0))
+    totals = sim.end()
+    # 5 s more in all. Most of it counts: the baseline follows the run's recent steps (a
+    # slowdown that lasts becomes the run's pace) and slack saved before it pays for a little.
+    assert 0.6 * 5.0 < totals["communication"] < 1.05 * 5.0, totals
+    assert totals["straggler"] < 0.05, totals
 
 
 @pytest.mark.parametrize("rank", [0, 2])

@@ -15,12 +15,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from statistics import quantiles
+from statistics import fmean, median
 
 from .categories import (
-    BASELINE_QUANTILE,
+    BASELINE_CLIP,
     CATEGORIES,
     CAUSES,
+    COMM_SLACK_STEPS,
     SECTION_CATEGORIES,
     category_of_cause,
 )
@@ -31,7 +32,7 @@ __all__ = ["Account", "Carried", "Episode", "StepTotals"]
 #: Most per-step communication samples the healthy baseline is taken over.
 _BASELINE_SAMPLES = 256
 #: Fewest samples before the baseline is trusted (until then no communication is excess).
-_BASELINE_MIN = 4
+_BASELINE_MIN = 16
 #: A straggler's windows less than this far apart are one episode.
 _EPISODE_GAP_S = 15.0
 #: Most episodes of each kind the account keeps (the latest).
@@ -147,6 +148,8 @@ class Account:
         self._credits: deque[_Credit] = deque()
         self._last: StepTotals | None = None
         self._samples: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
+        #: Baseline communication that faster chunks left unused, which a slower one may spend.
+        self._comm_slack = 0.0
         if carried is not None and carried.baseline_s is not None:
             self._samples.extend([carried.baseline_s] * _BASELINE_MIN)
         self.start_step = start_step
@@ -268,7 +271,7 @@ class Account:
         base = ch.comm
         if n > 0:
             if len(self._samples) >= _BASELINE_MIN:
-                base = min(ch.comm, self.baseline() * n)
+                base = self._within_baseline(ch.comm, n)
             if healthy:  # the baseline is what steps nobody held up needed
                 self._samples.append(ch.comm / n)
         cats["communication"] += ch.comm - base
@@ -280,6 +283,17 @@ class Account:
         self.split["input"] += ch.data
         self.split["compute"] += ch.compute
         self.split["communication"] += ch.comm
+
+    def _within_baseline(self, comm: float, steps: int) -> float:
+        """Return the part of ``steps`` steps' communication ``comm`` that is the healthy pace.
+
+        Steps jitter around their baseline: what faster steps left unused pays for slower ones
+        (up to :data:`COMM_SLACK_STEPS` steps' worth), so only a lasting slowdown is excess.
+        """
+        usual = self.baseline()
+        within = min(comm, usual * steps + self._comm_slack)
+        self._comm_slack = min(usual * COMM_SLACK_STEPS, self._comm_slack + usual * steps - within)
+        return within
 
     def _apply_credits(self, ch: _Chunk) -> bool:
         """Book the excess of slower ranks this chunk waited for; say whether any was."""
@@ -359,11 +373,12 @@ class Account:
         return float(max(0, min(last, self._prev_furthest) - first))
 
     def baseline(self) -> float:
-        """Return the healthy exposed communication per step (the lower quartile of samples)."""
+        """Return the healthy exposed communication per step: the mean of recent samples."""
         samples = list(self._samples)
         if len(samples) < 2:
             return samples[0] if samples else 0.0
-        return quantiles(samples, n=int(round(1 / BASELINE_QUANTILE)), method="inclusive")[0]
+        cap = BASELINE_CLIP * median(samples)
+        return fmean(min(s, cap) for s in samples)
 
     @property
     def furthest_step(self) -> int | None:

@@ -7,16 +7,18 @@ its declared sections) reaches it through the store (:mod:`.peers`). Every secon
 exactly one category; they add up to the wall clock.
 
 - ``productive``: each step counted once, at the healthy pace: the step's compute and optimizer
-  time, plus its exposed communication up to the run's healthy baseline (the lower quartile,
-  :data:`BASELINE_QUANTILE`, of the recent steps' exposed communication once every wait for a
-  slower rank is taken out). Steps redone after a restart are ``lost_work`` instead.
+  time, plus its exposed communication up to the run's healthy baseline (the mean of the recent
+  steps' exposed communication once every wait for a slower rank is taken out, a hiccup counted
+  at most :data:`BASELINE_CLIP` times their median; what faster steps left of it pays for slower
+  ones, up to :data:`COMM_SLACK_STEPS` steps' worth, so jitter is the healthy pace). Steps redone
+  after a restart are ``lost_work`` instead.
 - ``startup``: from the process start to the first step (imports, rendezvous, the process group,
   building the model, loading a checkpoint), in the run's first attempt. Declared sections in it
   are theirs.
 - ``data``: time the step waited for its DataLoader (the run waits on input). One rank whose
   input alone is slow holds up the others: that is ``straggler`` with cause data.
-- ``communication``: exposed communication beyond the healthy baseline that no slower rank
-  explains: a slow or congested network, a collective that got slower.
+- ``communication``: exposed communication beyond the healthy baseline, lasting past the slack,
+  that no slower rank explains: a slow or congested network, a collective that got slower.
 - ``straggler``: the time the other ranks waited for one slow rank: whenever one rank's own work
   (compute and data, :data:`CAUSES`) over a window exceeded the typical rank's (the median) by
   more than :data:`STRAGGLER_SHARE` of it, the excess, blamed on that rank and its node. Blamed
@@ -53,9 +55,10 @@ from ... import catalog
 
 __all__ = [
     "BADPUT",
-    "BASELINE_QUANTILE",
+    "BASELINE_CLIP",
     "BLAMED",
     "CATEGORIES",
+    "COMM_SLACK_STEPS",
     "CAUSES",
     "PLANNED",
     "SECTION_CATEGORIES",
@@ -81,8 +84,12 @@ SECTION_CATEGORIES: tuple[str, ...] = ("checkpoint", "evaluation", "section")
 #: A window's excess of the slowest rank's work over the median rank's counts as a straggler's
 #: when it is more than this share of the median (below it: the noise of synchronous steps).
 STRAGGLER_SHARE = 0.05
-#: The healthy baseline of exposed communication per step: this quantile of recent steps.
-BASELINE_QUANTILE = 0.25
+#: The healthy baseline of exposed communication per step is the mean of recent steps', each
+#: counted at most this many times their median (a hiccup is not the healthy pace).
+BASELINE_CLIP = 3.0
+#: Most baseline communication, in steps, that faster steps save for slower ones: jitter evens
+#: out, a slowdown that lasts longer than this is ``communication``.
+COMM_SLACK_STEPS = 16
 
 _CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save", "snapshot")
 _EVALUATION_WORDS = ("eval", "valid")
