@@ -78,7 +78,7 @@ def test_demo_runs_and_the_table_names_the_straggler():
 
 @pytest.mark.job
 def test_demo_runs_twice_in_a_row_on_the_same_ports():
-    base = free_port()
+    base = free_port(2)  # the demo's two ranks serve on base and base + 1
     for _ in range(2):  # the first run's connections linger in TIME_WAIT: no refusal
         res = run_cli("demo", "--ranks", "2", "--duration", "4", "--port", str(base),
                       "--refresh", "1", "--no-stack")  # fmt: skip

@@ -53,7 +53,7 @@ def test_every_lost_second_lands_in_its_category(tmp_path: Path) -> None:
     dumps = tmp_path / "dumps"
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": RUN, "DDP_EXPORTER_DUMP_DIR": str(dumps),
            "DDP_EXPORTER_ON_HANG": "abort", "DDP_EXPORTER_HEARTBEAT_S": "1"}  # fmt: skip
-    args = [str(tmp_path), "--port", str(free_port())]
+    args = [str(tmp_path), "--port", str(free_port(RANKS))]
     started = time.monotonic()
     with Job(RANKS, args, env=env, module=WORKER,
              torchrun=["--standalone", "--max-restarts", "1"]) as job:  # fmt: skip
@@ -126,7 +126,7 @@ def test_a_straggler_that_costs_more_than_the_threshold_pages_naming_it(tmp_path
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_HEARTBEAT_S": "1",
            "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps")}  # fmt: skip
     # Rank 1 adds 0.1 s to steps of ~0.05 s from step 20 on: the others wait most of the time.
-    args = [str(tmp_path), "--port", str(free_port()), "--steps", "100000",
+    args = [str(tmp_path), "--port", str(free_port(RANKS)), "--steps", "100000",
             "--straggle-steps", "20:100000", "--no-checkpoint", "--no-hang"]  # fmt: skip
     with Job(RANKS, args, env=env, module=WORKER, torchrun=["--standalone"]) as job:
         urls = job.wait_urls()

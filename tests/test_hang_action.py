@@ -311,7 +311,7 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     require("prometheus")
     run = "restart" if parallel == "ddp" else f"restart-{parallel}"
     go = tmp_path / "go"
-    args = [str(tmp_path), "--stuck", "1:100", "--steps", "250", "--port", str(free_port()),
+    args = [str(tmp_path), "--stuck", "1:100", "--steps", "250", "--port", str(free_port(RANKS)),
             "--go", str(go), "--parallel", parallel]  # fmt: skip
     env = _env(tmp_path, run, DDP_EXPORTER_ON_HANG="abort")
     with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:

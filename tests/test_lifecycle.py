@@ -183,7 +183,7 @@ def test_a_killed_job_is_one_alert_for_the_run(tmp_path):
 def test_a_restarted_attempt_continues_the_run(tmp_path):
     require("prometheus")
     run = "restarted"
-    base = free_port()
+    base = free_port(RANKS)
     # Rank 1 raises at step 20 of attempt 0; torchrun restarts the group once; attempt 1 trains
     # on the same ports, then ends cleanly.
     args = ["--steps", "200", "--fail", "1:20", "--port", str(base)]

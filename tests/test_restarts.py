@@ -118,7 +118,7 @@ def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_p
     run = "loop"
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_ON_HANG": "abort",
            "DDP_EXPORTER_HEARTBEAT_S": "1", "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps")}  # fmt: skip
-    args = [str(tmp_path), "--stuck-always", "1:110", "--steps", "300", "--port", str(free_port())]
+    args = [str(tmp_path), "--stuck-always", "1:110", "--steps", "300", "--port", str(free_port(3))]
     torchrun = ["--standalone", "--max-restarts", "3"]
     with Job(3, args, env=env, module=WORKER, torchrun=torchrun) as job:
         urls = job.wait_urls()

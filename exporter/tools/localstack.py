@@ -15,6 +15,7 @@ command line starts on a base install.
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
 import socket
 import subprocess
@@ -75,11 +76,53 @@ def find_binaries() -> tuple[str, str]:
     return found["prometheus"], found["alertmanager"]  # type: ignore[return-value]
 
 
-def free_port() -> int:
-    """Return a TCP port that is free on 127.0.0.1 right now."""
+#: Where the kernel says its ephemeral ports (the local ports of outgoing connections) begin.
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: How many ports below the ephemeral range free ports are drawn from.
+_QUIET_SPAN = 8192
+_TRIES = 64
+
+
+def _quiet_ports() -> range | None:
+    """Return the ports just below the ephemeral range, or None where it leaves no room."""
+    try:
+        low = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    start = max(1024, low - _QUIET_SPAN)
+    return range(start, low) if low - start >= 1024 else None
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(count: int = 1) -> int:
+    """Return the first of ``count`` consecutive TCP ports free on 127.0.0.1 right now.
+
+    Drawn below the kernel's ephemeral range where it leaves room: a port from ``bind(0)`` is
+    one that any outgoing connection on the machine may take as its local port before the
+    caller binds it; below that range only a deliberate bind can.
+    """
+    quiet = _quiet_ports()
+    if quiet is not None:
+        draw = random.SystemRandom()
+        for _ in range(_TRIES):
+            base = draw.randrange(quiet.start, quiet.stop - count + 1)
+            if all(_bindable(base + i) for i in range(count)):
+                return base
+    for _ in range(_TRIES):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + count <= 65536 and all(_bindable(base + i) for i in range(1, count)):
+            return base
+    raise OSError(f"no {count} consecutive free TCP ports on 127.0.0.1")
 
 
 @dataclasses.dataclass

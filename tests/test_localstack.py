@@ -1,0 +1,44 @@
+"""free_port: consecutive ports the caller can bind, out of the way of outgoing connections."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from exporter.tools import localstack
+from exporter.tools.localstack import free_port
+
+pytestmark = pytest.mark.unit
+
+
+def _bind_all(base: int, count: int) -> None:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for i, s in enumerate(socks):
+            s.bind(("127.0.0.1", base + i))
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_free_ports_are_bindable_and_below_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for count in (1, 3):
+        base = free_port(count)
+        _bind_all(base, count)
+        if low >= 2048:  # room below the range: outgoing connections never take these
+            assert 1024 <= base and base + count <= low, (base, low)
+
+
+def test_a_range_that_leaves_no_room_falls_back_to_the_kernel_s_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wide = tmp_path / "ip_local_port_range"
+    wide.write_text("1024\t65535\n")
+    monkeypatch.setattr(localstack, "_EPHEMERAL", wide)
+    base = free_port(2)
+    _bind_all(base, 2)
+    monkeypatch.setattr(localstack, "_EPHEMERAL", tmp_path / "missing")
+    _bind_all(free_port(), 1)
