@@ -32,6 +32,12 @@ def test_free_ports_are_bindable_and_below_the_ephemeral_range() -> None:
             assert 1024 <= base and base + count <= low, (base, low)
 
 
+def test_a_port_is_not_handed_out_twice_in_a_row() -> None:
+    bases = [free_port(2) for _ in range(50)]
+    ports = [b + i for b in bases for i in range(2)]
+    assert len(set(ports)) == len(ports), sorted(ports)
+
+
 def test_a_range_that_leaves_no_room_falls_back_to_the_kernel_s_choice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,11 +14,13 @@ command line starts on a base install.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -81,6 +83,9 @@ _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: How many ports below the ephemeral range free ports are drawn from.
 _QUIET_SPAN = 8192
 _TRIES = 64
+#: Ports this process was handed lately: a caller may not have bound one yet when it asks again.
+_HANDED: collections.deque[int] = collections.deque(maxlen=256)
+_HANDING = threading.Lock()
 
 
 def _quiet_ports() -> range | None:
@@ -109,20 +114,31 @@ def free_port(count: int = 1) -> int:
     one that any outgoing connection on the machine may take as its local port before the
     caller binds it; below that range only a deliberate bind can.
     """
-    quiet = _quiet_ports()
-    if quiet is not None:
-        draw = random.SystemRandom()
+    with _HANDING:
+        quiet = _quiet_ports()
+        if quiet is not None:
+            draw = random.SystemRandom()
+            for _ in range(_TRIES):
+                base = draw.randrange(quiet.start, quiet.stop - count + 1)
+                if _usable(base, count):
+                    return _hand(base, count)
         for _ in range(_TRIES):
-            base = draw.randrange(quiet.start, quiet.stop - count + 1)
-            if all(_bindable(base + i) for i in range(count)):
-                return base
-    for _ in range(_TRIES):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count <= 65536 and all(_bindable(base + i) for i in range(1, count)):
-            return base
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                base = int(s.getsockname()[1])
+            if base + count <= 65536 and _usable(base, count):
+                return _hand(base, count)
     raise OSError(f"no {count} consecutive free TCP ports on 127.0.0.1")
+
+
+def _usable(base: int, count: int) -> bool:
+    ports = range(base, base + count)
+    return not any(p in _HANDED for p in ports) and all(_bindable(p) for p in ports)
+
+
+def _hand(base: int, count: int) -> int:
+    _HANDED.extend(range(base, base + count))
+    return base
 
 
 @dataclasses.dataclass
