@@ -114,9 +114,11 @@ def free_port(count: int = 1) -> int:
     one that any outgoing connection on the machine may take as its local port before the
     caller binds it; below that range only a deliberate bind can.
     """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
     with _HANDING:
         quiet = _quiet_ports()
-        if quiet is not None:
+        if quiet is not None and count < len(quiet):
             draw = random.SystemRandom()
             for _ in range(_TRIES):
                 base = draw.randrange(quiet.start, quiet.stop - count + 1)
