@@ -4,12 +4,13 @@
 per node (the lowest rank on each host) exchanges ``mib`` MiB each way with every other node's,
 one pair at a time per node (a round-robin schedule: every node is in at most one pair per
 round, so a fast pair never shares a NIC with another transfer), after a few one-element ping
-pongs for the round trip. A pair's bandwidth is its best of up to ``_REPEATS`` transfers: on a
-fast link one transfer takes a millisecond or two, so a single scheduling delay on a busy host
-(the job itself runs beside the doctor) could make a healthy link look 3x slower; noise only
-ever slows a transfer, so the fastest one is the link. The lower rank decides when to stop
-(after ``_REPEATS`` or once the transfers took ``_BUDGET_S``, so a slow link is not measured
-for long) and tells its peer, so both sides run the same exchanges. Every rank takes part in the barrier that ends each round, so the
+pongs for the round trip. A pair's bandwidth is its best of several transfers: on a fast link
+one transfer takes a millisecond or two, so a single scheduling delay on a busy host (the job
+itself runs beside the doctor) could make a healthy link look 3x slower; noise only ever slows
+a transfer, so the fastest one is the link. The lower rank decides when to stop (after
+``_REPEATS`` transfers spread over at least ``_SPAN_S``, so that they do not all fall inside one
+burst of the job's traffic; at most ``_REPEATS_MAX``; or once the transfers took ``_BUDGET_S``,
+so a slow link is not measured for long) and tells its peer, so both sides run the same exchanges. Every rank takes part in the barrier that ends each round, so the
 rounds stay in step. The anchors: Meta GCM's ``check-nccl --pairwise``, NCCL tests.
 
 :func:`judge` names a node whose *best* link is ``ratio`` times slower than the median node's
@@ -42,8 +43,13 @@ DEFAULT_MIB = 4.0
 #: A node is slow when its best link is this many times slower than the median node's best.
 RATIO = 3.0
 _PINGS = 5
-#: At most this many transfers per pair, the best one counted...
+#: At least this many transfers per pair, the best one counted...
 _REPEATS = 5
+#: ...over at least this long: the job beside the doctor is busy in bursts, and a fast link's
+#: five transfers would fit inside one of them...
+_SPAN_S = 0.1
+#: ...at most this many...
+_REPEATS_MAX = 50
 #: ...and no more once they took this long together: a transfer this long is not noise.
 _BUDGET_S = 1.0
 
@@ -113,12 +119,14 @@ def measure(dist: Any, rank: int, hosts: Sequence[str], mib: float = DEFAULT_MIB
 def _best_transfer(dist: Any, first: bool, peer: int, big: Any, flag: Any) -> float:
     """Exchange ``big`` with ``peer`` until the first side says stop; return the fastest, s."""
     times: list[float] = []
+    start = time.perf_counter()
     while True:
         t0 = time.perf_counter()
         _exchange(dist, first, peer, big)
         times.append(time.perf_counter() - t0)
         if first:
-            more = len(times) < _REPEATS and sum(times) < _BUDGET_S
+            spread = len(times) >= _REPEATS and time.perf_counter() - start >= _SPAN_S
+            more = not spread and len(times) < _REPEATS_MAX and sum(times) < _BUDGET_S
             flag.fill_(1.0 if more else 0.0)
             dist.send(flag, peer)
         else:
