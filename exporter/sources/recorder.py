@@ -408,13 +408,39 @@ class Recorder:
         except ValueError:
             pass
 
+    def iteration_timed(
+        self, stats: CollectiveStats, span_s: float, exposed_s: float, nbytes: int
+    ) -> None:
+        """Record one DDP iteration's communication, measured off the training path.
+
+        ``span_s``: its first bucket launched to its last completed (one latency observation);
+        ``exposed_s``: the part the step waited for, moved from compute to comm_wait as in
+        :meth:`add_comm_wait` (the step it belongs to may have closed already).
+        """
+        with self.lock:
+            stats.enqueued += 1
+            stats.completed += 1
+            stats.bytes += nbytes
+            stats.hist.observe(span_s)
+            self._move_to_comm(exposed_s)
+
+    def iteration_untimed(self, stats: CollectiveStats, nbytes: int) -> None:
+        """Count one DDP iteration's communication that could not be timed."""
+        with self.lock:
+            stats.enqueued += 1
+            stats.completed += 1
+            stats.bytes += nbytes
+
     def add_comm_wait(self, seconds: float) -> None:
         """Move ``seconds`` of the last finished step from compute to comm_wait (CUDA path)."""
         with self.lock:
-            moved = min(seconds, self.phase_sum[_COMPUTE])
-            if moved > 0.0:
-                self.phase_sum[_COMPUTE] -= moved
-                self.phase_sum[_COMM] += moved
+            self._move_to_comm(seconds)
+
+    def _move_to_comm(self, seconds: float) -> None:
+        moved = min(seconds, self.phase_sum[_COMPUTE])
+        if moved > 0.0:
+            self.phase_sum[_COMPUTE] -= moved
+            self.phase_sum[_COMM] += moved
 
     # -- scrape ------------------------------------------------------------------------------
     def open_since(self) -> float | None:
