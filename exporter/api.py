@@ -116,9 +116,11 @@ def instrument(
     "do not requeue"; :mod:`exporter.hangs.restarts`); the default ``"off"`` alerts and dumps
     only. ``start_step``: the step this attempt resumed at (from its checkpoint), so that
     progress across restarts is measured in the run's steps.
-    ``comm_timing``: ``"auto"`` (default) times DDP's communication with DDP's own reducer timers
-    where that gives the same blame, leaving its built-in allreduce in place; ``"hook"`` wraps it
-    in a timing comm hook (per-bucket detail); see :mod:`exporter.sources.reducer`.
+    ``comm_timing``: ``"auto"`` (default) leaves DDP's built-in allreduce in place and times
+    each iteration's communication with DDP's own reducer timers (CPU) or with three marks per
+    iteration (``"events"``: CUDA events on a GPU, nothing per gradient bucket); ``"hook"`` wraps
+    the allreduce in a timing comm hook (per-bucket detail, a Python call per bucket); see
+    :mod:`exporter.sources.commtiming`.
     Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """

@@ -131,9 +131,10 @@ GOODPUT_CATEGORIES: tuple[str, ...] = (
 )
 
 #: Values of ``ddp_rank_info{comm_timing}``: what times this rank's communication. DDP's own
-#: reducer timers, the timing comm hook, the ``torch.distributed`` wrappers (FSDP2, FSDP, no
-#: model), or nothing (a comm hook of the user's registered before ``instrument()``).
-COMM_TIMING_MODES: tuple[str, ...] = ("reducer", "hook", "collectives", "none")
+#: reducer timers, marks of each DDP iteration (CUDA events on a GPU), the timing comm hook, the
+#: ``torch.distributed`` wrappers (FSDP2, FSDP, no model), or nothing (a comm hook of the user's
+#: registered before ``instrument()`` in hook mode).
+COMM_TIMING_MODES: tuple[str, ...] = ("reducer", "events", "hook", "collectives", "none")
 
 #: Values of ``ddp_rank_info{inflight_source}``: where in-flight collective state comes from.
 INFLIGHT_SOURCES: tuple[str, ...] = ("flight_recorder", "comm_hook")
@@ -158,8 +159,8 @@ LABEL_HELP: dict[str, str] = {
     + " (the comm hook's bookkeeping: DDP's buckets only).",
     "comm_timing": "What times communication: "
     + ", ".join(f"``{v}``" for v in COMM_TIMING_MODES)
-    + ". ``reducer`` and ``hook`` time DDP; ``collectives`` every torch.distributed collective "
-    "of a job without DDP; ``none``: not measured.",
+    + ". ``reducer``, ``events`` and ``hook`` time DDP; ``collectives`` every torch.distributed "
+    "collective of a job without DDP; ``none``: not measured.",
     "parallelism": "What the rank trains: " + ", ".join(f"``{v}``" for v in PARALLELISMS)
     + " (DDP, FSDP2's ``fully_shard``, classic FSDP, another module, no model).",
     "attempt": "Which attempt of the run: torchrun's restart count, else Slurm's requeue count, "
@@ -301,7 +302,7 @@ COLLECTIVE_DURATION = MetricDef(
     "histogram",
     "Latency of collectives on this rank. DDP: one gradient bucket's collective from launch "
     "to completion (comm_timing hook), or one iteration's, first bucket launched to last "
-    "completed (comm_timing reducer); other parallelism (FSDP2, FSDP, no model): each "
+    "completed (comm_timing reducer and events); other parallelism (FSDP2, FSDP, no model): each "
     "torch.distributed collective from call to completion, per kind (comm_timing collectives; "
     "see ddp_rank_info); with any parallelism, each functional collective (DTensor's: tensor "
     "parallelism, clip_grad_norm_ on DTensor parameters) from launch to the return of its wait. "

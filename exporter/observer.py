@@ -88,7 +88,7 @@ class Observer:
         timing = start_comm_timing(model, self.parallelism, self.recorder, self.errors,
                                    requested=cfg.comm_timing, inflight=self.inflight.name,
                                    cuda=cuda)  # fmt: skip
-        self.comm_timing, self.hook, self._cuda = timing.mode, timing.hook, timing.cuda
+        self.comm_timing, self.hook, self._resolver = timing.mode, timing.hook, timing.resolver
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor
         # The first forward opens the first step, whatever source closes steps.
@@ -255,7 +255,7 @@ class Observer:
                 part.uninstrument()
         if ending.ending_cleanly() if clean is None else clean:
             self._publish_end()
-        for thread in (self.heartbeat, self.hangs, self._cuda, self.goodput):
+        for thread in (self.heartbeat, self.hangs, self._resolver, self.goodput):
             if thread is not None:
                 thread.close()
         if self.otlp is not None:

@@ -1,7 +1,7 @@
 """Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo).
 
-Both timing modes: the default (DDP's reducer times its own allreduce) and the timing hook;
-and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps, and tensor
+Every DDP timing mode: the default (DDP's reducer times its own allreduce), the iteration marks
+and the timing hook; and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps, and tensor
 parallelism, whose functional collectives (DTensor's) it times through stand-ins, both clipping
 the gradients' total norm (``clip_grad_norm_``, functional all-reduces): loss, gradient shards and
 parameter shards.
@@ -32,11 +32,12 @@ def test_gradients_bit_identical(tmp_path):
         # ... and a hook registered before instrument() is left alone (no timing, same math).
         assert per_rank["fp16_before/hook"]["buckets"] == 0
         assert per_rank["fp16_before/hook"]["timing"] == "none"
-        # The default mode leaves DDP's allreduce in place and its reducer times every
+        # The default mode (and the events mode) leave DDP's allreduce in place and time every
         # iteration, whatever hook the user registers, before or after.
         for name in ("builtin", "fp16_after", "fp16_before"):
-            r = per_rank[f"{name}/auto"]
-            assert r["timing"] == "reducer" and r["buckets"] == 6, (rank, name, r)
+            for timing, mode in (("auto", "reducer"), ("events", "events")):
+                r = per_rank[f"{name}/{timing}"]
+                assert r["timing"] == mode and r["buckets"] == 6, (rank, name, r)
         # FSDP2: every all-gather and gradient reduction timed, by kind, and the clipping's
         # all-reduce.
         r = per_rank["fsdp2/collectives"]

@@ -9,7 +9,8 @@ from conftest import train_epoch
 import exporter
 from exporter import settings
 from exporter.errors import ErrorCounter
-from exporter.sources.reducer import ReducerTiming, choose_timing, unsupported
+from exporter.sources.commtiming import choose_timing
+from exporter.sources.reducer import ReducerTiming, unsupported
 
 pytestmark = pytest.mark.unit
 
@@ -36,8 +37,10 @@ def test_instrument_rejects_a_bad_timing_by_name(ddp, monkeypatch):
 class _ModelOn:
     """A stand-in with DDP's private timing methods and one parameter on ``device``."""
 
+    require_backward_grad_sync = True
+
     def __init__(self, device: str) -> None:
-        self._p = torch.empty(1, device=device)
+        self._p = torch.empty(1, device=device, requires_grad=True)
         self.logger = SimpleNamespace(set_runtime_stats_and_log=lambda: None)
 
     def parameters(self):
@@ -55,22 +58,27 @@ def test_auto_picks_the_reducer_only_where_blame_stays_the_same(ddp):
     assert unsupported(model) is None
     assert choose_timing("auto", model, "flight_recorder", "optimizer") == "reducer"
     assert choose_timing("auto", model, "flight_recorder", "dataloader") == "reducer"
-    # Only the hook's last bucket would close steps; no Flight Recorder: the hook's bookkeeping.
-    assert choose_timing("auto", model, "flight_recorder", "comm_hook") == "hook"
+    # Only the end of the backward would close steps: the iteration marks close them there.
+    assert choose_timing("auto", model, "flight_recorder", "comm_hook") == "events"
+    # No Flight Recorder: only the hook's bookkeeping has the in-flight state.
     assert choose_timing("auto", model, "comm_hook", "optimizer") == "hook"
     assert choose_timing("hook", model, "flight_recorder", "optimizer") == "hook"
-    # A GPU model: DDP's CUDA timer would synchronise the host every iteration.
+    assert choose_timing("events", model, "flight_recorder", "optimizer") == "events"
+    # A GPU model: DDP's CUDA timer would synchronise the host every iteration; marks instead.
     gpu_like = _ModelOn("meta")
     assert "synchronise" in unsupported(gpu_like)
-    assert choose_timing("auto", gpu_like, "flight_recorder", "optimizer") == "hook"
+    assert choose_timing("auto", gpu_like, "flight_recorder", "optimizer") == "events"
+    assert choose_timing("auto", gpu_like, "comm_hook", "optimizer") == "hook"
     with pytest.raises(ValueError, match="comm_timing='reducer'.*synchronise"):
         choose_timing("reducer", gpu_like, "flight_recorder", "optimizer")
+    with pytest.raises(ValueError, match="comm_timing='events'.*not a DistributedDataParallel"):
+        choose_timing("events", torch.nn.Linear(1, 1), "flight_recorder", "optimizer")
 
 
-def test_instrument_without_optimizer_or_loader_keeps_the_hook(ddp):
+def test_instrument_without_optimizer_or_loader_marks_iterations(ddp):
     model, loader, opt = ddp
     obs = exporter.instrument(model, port=0, addr="127.0.0.1", heartbeat_s=0)
-    assert obs.comm_timing == "hook" and obs.hook is not None
+    assert obs.comm_timing == "events" and obs.hook is None
 
 
 def test_flight_recorder_off_keeps_the_hook(ddp):

@@ -78,7 +78,7 @@ DEFAULT_DUMP_DIR = "ddp-exporter-dumps"
 #: Most seconds a rank that ends cleanly waits for its scrapers to read its final state.
 DEFAULT_FINAL_SCRAPE_S = 10.0
 #: How DDP's communication is timed (``instrument(comm_timing=...)``).
-COMM_TIMING_CHOICES: tuple[str, ...] = ("auto", "reducer", "hook")
+COMM_TIMING_CHOICES: tuple[str, ...] = ("auto", "reducer", "events", "hook")
 #: What a hang may do besides alerting and dumping (``instrument(on_hang=...)``).
 ON_HANG_CHOICES: tuple[str, ...] = ("off", "abort")
 #: Seconds a hang whose evidence is complete lasts before the ``abort`` action ends the run:

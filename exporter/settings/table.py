@@ -33,6 +33,7 @@ from .names import (
     ADVERTISE_ADDR,
     ATTEMPT,
     COMM_TIMING,
+    COMM_TIMING_CHOICES,
     DEFAULT_ABORT_AFTER_S,
     DEFAULT_ABORT_EXIT_CODE,
     DEFAULT_ABORT_LIMIT,
@@ -126,13 +127,16 @@ SETTINGS: dict[str, Setting] = {
                 meaning="Read in-flight collective state from torch's Flight Recorder (every "
                 "collective of every process group). ``0``: the comm hook's own bookkeeping only "
                 "(DDP's gradient buckets)."),
-        Setting(COMM_TIMING, "one of 'auto', 'reducer', 'hook'", "auto", lower,
-                one_of(("auto", "reducer", "hook")), "comm_timing",
+        Setting(COMM_TIMING, "one of 'auto', 'reducer', 'events', 'hook'", "auto", lower,
+                one_of(COMM_TIMING_CHOICES), "comm_timing",
                 meaning="How a DDP model's communication is timed. ``reducer``: DDP's own "
-                "reducer timers, its built-in allreduce untouched (CPU only). ``hook``: a timing "
-                "comm hook, per-bucket detail (the choice on CUDA). ``auto``: ``reducer`` where "
-                "it gives the same blame, else ``hook``. Without DDP every ``torch.distributed`` "
-                "collective is timed where it is called, whatever this says."),
+                "reducer timers (CPU only). ``events``: three marks per iteration (CUDA events "
+                "on a GPU), nothing per gradient bucket. Both leave DDP's built-in allreduce "
+                "untouched. ``hook``: a timing comm hook, per-bucket detail, a Python call per "
+                "bucket. ``auto``: ``reducer`` on CPU where steps close at the optimizer or the "
+                "DataLoader, else ``events``; ``hook`` where no Flight Recorder gives the "
+                "in-flight state. Without DDP every ``torch.distributed`` collective is timed "
+                "where it is called, whatever this says."),
         Setting(DUMP_DIR, "a folder path", DEFAULT_DUMP_DIR, str.strip, path, "dump_dir",
                 meaning="Folder for hang dumps, relative to each rank's working directory: one "
                 "subfolder per hang episode, one JSON and one text file per rank, folders 0700 "

@@ -1,12 +1,13 @@
 """Choose and start what times a rank's communication, for each kind of parallelism.
 
-DDP: its reducer's own timers or the timing comm hook (:mod:`exporter.sources.reducer`,
+DDP: its reducer's own timers, marks of each iteration, or the timing comm hook
+(:mod:`exporter.sources.reducer`, :mod:`exporter.sources.ddpevents`,
 :mod:`exporter.sources.commhook`), as ``comm_timing`` asks. Anything else (FSDP2, FSDP, a loop
 of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.collectives`). With
 either, the functional collectives DTensor issues (tensor parallelism, ``clip_grad_norm_`` on
 DTensor parameters): :mod:`exporter.sources.functional`. The result is what the observer keeps:
 the parts to uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the
-hook and the CUDA resolver where there are any.
+hook and the background resolver where there are any.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import ErrorCounter
+from ..log import log
 from .collectives import CollectiveTiming
 from .commhook import CommHookInstrumentor, CommHookWrapper, CudaEventResolver, allreduce_mean_hook
+from .ddpevents import IterationEvents, events_unsupported
 from .flight import pg_timeout_seconds
 from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
-from .reducer import ReducerTiming, choose_timing
+from .reducer import ReducerTiming, unsupported
 
-__all__ = ["CommTiming", "Part", "Parts", "start_comm_timing"]
+__all__ = ["CommTiming", "Part", "Parts", "choose_timing", "start_comm_timing"]
 
 
 class Part(Protocol):
@@ -60,12 +63,44 @@ class CommTiming:
     #: instrumentor or the collective wrappers, with the functional collectives' timing
     #: (:class:`Parts`; the overhead benchmark toggles them).
     instrumentor: Any
-    #: ``reducer``, ``hook``, ``collectives`` or ``none`` (``ddp_rank_info{comm_timing}``).
+    #: ``reducer``, ``events``, ``hook``, ``collectives`` or ``none``
+    #: (``ddp_rank_info{comm_timing}``).
     mode: str
     #: The timing comm hook; None unless DDP's communication is timed by the hook.
     hook: CommHookWrapper | None = None
-    #: Resolves the hook's CUDA events off the training thread; None elsewhere.
-    cuda: CudaEventResolver | None = None
+    #: What resolves timings off the training thread (the iteration marks, the hook's CUDA
+    #: events), closed with the observer; None where nothing does.
+    resolver: IterationEvents | CudaEventResolver | None = None
+
+
+def choose_timing(requested: str, model: Any, inflight: str, step_mode: str) -> str:
+    """Return ``reducer``, ``events`` or ``hook`` for a ``comm_timing`` setting.
+
+    ``auto`` leaves DDP's built-in allreduce alone wherever blame stays the same, which needs the
+    in-flight state from the Flight Recorder (``inflight``; else only the hook's bookkeeping has
+    it): DDP's reducer timers on CPU with steps closed by the optimizer or the DataLoader
+    (``step_mode``: each step reads its own iteration as it closes), else the iteration marks
+    (CUDA, where the reducer's timers would synchronise the host). Raises ValueError when
+    ``reducer`` or ``events`` is asked for but impossible.
+    """
+    if requested == "hook":
+        return "hook"
+    if requested in ("reducer", "events"):
+        why = unsupported(model) if requested == "reducer" else events_unsupported(model)
+        if why:
+            raise ValueError(f"exporter.instrument(comm_timing={requested!r}): {why}")
+        if inflight != "flight_recorder":
+            log.warning(
+                "ddp-exporter: comm_timing=%r without a usable Flight Recorder: no in-flight "
+                "state, so hangs are neither alerted nor dumped",
+                requested,
+            )
+        return requested
+    if inflight != "flight_recorder":
+        return "hook"
+    if unsupported(model) is None and step_mode in ("optimizer", "dataloader"):
+        return "reducer"
+    return "events" if events_unsupported(model) is None else "hook"
 
 
 def start_comm_timing(
@@ -96,6 +131,10 @@ def start_comm_timing(
     stats = recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
                                       pg_timeout_seconds(pg))  # fmt: skip
     mode = choose_timing(requested, model, inflight, recorder.mode)
+    if mode == "events":
+        marks = IterationEvents(model, recorder, errors, stats)
+        marks.instrument()
+        return CommTiming(Parts(marks, functional), mode, resolver=marks)
     hooked = mode == "hook"
     resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
     hook = CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg,

@@ -21,8 +21,8 @@ them the same). Per iteration this gives what the step split and the latency his
 CPU only. On CUDA the reducer's timer synchronises the host with each recorded event when the
 logger converts them (``CudaTimer::measureDifference`` calls ``cudaEventSynchronize``); with the
 sample rate at 1 that would be one added host-device synchronisation per iteration, so CUDA
-models keep the hook, whose CUDA events are resolved off the training thread
-(docs/how-it-works/timing.md).
+models are timed by marks of their own (CUDA events resolved off the training thread:
+:mod:`exporter.sources.ddpevents`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ __all__ = [
     "ReducerReading",
     "ReducerTiming",
     "TORCH_DEFAULT_SAMPLE_RATE",
-    "choose_timing",
     "unsupported",
 ]
 
@@ -76,31 +75,6 @@ def unsupported(model: Any) -> str | None:
             "iteration"
         )
     return None
-
-
-def choose_timing(requested: str, model: Any, inflight: str, step_mode: str) -> str:
-    """Return ``reducer`` or ``hook`` for a ``comm_timing`` setting (``auto`` decides here).
-
-    ``auto`` picks the reducer where blame stays the same: DDP's timers readable (CPU), the
-    Flight Recorder giving the in-flight state (``inflight``; the hook's bookkeeping otherwise)
-    and steps closed by the optimizer or the DataLoader (``step_mode``; else only the hook's
-    last bucket closes them). Raises ValueError when ``reducer`` is asked for but impossible.
-    """
-    if requested == "hook":
-        return "hook"
-    why = unsupported(model)
-    if requested == "reducer":
-        if why:
-            raise ValueError(f"exporter.instrument(comm_timing='reducer'): {why}")
-        if inflight != "flight_recorder":
-            log.warning(
-                "ddp-exporter: comm_timing='reducer' without a usable Flight Recorder: no "
-                "in-flight state, so hangs are neither alerted nor dumped"
-            )
-        return "reducer"
-    if why is None and inflight == "flight_recorder" and step_mode in ("optimizer", "dataloader"):
-        return "reducer"
-    return "hook"
 
 
 class ReducerTiming:

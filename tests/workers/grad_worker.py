@@ -5,7 +5,7 @@ parameters: functional all-reduces, timed by the exporter's stand-ins), then com
 
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
 ``cuda`` as argv[2] the models train on GPU 0 over gloo (tests/gpu: ranks share the GPU), where
-the exporter times with its hook (``auto`` picks it on CUDA); ``nccl`` as argv[3] takes NCCL
+``auto`` marks each iteration with CUDA events; ``nccl`` as argv[3] takes NCCL
 instead (one rank: NCCL refuses two on one device); ``ddp`` or ``sharded`` as argv[4] runs those
 scenarios alone (default: all).
 """
@@ -67,7 +67,10 @@ def settled(obs: exporter.Observer) -> bool:
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
     deadline = time.monotonic() + 30
-    while not all(enq == done for _, enq, done, _ in obs.recorder.inflight()):
+    marks = obs.comm_instrumentor.parts[0]  # the events mode resolves its marks likewise
+    while getattr(marks, "pending", 0) or not all(
+        enq == done for _, enq, done, _ in obs.recorder.inflight()
+    ):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -103,6 +106,7 @@ def scenario(name: str, timing: str, rank: int) -> dict:
         "buckets": buckets,
         "settled": done,
         "timing": obs.comm_timing,
+        "inflight": obs.inflight.name,
     }
 
 
@@ -185,8 +189,9 @@ def main() -> None:
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(BACKEND)
     rank = dist.get_rank()
-    # On CUDA, "auto" is the hook: the reducer's timers would synchronise the host.
-    timings = ("auto",) if DEVICE.type == "cuda" else ("auto", "hook")
+    # On CUDA, "auto" marks iterations with CUDA events: the reducer's timers would synchronise
+    # the host.
+    timings = ("auto",) if DEVICE.type == "cuda" else ("auto", "hook", "events")
     out = {}
     if SCENARIOS in ("all", "ddp"):
         for timing in timings:
