@@ -2,11 +2,13 @@
 
 Run under torchrun (``--nproc-per-node 1``); writes a JSON report to argv[1]:
 
-- ``comm_timing``, ``inflight_source``: what the exporter chose on CUDA (the hook; the Flight
-  Recorder where this torch has one for NCCL); ``reducer_on_cuda``: the error that refuses the
-  hook-free mode on a CUDA model;
+- ``comm_timing``, ``inflight_source``: what the exporter chose on CUDA (each iteration marked
+  with CUDA events where this torch has a Flight Recorder for NCCL, else the hook);
+  ``reducer_on_cuda``: the error that refuses the reducer's timers on a CUDA model;
 - ``steps``/``buckets``/``latencies``: the recorder's own snapshot (CUDA-event timing, resolved
   off the training thread);
+- ``hook``: the same model with ``comm_timing="hook"`` (the fallback: a timing comm hook, two
+  CUDA events per bucket): its snapshot and the buckets a counting hook sees on the same steps;
 - ``metrics``: ``/metrics`` scraped over HTTP once training is idle, next to ``torch_memory``,
   read in the same idle moment from ``torch.cuda``;
 - ``sync_debug``: a plain DDP model and the instrumented one each trained under
@@ -86,6 +88,40 @@ def count_buckets(device: torch.device, loader: DataLoader, steps: int) -> int:
     return calls[0]
 
 
+def settle(obs) -> None:
+    """Wait until the exporter's thread resolved every CUDA-event mark the GPU has passed."""
+    torch.cuda.synchronize()
+    marks = obs.comm_instrumentor.parts[0]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        counts = obs.recorder.inflight()
+        idle = counts and all(enq == done for _, enq, done, _ in counts)
+        if idle and not getattr(marks, "pending", 0):
+            return
+        time.sleep(0.1)
+
+
+def hook_mode(device: torch.device, loader: DataLoader, steps: int) -> dict:
+    """Train a fresh model timed by the hook (comm_timing="hook"); report what it timed."""
+    model = make_model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    obs = exporter.instrument(
+        model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, comm_timing="hook"
+    )
+    train(model, loader, opt, steps)
+    settle(obs)
+    snap = obs.recorder.snapshot()
+    out = {
+        "comm_timing": obs.comm_timing,
+        "collectives": [list(c) for c in snap.collectives],
+        "bookkeeping": [list(c) for c in obs.recorder.inflight()],
+        "errors": obs.errors.snapshot(),
+    }
+    obs.close()
+    out["expected_buckets"] = count_buckets(device, loader, steps)
+    return out
+
+
 def under_sync_debug(fn) -> str | None:
     """Run ``fn`` with sync-debug mode "error"; return the error it raised, or None."""
     torch.cuda.synchronize()
@@ -114,7 +150,7 @@ def main() -> None:
 
     model, loader = make_model(device), make_loader(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    # The hook-free mode would synchronise the host every step on CUDA: refused, nothing left.
+    # DDP's reducer timers would synchronise the host every step on CUDA: refused, nothing left.
     try:
         exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", comm_timing="reducer")
         report["reducer_on_cuda"] = "accepted"
@@ -142,15 +178,9 @@ def main() -> None:
         ),
     }
 
-    torch.cuda.synchronize()
     steps = WARMUP_STEPS + CHECKED_STEPS
-    # CUDA-event pairs are resolved on the exporter's thread once the GPU passed them.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        counts = obs.recorder.inflight()
-        if counts and all(enq == done for _, enq, done, _ in counts):
-            break
-        time.sleep(0.1)
+    # CUDA-event marks are resolved on the exporter's thread once the GPU passed them.
+    settle(obs)
     report["bookkeeping"] = [list(c) for c in obs.recorder.inflight()]
     # NCCL's watchdog marks completions in the Flight Recorder as it polls: wait for it too.
     deadline = time.monotonic() + 30
@@ -174,6 +204,7 @@ def main() -> None:
     report["errors"] = obs.errors.snapshot()
     obs.close()
     report["expected_buckets"] = count_buckets(device, loader, steps)
+    report["hook"] = hook_mode(device, loader, WARMUP_STEPS)
     with open(sys.argv[1], "w") as f:
         json.dump(report, f, default=str)
     dist.destroy_process_group()

@@ -1,15 +1,16 @@
 """Every CUDA path of the exporter on one real GPU (every test skipped, with why, without one).
 
-- One NCCL rank, the whole ``instrument()`` path: CUDA-event bucket timing resolved off the
-  training thread, the step split, the GPU memory series against ``torch.cuda``'s own figures,
-  the Flight Recorder as in-flight source on NCCL, ``/metrics``; and no host-device
-  synchronisation added, checked with ``torch.cuda.set_sync_debug_mode("error")``.
+- One NCCL rank, the whole ``instrument()`` path: each iteration marked with CUDA events
+  resolved off the training thread (and the hook mode's CUDA-event pairs per bucket), the step
+  split, the GPU memory series against ``torch.cuda``'s own figures, the Flight Recorder as
+  in-flight source on NCCL, ``/metrics``; and no host-device synchronisation added, checked
+  with ``torch.cuda.set_sync_debug_mode("error")``.
 - Several ranks sharing the GPU over gloo with CUDA tensors (NCCL refuses two ranks on one
   device): the straggler blamed by compute, a hang named with its forensics verdict, gradients
   bit-identical with and without the exporter (DDP; FSDP2 and tensor parallelism on one NCCL
-  rank). On CUDA the exporter times with its hook: DDP's
-  reducer timers synchronise the host (``comm_timing="reducer"`` is refused there), so the
-  hook-free mode is tested on CPU only (tests/test_gradients.py, tests/test_reducer_timing.py).
+  rank). DDP's reducer timers synchronise the host on CUDA (``comm_timing="reducer"`` is refused
+  there), so the reducer mode is tested on CPU only (tests/test_gradients.py,
+  tests/test_reducer_timing.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ pytestmark = [
 WORKER = os.path.join("tests", "gpu", "nccl_worker.py")
 TRAINER = os.path.join(REPO, "exporter", "tools", "trainer.py")
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+#: Steps of the worker's hook-mode model (nccl_worker.WARMUP_STEPS).
+WARMUP_HOOK_STEPS = 20
 
 
 def _trainer_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
@@ -72,27 +75,46 @@ def nccl_report(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_nccl_rank_times_buckets_with_cuda_events(nccl_report):
+def _marks_expected() -> str:
+    """Return the mode ``auto`` picks on CUDA: the marks where a Flight Recorder gives the
+    in-flight state (torch >= 2.5 on NCCL), else the hook."""
+    return "events" if TORCH >= (2, 5) else "hook"
+
+
+def test_nccl_rank_marks_each_iteration_with_cuda_events(nccl_report):
     r = nccl_report
     assert r["backend"] == "nccl" and r["world_size"] == 1
-    # On CUDA the timing hook; DDP's reducer timers would synchronise the host, so the hook-free
-    # mode is refused with a reason, and the refusal leaves nothing instrumented.
-    assert r["comm_timing"] == "hook"
+    # On CUDA DDP's reducer timers would synchronise the host: refused with a reason, and the
+    # refusal leaves nothing instrumented. auto marks each iteration with CUDA events instead.
+    assert r["comm_timing"] == _marks_expected()
     assert "synchronise the host" in r["reducer_on_cuda"], r["reducer_on_cuda"]
     assert r["active_after_refusal"] is False
     assert r["recorder"]["steps"] == r["expected_steps"], r["recorder"]
-    (op, pg, _, latency_sum, count, nbytes), = r["recorder"]["collectives"]  # fmt: skip
+    ((op, pg, _, latency_sum, count, nbytes),) = r["recorder"]["collectives"]
+    # One observation per iteration (first bucket to last), every one resolved.
+    expected = r["expected_steps"] if r["comm_timing"] == "events" else r["expected_buckets"]
+    assert count == expected, (count, r["expected_steps"], r["expected_buckets"])
+    ((_, enqueued, completed, _),) = r["bookkeeping"]
+    assert enqueued == completed == count, r["bookkeeping"]
+    assert nbytes > 0
+    # GPU time between events: NCCL makes a one-rank allreduce a copy, so this is the backward
+    # from its first gradient on, never negative and far below a second.
+    assert 0.0 <= latency_sum / count < 1.0, (latency_sum, count)
+    assert not any(r["errors"].values()), r["errors"]
+
+
+def test_nccl_hook_mode_times_every_bucket_with_cuda_events(nccl_report):
+    h = nccl_report["hook"]
+    assert h["comm_timing"] == "hook", h
+    ((op, pg, _, latency_sum, count, nbytes),) = h["collectives"]
     # Several 1 MiB buckets per backward, each one timed by its CUDA-event pair: as many as a
     # counting hook sees on the same model over the same steps (DDP's first iteration, before
     # it rebuilds its buckets, may reduce in fewer).
-    assert count == r["expected_buckets"] > r["expected_steps"], (count, r["expected_buckets"])
-    (_, enqueued, completed, _), = r["bookkeeping"]  # fmt: skip
-    assert enqueued == completed == count, r["bookkeeping"]
-    assert nbytes > 0
-    # GPU time between two events: NCCL makes a one-rank allreduce a no-op, so this is only
-    # the streams' hand-over, yet never negative and far below a second.
-    assert 0.0 <= latency_sum / count < 1.0, (latency_sum, count)
-    assert not any(r["errors"].values()), r["errors"]
+    assert count == h["expected_buckets"] > WARMUP_HOOK_STEPS, (count, h["expected_buckets"])
+    ((_, enqueued, completed, _),) = h["bookkeeping"]
+    assert enqueued == completed == count, h["bookkeeping"]
+    assert 0.0 <= latency_sum / count < 1.0 and nbytes > 0, (latency_sum, count, nbytes)
+    assert not any(h["errors"].values()), h["errors"]
 
 
 def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
@@ -113,7 +135,7 @@ def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
     info = _one(s, "ddp_rank_info")
     assert info["backend"] == "nccl" and info["device"] == "cuda", info
     assert info["cuda_version"] != "none" and info["nccl_version"] != "none", info
-    assert info["comm_timing"] == "hook", info
+    assert info["comm_timing"] == r["comm_timing"], info
 
 
 def test_nccl_flight_recorder_is_the_inflight_source(nccl_report):
@@ -158,7 +180,8 @@ def test_shared_gpu_straggler_blamed_by_compute():
         )
         info = _one(job.scrape(0), "ddp_rank_info")
         assert info["device"] == "cuda" and info["backend"] == "gloo", info
-        assert info["comm_timing"] == "hook", info
+        marks = info["inflight_source"] == "flight_recorder"
+        assert info["comm_timing"] == ("events" if marks else "hook"), info
         previous: dict = {}
 
         def blamed():
@@ -228,10 +251,17 @@ def test_shared_gpu_gradients_bit_identical(tmp_path):
         for name, r in per_rank.items():
             assert r["grads"] and r["params"], f"rank {rank} {name}: differ on CUDA"
             assert r["steps"] == 6 and r["settled"], (rank, name, r)
-        # On CUDA "auto" picks the hook, which timed every bucket it wraps.
-        assert per_rank["builtin/auto"]["timing"] == "hook"
-        assert per_rank["builtin/auto"]["buckets"] > 6
-        assert per_rank["fp16_before/auto"]["timing"] == "none"
+        # On CUDA "auto" marks every iteration (a Flight Recorder for gloo: torch >= 2.8),
+        # whatever hook the user registered, before or after; else the hook times every bucket
+        # it wraps, and none of a hook registered before instrument().
+        if per_rank["builtin/auto"]["inflight"] == "flight_recorder":
+            for name in ("builtin", "fp16_after", "fp16_before"):
+                r = per_rank[f"{name}/auto"]
+                assert r["timing"] == "events" and r["buckets"] == 6, (rank, name, r)
+        else:
+            assert per_rank["builtin/auto"]["timing"] == "hook"
+            assert per_rank["builtin/auto"]["buckets"] > 6
+            assert per_rank["fp16_before/auto"]["timing"] == "none"
 
 
 def test_nccl_sharded_gradients_bit_identical(tmp_path):
