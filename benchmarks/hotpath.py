@@ -26,6 +26,10 @@ Cases:
 * ``funcol.all_reduce`` and its ``wait()`` (a functional collective, as DTensor issues them) on
   the 1-rank gloo group with and without :class:`FunctionalCollectiveTiming`'s stand-ins for
   the ``_c10d_functional`` ops (any parallelism): one event = one collective (launch, wait).
+* ``backward, marks``: a backward of a ``Linear(4, 4)`` (with DDP's ``require_backward_grad_sync``
+  flag, so that no allreduce's jitter hides the difference) with and without the events mode's
+  marks (:class:`IterationEvents` on the host clock): their cost per iteration, the same
+  whatever the model and its number of buckets (not a per-event cost).
 * The forward pre-hook is not timed: it runs before the first forward only, then removes itself.
 
 Also printed (not event costs): the stand-in allreduce hook's extra ``mul_`` pass over a
@@ -54,6 +58,7 @@ sys.path.insert(0, REPO)
 from exporter.errors import ErrorCounter  # noqa: E402
 from exporter.sources.collectives import CollectiveTiming  # noqa: E402
 from exporter.sources.commhook import CommHookWrapper  # noqa: E402
+from exporter.sources.ddpevents import HostMarks, IterationEvents  # noqa: E402
 from exporter.sources.functional import FunctionalCollectiveTiming  # noqa: E402
 from exporter.sources.instrumentors import (  # noqa: E402
     DataLoaderInstrumentor,
@@ -256,6 +261,34 @@ def main(argv: list[str] | None = None) -> int:
     read_ns = _time(lambda k: [timing.read() for _ in range(k)], max(n // 100, 100), reps)
     timing.uninstrument()
 
+    # -- per iteration: the marks of the events mode (three calls, whatever the buckets) -------
+    # A plain module with DDP's flag: the same hook and callbacks, without a 1-rank gloo
+    # allreduce whose jitter (tens of us) would hide them.
+    marked = torch.nn.Linear(4, 4)
+    marked.require_backward_grad_sync = True
+    mrec = Recorder("optimizer")
+    marks = IterationEvents(
+        marked, mrec, errors, mrec.collective_stats("allreduce", "0", None), HostMarks()
+    )
+    xm = torch.randn(2, 4)
+
+    def backward(k: int) -> None:
+        for _ in range(k):
+            marked(xm).sum().backward()
+
+    rows.append(
+        _pair(
+            "backward, marks (per iter)",
+            backward,
+            backward,
+            max(1000, n // 20),
+            reps,
+            marks.instrument,
+            marks.uninstrument,
+        )
+    )
+    marks.close()
+
     # -- FSDP2 / loops without DDP: the torch.distributed collective wrappers ------------------
     ctim = CollectiveTiming(Recorder("optimizer"), errors)
     small, out2 = torch.ones(1), torch.empty(1)
@@ -293,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for name, b, i, dmin, dmed in rows:
         print(f"{name:<32} {b:9.3f} {i:9.3f} {dmin:13.3f} {dmed:13.3f}")
-        if "(info)" not in name:
+        if "(info)" not in name and "(per iter)" not in name:
             worst = max(worst, dmed)
     print(
         f"stand-in allreduce hook mul_ pass over a 25 MB bucket: {min(mul_ns) / 1e3:.0f} us "

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Prove the exporter's CUDA and NCCL paths on this machine's GPU, in one command (< 10 min):
 #   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo),
-#   2. benchmarks/gpu.py (overhead on a real AMP step, per-bucket wrapper cost, scrape time),
+#   2. benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the host
+#      CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
 #   3. the core CPU tests with this machine's torch (the torch range: it may be older than the pin),
 # then write a markdown report with the versions, every figure and each test's outcome.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default: gpu-report/
-#   GPU_CHECK_BENCH_ARGS="--rounds 15" bash scripts/gpu-check.sh   # a shorter benchmark
+#   GPU_CHECK_BENCH_ARGS="--regimes host" bash scripts/gpu-check.sh   # a shorter benchmark
 #
 # Uses the python3 (and its CUDA torch) already there; installs nothing from the network. Pure-
 # Python dependencies missing there can be carried as wheels in .whl/ (docs/how-it-works/compatibility.md).

@@ -39,40 +39,68 @@ def _table(title: str, path: Path) -> list[str]:
     counts: dict[str, int] = {}
     for _, outcome, _ in rows:
         counts[outcome] = counts.get(outcome, 0) + 1
-    out = [f"## {title}", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items())), "",
-           "| test | outcome | detail |", "|---|---|---|"]  # fmt: skip
+    out = [
+        f"## {title}",
+        "",
+        ", ".join(f"{n} {o}" for o, n in sorted(counts.items())),
+        "",
+        "| test | outcome | detail |",
+        "|---|---|---|",
+    ]
     out += [f"| `{n}` | {o} | {d.replace('|', '/')} |" for n, o, d in rows]
     return [*out, ""]
+
+
+def _regime_row(r: dict) -> str:
+    """Return one regime's row: its shape, bottleneck, overhead, control and host cost."""
+    i, c = r["ratio"]["instr"], r["ratio"]["control"]
+    cpu = r["cpu_us_per_step"]
+    return (
+        f"| {r['regime']} | {r['params'] / 1e6:.0f} M, batch {r['batch']}, "
+        f"{r['buckets_per_step']} buckets | {r['plain_step_ms']:.1f} ms | "
+        f"{r['kernel_share']:.2f} | **{i['median']:.4f}** [{i['q1']:.4f}, {i['q3']:.4f}] | "
+        f"{c['median']:.4f} [{c['q1']:.4f}, {c['q3']:.4f}] | "
+        f"{cpu['main_cpu']['instr_minus_plain']:+.0f} / "
+        f"{cpu['autograd_cpu']['instr_minus_plain']:+.0f} µs "
+        f"({r['autograd_us_per_bucket']:+.1f} µs per bucket) | {r['comm_timing']} | "
+        f"{r['exporter_errors'] or 'none'} |"
+    )
 
 
 def _bench(path: Path) -> list[str]:
     if not path.exists():
         return ["## benchmarks/gpu.py", "", "missing: bench.json (see bench.log)", ""]
     b = json.loads(path.read_text())
-    r, c, bk, s = b["ratio"]["instr"], b["ratio"]["control"], b["bucket"], b["scrape_ms"]
-    return [
+    out = [
         "## benchmarks/gpu.py",
         "",
-        f"{b['params'] / 1e6:.0f} M parameters, batch {b['batch']}, AMP {b['amp']}, "
-        f"{b['backend']} (1 rank), plain step {b['plain_step_ms']:.1f} ms; "
-        f"comm_timing={b['comm_timing']}, in-flight source {b['inflight_source']}; "
-        f"{b['rounds']} rounds x {b['block']} steps per arm.",
+        f"{b['backend']} (1 rank), AMP {b['amp']}; {b['rounds']} interleaved rounds x "
+        f"{b['block']} steps per arm. kernel share: the GPU's busy time per step over the plain "
+        "step (near 1: the GPU is the bottleneck; well under 1: the host is). Host CPU per "
+        "step, instr minus plain: the training thread / the autograd engine's thread.",
         "",
-        "| figure | value |",
-        "|---|---|",
-        f"| overhead ratio instr/plain (median, IQR) | **{r['median']:.4f}** "
-        f"[{r['q1']:.4f}, {r['q3']:.4f}] |",
-        f"| noise floor control/plain (median, IQR) | {c['median']:.4f} "
-        f"[{c['q1']:.4f}, {c['q3']:.4f}] |",
-        f"| timing wrapper per bucket, host side | {bk['cost_us']:.1f} µs "
-        f"(bare hook {bk['bare_us']:.1f} µs) |",
-        f"| /metrics scrape, idle (median) | {s['idle']['median']:.2f} ms ({s['bytes']} bytes) |",
-        f"| /metrics scrape while training (median) | {s['training']['median']:.2f} ms |",
-        f"| buckets timed / steps counted (instr) | {b['buckets_timed']} / "
-        f"{b['instr_steps_counted']} |",
-        f"| exporter errors | {b['exporter_errors'] or 'none'} |",
+        "| regime | model | plain step | kernel share | instr/plain (median, IQR) | "
+        "control/plain | host CPU per step | comm_timing | exporter errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(_regime_row(r) for r in b["regimes"]),
         "",
     ]
+    if "hook_bucket" in b:
+        h = b["hook_bucket"]
+        out += [
+            f"Hook mode's wrapper per bucket, host side: {h['cost_us']:.1f} µs (bare hook "
+            f"{h['bare_us']:.1f} µs).",
+            "",
+        ]
+    for r in b["regimes"]:
+        if "scrape_ms" in r and "idle" in r["scrape_ms"]:
+            s = r["scrape_ms"]
+            out += [
+                f"/metrics scrape: idle {s['idle']['median']:.2f} ms, while training "
+                f"{s['training']['median']:.2f} ms ({s['bytes']} bytes).",
+                "",
+            ]
+    return out
 
 
 def main(argv: list[str]) -> int:
