@@ -100,6 +100,21 @@ def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits()
 
 
 @pytest.mark.unit
+def test_a_one_node_job_names_no_link_however_its_round_trips_differ():
+    # Three ranks on one node: a busy host makes one rank's round trip to the store 16 ms
+    # against 2 ms, twice in a row, while every rank waits on communication. No network lies
+    # between them and the store: contention, not a link.
+    def read(steps):
+        return [_linked(r, steps, 0.016 if r == 2 else 0.002, node="vm") for r in range(3)]
+
+    assert not any(_reads(read(100), read(200), read(300))[2].values())
+    # The same round trips across nodes name the rank behind the link.
+    spread = [_linked(r, 300, 0.016 if r == 2 else 0.002, node=f"n{r}") for r in range(3)]
+    later = [_linked(r, 400, 0.016 if r == 2 else 0.002, node=f"n{r}") for r in range(3)]
+    assert _reads(spread, later)[1][2].startswith("straggler: link"), _reads(spread, later)
+
+
+@pytest.mark.unit
 def test_a_slow_link_on_the_store_s_own_node_is_named_by_every_other_node_s_round_trips():
     def read(steps, nodes, comm=0.7):
         # Node n0 hosts the store: its rank's round trip stays local while the others' cross

@@ -47,11 +47,14 @@ def _straggler_expr(cfg: MixinConfig) -> str:
         f" > {cfg.straggler_min_excess_seconds:g}),\n"
         '    "cause", "$1", "phase", "(.*)"\n  )\n)\n'
         # A slow link slows every rank alike: no rank's compute stands out, but the store
-        # round trips of the ranks behind that link do (exporter.sources.heartbeat).
+        # round trips of the ranks behind that link do (exporter.sources.heartbeat). On one
+        # node no network lies between the ranks and the store: a slow round trip there is
+        # CPU contention, no link.
         f"or\nmax {c.by('run, rank, cause')} (\n  label_replace(\n"
         f"    ({r.store_rtt_ratio} > {cfg.link_rtt_ratio:g})\n"
         f"    and {rank} ({r.store_rtt_rank} > {cfg.link_min_rtt_seconds:g})\n"
-        f"    and {waits},\n"
+        f"    and {waits}\n"
+        f"    unless {run} ({nodes} == 1),\n"
         '    "cause", "link", "", ""\n  )\n)\n'
         # The store's own node's link: its ranks reach the store locally, so every other
         # node's round trip is inflated (the run's median) and theirs is not. With two nodes
@@ -105,7 +108,8 @@ def rank_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         f"whose round trip is {cfg.link_rtt_ratio:g}x below a run median over "
         f"{cfg.link_min_rtt_seconds * 1000:g} ms. It cannot name a slow link on half of the "
         "nodes or more, nor tell the two ends of a two-node job apart; `ddp-exporter doctor "
-        "--links` can.",
+        "--links` can. A job on one node names no link: its ranks reach the store without a "
+        "network, so a slow round trip there is CPU contention.",
         "Stragglers dashboard: phase split per rank (the straggler's compute or data bar is "
         "taller; the others' comm_wait is taller). Overview: straggler score per rank.",
         "cause=compute: check that GPU for thermal or power throttling, ECC errors, a "

@@ -176,11 +176,14 @@ def _slow_link(live: list[RankRow], config: MixinConfig) -> None:
     A slow link slows every rank alike; the store round trips of the ranks behind it stand out
     (the same test as DDPRankStraggler cause=link, on this read's last heartbeat). When the
     slow link is the store's own node's, every other node's round trips are inflated and not
-    its own (the store is local): with three nodes or more, its ranks are named.
+    its own (the store is local): with three nodes or more, its ranks are named. A job on one
+    node names no link: its round trips cross no network.
     """
     trips = [r.store_rtt for r in live if r.store_rtt >= 0]
     med = statistics.median(trips) if trips else 0.0
     nodes = len({r.node for r in live if r.node})
+    if nodes == 1 and all(r.node for r in live):
+        return  # one node: no network between the ranks and the store, only CPU contention
     for r in live:
         total = sum(r.phases.values())
         waits = total > 0 and r.phases.get("comm_wait", 0.0) / total > config.link_comm_share
