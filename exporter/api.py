@@ -12,6 +12,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -58,14 +59,20 @@ def _check_types(
     return kind
 
 
-def _refuse_an_abort_nobody_can_restart(hang: settings.OnHang) -> None:
-    """Raise ValueError where an abort's restart could not connect (a shared store kept dirty)."""
-    if hang.action == "abort":
-        blocker = launcher.restart_blocker(
-            launcher.launch(), launcher.job_store(), torch.__version__
-        )
-        if blocker is not None:
-            raise ValueError(f"exporter.instrument(on_hang='abort'): {blocker}")
+def _abort_someone_can_restart(cfg: settings.InstrumentSettings) -> settings.InstrumentSettings:
+    """Return ``cfg``, its hang action off where an abort's restart could not connect.
+
+    A shared store kept dirty would stop the restarted job: ``on_hang="abort"`` given as a
+    keyword raises ValueError; from ``DDP_EXPORTER_ON_HANG`` it is logged and turned off.
+    """
+    if cfg.on_hang.action != "abort":
+        return cfg
+    blocker = launcher.restart_blocker(launcher.launch(), launcher.job_store(), torch.__version__)
+    if blocker is None:
+        return cfg
+    if "on_hang" in cfg.keywords:
+        raise ValueError(f"exporter.instrument(on_hang='abort'): {blocker}")
+    return replace(cfg, on_hang=settings.off_hang(cfg.on_hang, f"'off' here: {blocker}"))
 
 
 def instrument(
@@ -148,7 +155,7 @@ def instrument(
             otlp=otlp, dump_folder=dump_dir, hang_action=on_hang, abort_after=abort_after,
             abort_limit=abort_limit, start_step=start_step, timing=comm_timing,
         )  # fmt: skip
-        _refuse_an_abort_nobody_can_restart(cfg.on_hang)
+        cfg = _abort_someone_can_restart(cfg)
         if kind != "ddp" and dataloader is None and optimizer is None:
             log.info(
                 "ddp-exporter: no DataLoader or optimizer given for a %s job: steps are counted "

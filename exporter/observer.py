@@ -85,9 +85,16 @@ class Observer:
         self.inflight = InFlight(self.recorder, self.errors, flight_recorder=cfg.flight_recorder,
                                  before_first_collective=not ddp)  # fmt: skip
         cuda = self.device.type == "cuda"
-        timing = start_comm_timing(model, self.parallelism, self.recorder, self.errors,
-                                   requested=cfg.comm_timing, inflight=self.inflight.name,
-                                   cuda=cuda)  # fmt: skip
+        timing = start_comm_timing(
+            model,
+            self.parallelism,
+            self.recorder,
+            self.errors,
+            requested=cfg.comm_timing,
+            inflight=self.inflight.name,
+            cuda=cuda,
+            keyword="comm_timing" in cfg.keywords,
+        )
         self.comm_timing, self.hook, self._resolver = timing.mode, timing.hook, timing.resolver
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor

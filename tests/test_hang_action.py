@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import glob
 import json
+import logging
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import train_epoch
 from harness import Job, Ranks, parse, scrape_text, wait_for
 from promstack import fast_config, require, run_prometheus, static_scrape
 
@@ -29,6 +31,7 @@ from exporter import settings, storekeys
 from exporter.errors import ErrorCounter
 from exporter.hangs import action
 from exporter.hangs.definition import HangFinding
+from exporter.settings import validate
 from exporter.tools.localstack import free_port
 
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
@@ -227,6 +230,26 @@ def test_instrument_refuses_the_action_without_a_hang_watcher(ddp):
     with pytest.raises(ValueError, match="expected 'off' or 'abort'"):
         exporter.instrument(model, optimizer=opt, port=0, on_hang=True)
     assert exporter.active() is None
+
+
+@pytest.mark.unit
+def test_the_action_from_the_environment_without_a_hang_watcher_is_logged_and_off(
+    ddp, monkeypatch, caplog
+):
+    model, loader, opt = ddp
+    monkeypatch.setattr(validate, "_logged", set())  # what earlier tests logged: forgotten
+    monkeypatch.setattr(validate, "_invalid", {})
+    monkeypatch.setenv(settings.ON_HANG, "abort")
+    monkeypatch.setenv(settings.HEARTBEAT_S, "0")
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1")
+    lines = [r.getMessage() for r in caplog.records if settings.ON_HANG in r.getMessage()]
+    assert len(lines) == 1 and "the hang action is off" in lines[0], lines
+    assert "heartbeat_s > 0, got 0" in lines[0], lines
+    assert obs.hangs is None and obs.heartbeat is None
+    train_epoch(model, loader, opt)  # training goes on
+    assert obs.recorder.snapshot().steps == len(loader)
+    obs.close()
 
 
 @pytest.mark.unit

@@ -1,5 +1,6 @@
 """Hook-free timing: DDP's reducer timers read once per step, in a real one-rank gloo group."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +10,7 @@ from conftest import train_epoch
 import exporter
 from exporter import settings
 from exporter.errors import ErrorCounter
+from exporter.settings import validate
 from exporter.sources.commtiming import choose_timing
 from exporter.sources.reducer import ReducerTiming, unsupported
 
@@ -73,6 +75,19 @@ def test_auto_picks_the_reducer_only_where_blame_stays_the_same(ddp):
         choose_timing("reducer", gpu_like, "flight_recorder", "optimizer")
     with pytest.raises(ValueError, match="comm_timing='events'.*not a DistributedDataParallel"):
         choose_timing("events", torch.nn.Linear(1, 1), "flight_recorder", "optimizer")
+
+
+def test_a_timing_from_the_environment_that_cannot_work_is_logged_and_auto_chooses(
+    caplog, monkeypatch
+):
+    monkeypatch.setattr(validate, "_logged", set())  # what earlier tests logged: forgotten
+    monkeypatch.setattr(validate, "_invalid", {})
+    gpu_like = _ModelOn("meta")
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        mode = choose_timing("reducer", gpu_like, "flight_recorder", "optimizer", keyword=False)
+    assert mode == "events"
+    lines = [r.getMessage() for r in caplog.records if settings.COMM_TIMING in r.getMessage()]
+    assert len(lines) == 1 and "synchronise" in lines[0] and "'auto'" in lines[0], lines
 
 
 def test_instrument_without_optimizer_or_loader_marks_iterations(ddp):

@@ -173,8 +173,14 @@ def test_instrument_settings_resolve_in_one_call_with_the_rules_between_them(fre
     assert cfg.on_hang.action == "abort" and cfg.comm_timing == "auto"
     assert (cfg.identity.rank, cfg.identity.world_size) == (1, 4)
     assert cfg.dump_dir == str(tmp_path / "dumps") and (tmp_path / "dumps").is_dir()
+    # The hang action from the environment, but no heartbeat: logged, turned off, no raise.
+    quiet = settings.for_instrument(parallelism="ddp", group=(0, 2), heartbeat_s=0, environ=env)
+    assert quiet.on_hang.action == "off" and quiet.keywords == frozenset()
+    # Given as a keyword, it raises.
     with pytest.raises(ValueError, match="needs the hang watcher"):
-        settings.for_instrument(parallelism="ddp", group=(0, 2), heartbeat_s=0, environ=env)
+        settings.for_instrument(
+            parallelism="ddp", group=(0, 2), heartbeat_s=0, hang_action="abort", environ=env
+        )
     with pytest.raises(ValueError, match="leave comm_timing out"):
         settings.for_instrument(parallelism="fsdp2", group=(0, 2), timing="hook", environ={})
     with pytest.raises(ValueError, match="start_step"):

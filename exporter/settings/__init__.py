@@ -25,7 +25,7 @@ This module imports no torch and nothing of the exporter but its logger: offline
 
 from __future__ import annotations
 
-from .instrument import InstrumentSettings, for_instrument
+from .instrument import InstrumentSettings, for_instrument, off_hang
 from .kinds import (
     Setting,
     duration_seconds,
@@ -143,6 +143,7 @@ from .values import (
 __all__ = [
     "InstrumentSettings",
     "for_instrument",
+    "off_hang",
     "duration_seconds",
     "ABORT_AFTER_S",
     "ABORT_EXIT_CODE",

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .kinds import integer
 from .launch import Identity, identity
+from .names import ON_HANG
+from .table import SETTINGS
+from .validate import environ_of, report_invalid
 from .values import (
     Endpoint,
     OnHang,
@@ -30,7 +33,7 @@ from .values import (
     usable_dump_dir,
 )
 
-__all__ = ["InstrumentSettings", "for_instrument"]
+__all__ = ["InstrumentSettings", "for_instrument", "off_hang"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class InstrumentSettings:
 
     identity: Identity
     endpoint: Endpoint
-    #: How DDP's communication is timed: ``auto``, ``reducer`` or ``hook``.
+    #: How DDP's communication is timed: ``auto``, ``reducer``, ``events`` or ``hook``.
     comm_timing: str
     on_hang: OnHang
     #: A folder hang dumps can be written to (checked at start).
@@ -50,6 +53,9 @@ class InstrumentSettings:
     final_scrape_s: float
     #: The step this attempt resumed at, None where unknown.
     start_step: int | None
+    #: The settings given as keywords (``comm_timing``, ``on_hang``): one that cannot be honoured
+    #: raises, where the same value from the environment is logged and replaced.
+    keywords: frozenset[str] = frozenset()
 
 
 def for_instrument(
@@ -101,11 +107,13 @@ def for_instrument(
     )
     hang = on_hang("instrument", hang_action, abort_after, abort_limit, environ=environ)
     if hang.action != "off" and not (where.heartbeat_s > 0 and where.monitor_rank >= 0):
-        raise ValueError(
-            f"exporter.instrument(on_hang={hang.action!r}) needs the hang watcher: a "
-            f"heartbeat (heartbeat_s > 0, got {where.heartbeat_s:g}) and a monitoring "
-            f"rank (monitor_rank >= 0, got {where.monitor_rank})"
+        needs = (
+            f"the hang watcher: a heartbeat (heartbeat_s > 0, got {where.heartbeat_s:g}) and a "
+            f"monitoring rank (monitor_rank >= 0, got {where.monitor_rank})"
         )
+        if hang_action is not None:
+            raise ValueError(f"exporter.instrument(on_hang={hang.action!r}) needs {needs}")
+        hang = off_hang(hang, f"'off' without {needs}", environ)
     folder = usable_dump_dir(
         dump_dir(dump_folder, environ), from_keyword=dump_folder is not None, environ=environ
     )
@@ -119,4 +127,25 @@ def for_instrument(
         otlp=otlp_requested(otlp, environ),
         final_scrape_s=final_scrape_s(environ),
         start_step=start_step,
+        keywords=frozenset(
+            name
+            for name, given in (("comm_timing", timing), ("on_hang", hang_action))
+            if given is not None
+        ),
     )
+
+
+def off_hang(hang: OnHang, accepted: str, environ: Mapping[str, str] | None = None) -> OnHang:
+    """Return ``hang`` turned off, after logging that ``DDP_EXPORTER_ON_HANG`` cannot be honoured.
+
+    ``accepted`` says what the variable could hold here. For a value read from the environment
+    only: a keyword that cannot be honoured raises instead.
+    """
+    report_invalid(
+        SETTINGS[ON_HANG],
+        environ_of(environ).get(ON_HANG, hang.action),
+        accepted=accepted,
+        instead="the hang action is off (alerts and dumps only)",
+        environ=environ,
+    )
+    return replace(hang, action="off")

@@ -12,9 +12,11 @@ hook and the background resolver where there are any.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import settings
 from ..errors import ErrorCounter
 from ..log import log
 from .collectives import CollectiveTiming
@@ -73,22 +75,33 @@ class CommTiming:
     resolver: IterationEvents | CudaEventResolver | None = None
 
 
-def choose_timing(requested: str, model: Any, inflight: str, step_mode: str) -> str:
+def choose_timing(
+    requested: str, model: Any, inflight: str, step_mode: str, *, keyword: bool = True
+) -> str:
     """Return ``reducer``, ``events`` or ``hook`` for a ``comm_timing`` setting.
 
     ``auto`` leaves DDP's built-in allreduce alone wherever blame stays the same, which needs the
     in-flight state from the Flight Recorder (``inflight``; else only the hook's bookkeeping has
     it): DDP's reducer timers on CPU with steps closed by the optimizer or the DataLoader
     (``step_mode``: each step reads its own iteration as it closes), else the iteration marks
-    (CUDA, where the reducer's timers would synchronise the host). Raises ValueError when
-    ``reducer`` or ``events`` is asked for but impossible.
+    (CUDA, where the reducer's timers would synchronise the host). ``reducer`` or ``events``
+    asked for but impossible raises ValueError when given as a keyword (``keyword``); from
+    ``DDP_EXPORTER_COMM_TIMING`` it is logged and ``auto`` chooses instead.
     """
     if requested == "hook":
         return "hook"
     if requested in ("reducer", "events"):
         why = unsupported(model) if requested == "reducer" else events_unsupported(model)
-        if why:
+        if why and keyword:
             raise ValueError(f"exporter.instrument(comm_timing={requested!r}): {why}")
+        if why:
+            settings.report_invalid(
+                settings.SETTINGS[settings.COMM_TIMING],
+                os.environ.get(settings.COMM_TIMING, requested),
+                accepted=f"a mode this model can use ({requested!r}: {why})",
+                instead="choosing as 'auto' does",
+            )
+            return choose_timing("auto", model, inflight, step_mode)
         if inflight != "flight_recorder":
             log.warning(
                 "ddp-exporter: comm_timing=%r without a usable Flight Recorder: no in-flight "
@@ -112,10 +125,12 @@ def start_comm_timing(
     requested: str,
     inflight: str,
     cuda: bool,
+    keyword: bool = True,
 ) -> CommTiming:
     """Start timing ``model``'s communication; ``requested`` is the ``comm_timing`` setting.
 
-    ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder).
+    ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder);
+    ``keyword``: ``requested`` was given in code (see :func:`choose_timing`).
     """
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
@@ -130,7 +145,7 @@ def start_comm_timing(
     pg = model.process_group
     stats = recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
                                       pg_timeout_seconds(pg))  # fmt: skip
-    mode = choose_timing(requested, model, inflight, recorder.mode)
+    mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
     if mode == "events":
         marks = IterationEvents(model, recorder, errors, stats)
         marks.instrument()
