@@ -82,12 +82,15 @@ def test_a_timing_from_the_environment_that_cannot_work_is_logged_and_auto_choos
 ):
     monkeypatch.setattr(validate, "_logged", set())  # what earlier tests logged: forgotten
     monkeypatch.setattr(validate, "_invalid", {})
+    monkeypatch.setenv(settings.COMM_TIMING, "Reducer")
     gpu_like = _ModelOn("meta")
     with caplog.at_level(logging.WARNING, logger="exporter"):
         mode = choose_timing("reducer", gpu_like, "flight_recorder", "optimizer", keyword=False)
     assert mode == "events"
     lines = [r.getMessage() for r in caplog.records if settings.COMM_TIMING in r.getMessage()]
     assert len(lines) == 1 and "synchronise" in lines[0] and "'auto'" in lines[0], lines
+    assert "got 'Reducer'" in lines[0], lines
+    assert settings.invalid_settings() == [settings.COMM_TIMING]  # published, as the value found
 
 
 def test_instrument_without_optimizer_or_loader_marks_iterations(ddp):

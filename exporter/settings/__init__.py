@@ -113,6 +113,7 @@ from .table import (
 from .validate import (
     invalid_settings,
     report_invalid,
+    report_unusable,
     resolve,
     setting_message,
 )
@@ -239,6 +240,7 @@ __all__ = [
     "parse_deadline",
     "positive_int",
     "report_invalid",
+    "report_unusable",
     "resolve",
     "restart_count",
     "restarts_left",

@@ -18,8 +18,7 @@ from typing import Any
 from .kinds import integer
 from .launch import Identity, identity
 from .names import ON_HANG
-from .table import SETTINGS
-from .validate import environ_of, report_invalid
+from .validate import report_unusable
 from .values import (
     Endpoint,
     OnHang,
@@ -141,9 +140,8 @@ def off_hang(hang: OnHang, accepted: str, environ: Mapping[str, str] | None = No
     ``accepted`` says what the variable could hold here. For a value read from the environment
     only: a keyword that cannot be honoured raises instead.
     """
-    report_invalid(
-        SETTINGS[ON_HANG],
-        environ_of(environ).get(ON_HANG, hang.action),
+    report_unusable(
+        ON_HANG,
         accepted=accepted,
         instead="the hang action is off (alerts and dumps only)",
         environ=environ,

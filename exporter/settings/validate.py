@@ -73,6 +73,19 @@ def report_invalid(
         )
 
 
+def report_unusable(
+    name: str, *, accepted: str, instead: str, environ: Mapping[str, str] | None = None
+) -> None:
+    """Log once that variable ``name`` holds a value this job cannot honour; never raises.
+
+    For a value valid by itself that another setting or the model rules out (the hang action
+    without a heartbeat, DDP's reducer timers on a GPU): :func:`report_invalid` with the
+    variable's own value, ``accepted`` saying what could work here.
+    """
+    raw = environ_of(environ).get(name, "")
+    report_invalid(SETTINGS[name], raw, accepted=accepted, instead=instead, environ=environ)
+
+
 def invalid_settings() -> list[str]:
     """Return the variables whose value in this process's environment was found invalid."""
     with _lock:

@@ -12,7 +12,6 @@ hook and the background resolver where there are any.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,9 +94,8 @@ def choose_timing(
         if why and keyword:
             raise ValueError(f"exporter.instrument(comm_timing={requested!r}): {why}")
         if why:
-            settings.report_invalid(
-                settings.SETTINGS[settings.COMM_TIMING],
-                os.environ.get(settings.COMM_TIMING, requested),
+            settings.report_unusable(
+                settings.COMM_TIMING,
                 accepted=f"a mode this model can use ({requested!r}: {why})",
                 instead="choosing as 'auto' does",
             )
