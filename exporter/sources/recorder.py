@@ -157,10 +157,7 @@ class Recorder:
         if reading is not None:
             stats = self._comm_stats
             assert stats is not None  # time_comm_with sets the reader and its stats together
-            stats.enqueued += 1
-            stats.bytes += reading.nbytes
-            stats.hist.observe(reading.comm_s)
-            stats.completed += 1
+            self._count_iteration(stats, reading.nbytes, reading.comm_s)
         if start is not None:
             duration = now - start - self._excluded
             if duration < 0.0:
@@ -418,18 +415,22 @@ class Recorder:
         :meth:`add_comm_wait` (the step it belongs to may have closed already).
         """
         with self.lock:
-            stats.enqueued += 1
-            stats.completed += 1
-            stats.bytes += nbytes
-            stats.hist.observe(span_s)
+            self._count_iteration(stats, nbytes, span_s)
             self._move_to_comm(exposed_s)
 
     def iteration_untimed(self, stats: CollectiveStats, nbytes: int) -> None:
         """Count one DDP iteration's communication that could not be timed."""
         with self.lock:
-            stats.enqueued += 1
-            stats.completed += 1
-            stats.bytes += nbytes
+            self._count_iteration(stats, nbytes, None)
+
+    @staticmethod
+    def _count_iteration(stats: CollectiveStats, nbytes: int, span_s: float | None) -> None:
+        """Count one DDP iteration (all its buckets) complete; observe ``span_s`` unless None."""
+        stats.enqueued += 1
+        stats.completed += 1
+        stats.bytes += nbytes
+        if span_s is not None:
+            stats.hist.observe(span_s)
 
     def add_comm_wait(self, seconds: float) -> None:
         """Move ``seconds`` of the last finished step from compute to comm_wait (CUDA path)."""
