@@ -29,8 +29,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "workers")]
 from harness import parse  # noqa: E402
+from results import settled  # noqa: E402
 
 import exporter  # noqa: E402
 
@@ -88,19 +90,6 @@ def count_buckets(device: torch.device, loader: DataLoader, steps: int) -> int:
     return calls[0]
 
 
-def settle(obs) -> None:
-    """Wait until the exporter's thread resolved every CUDA-event mark the GPU has passed."""
-    torch.cuda.synchronize()
-    marks = obs.comm_instrumentor.parts[0]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        counts = obs.recorder.inflight()
-        idle = counts and all(enq == done for _, enq, done, _ in counts)
-        if idle and not getattr(marks, "pending", 0):
-            return
-        time.sleep(0.1)
-
-
 def hook_mode(device: torch.device, loader: DataLoader, steps: int) -> dict:
     """Train a fresh model timed by the hook (comm_timing="hook"); report what it timed."""
     model = make_model(device)
@@ -109,7 +98,7 @@ def hook_mode(device: torch.device, loader: DataLoader, steps: int) -> dict:
         model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0, comm_timing="hook"
     )
     train(model, loader, opt, steps)
-    settle(obs)
+    settled(obs)
     snap = obs.recorder.snapshot()
     out = {
         "comm_timing": obs.comm_timing,
@@ -180,7 +169,7 @@ def main() -> None:
 
     steps = WARMUP_STEPS + CHECKED_STEPS
     # CUDA-event marks are resolved on the exporter's thread once the GPU passed them.
-    settle(obs)
+    settled(obs)
     report["bookkeeping"] = [list(c) for c in obs.recorder.inflight()]
     # NCCL's watchdog marks completions in the Flight Recorder as it polls: wait for it too.
     deadline = time.monotonic() + 30

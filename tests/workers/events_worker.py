@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from results import leave, write_all_ranks
+from results import leave, settled, write_all_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import exporter
@@ -111,10 +111,8 @@ def straggler(rank: int) -> dict:
             time.sleep(STRAGGLE_S)  # compute the others wait for inside the allreduce
         loss.backward()
         opt.step()
-    deadline = time.monotonic() + 30
+    settled(obs)
     timing = obs.comm_instrumentor.parts[0]
-    while timing.pending and time.monotonic() < deadline:
-        time.sleep(0.05)
     snap = obs.recorder.snapshot()
     (op, pg, _, latency_sum, count, nbytes) = snap.collectives[0]
     report = {

@@ -11,11 +11,10 @@ scenarios alone (default: all).
 """
 
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-from results import leave, write_all_ranks
+from results import leave, settled, write_all_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -59,22 +58,6 @@ def train(model: DDP, opt: torch.optim.Optimizer, rank: int) -> list[list[torch.
         grads.append([p.grad.clone() for p in model.parameters()])
         opt.step()
     return grads
-
-
-def settled(obs: exporter.Observer) -> bool:
-    """Wait until every collective the exporter saw launch is marked complete (on CUDA, the
-    hook's event pairs resolve on the exporter's thread once the GPU passed them)."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-    deadline = time.monotonic() + 30
-    marks = obs.comm_instrumentor.parts[0]  # the events mode resolves its marks likewise
-    while getattr(marks, "pending", 0) or not all(
-        enq == done for _, enq, done, _ in obs.recorder.inflight()
-    ):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def scenario(name: str, timing: str, rank: int) -> dict:

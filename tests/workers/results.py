@@ -3,8 +3,10 @@
 import json
 import os
 import sys
+import time
 from typing import NoReturn
 
+import torch
 import torch.distributed as dist
 
 import exporter
@@ -37,3 +39,22 @@ def leave(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def settled(obs: exporter.Observer, timeout: float = 30.0) -> bool:
+    """Wait until every collective the exporter saw launch is marked complete; say if it was.
+
+    On CUDA the exporter resolves its CUDA events (the events mode's marks, the hook's pairs) on
+    its own thread once the GPU passed them: the GPU is synchronised first.
+    """
+    if obs.device.type == "cuda":
+        torch.cuda.synchronize()
+    deadline = time.monotonic() + timeout
+    marks = obs.comm_instrumentor.parts[0]  # the events mode: marks waiting to be resolved
+    while getattr(marks, "pending", 0) or not all(
+        enq == done for _, enq, done, _ in obs.recorder.inflight()
+    ):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
