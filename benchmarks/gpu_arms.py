@@ -58,6 +58,11 @@ def summary(xs: list[float]) -> dict[str, float]:
     }
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Return what waits for ``device``'s queued work: CUDA's synchronize, or nothing (CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
 def autograd_thread_clock(device: torch.device) -> Callable[[], int]:
     """Return a reader of the CPU time (ns) of the thread that runs ``device``'s backward.
 
@@ -107,7 +112,7 @@ def marks_cost(device: torch.device, n: int) -> dict[str, float]:
     recorder, errors = Recorder("optimizer"), ErrorCounter()
     stats = recorder.collective_stats("allreduce", "0", None)
     timing = IterationEvents(lin, recorder, errors, stats, slots=n + 1)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
 
     def loop() -> float:
         sync()
@@ -171,7 +176,7 @@ class Arm:
         cuda = device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" and cuda else None
         self._autograd_cpu = autograd_cpu
-        self._sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self._sync = synchronizer(device)
         self.batch = 0
         self.x = torch.empty(0)
         self.loader: torch.utils.data.DataLoader | None = None
@@ -283,7 +288,7 @@ def bucket_cost(pg: dist.ProcessGroup, device: torch.device, n: int) -> dict[str
     resolver = CudaEventResolver(recorder, errors) if device.type == "cuda" else None
     stats = recorder.collective_stats("allreduce", "0", None)
     wrapper = CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg, resolver)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
 
     def loop(fn: Callable[..., Any]) -> float:
         sync()
