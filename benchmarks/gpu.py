@@ -3,9 +3,11 @@
 One process, one GPU, NCCL with one rank (gloo where this torch has no NCCL). Each regime trains
 three identical DDP models in the same process: ``plain``, ``instr`` (after
 ``exporter.instrument`` with its defaults, heartbeat and hang watcher included) and ``control``
-(a second plain model: the noise floor of the method). Every round runs ``--block`` steps on each
-model, in a rotated order, each block timed from a synchronised start to a synchronised end; the
-per-round ratios X/plain cancel drift (clocks, other tenants).
+(a second plain model: the noise floor of the method). Every round runs a block of steps on each
+model (``--block``, by default as many as last ``--block-s``), each block timed from a
+synchronised start to a synchronised end; the per-round ratios X/plain cancel drift (clocks, other
+tenants). The rounds cycle through the six orders of the three arms, so that each arm follows
+each other arm equally often and no arm inherits another's after-effects more than the others.
 
 Regimes (``--regimes``, all by default):
 
@@ -40,7 +42,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -84,15 +88,23 @@ def _calibrate(arm: Arm, args: argparse.Namespace) -> int:
         batch *= 2
 
 
-def _rounds(arms: dict[str, Arm], args: argparse.Namespace) -> dict[str, list[Block]]:
-    """Run ``--rounds`` interleaved rounds of every arm; return each arm's blocks."""
+def _block_steps(plain: Arm, args: argparse.Namespace) -> int:
+    """Return the steps per block: ``--block``, or as many as last ``--block-s`` (at least 5)."""
+    if args.block:
+        return args.block
+    step_s = plain.block(5).wall / 5
+    return max(5, math.ceil(args.block_s / step_s))
+
+
+def _rounds(arms: dict[str, Arm], rounds: int, steps: int) -> dict[str, list[Block]]:
+    """Run ``rounds`` interleaved rounds of ``steps`` steps on every arm; return their blocks."""
     for arm in arms.values():
         arm.block(3)
     blocks: dict[str, list[Block]] = {a: [] for a in ARMS}
-    order = list(ARMS)
-    for r in range(args.rounds):
-        for name in order[r % 3 :] + order[: r % 3]:
-            blocks[name].append(arms[name].block(args.block))
+    orders = list(itertools.permutations(ARMS))
+    for r in range(rounds):
+        for name in orders[r % len(orders)]:
+            blocks[name].append(arms[name].block(steps))
     return blocks
 
 
@@ -146,8 +158,9 @@ def _regime(name: str, arms: dict[str, Arm], args: argparse.Namespace) -> dict:
         comm_timing=args.comm_timing,
     )
     try:
+        steps = _block_steps(arms["plain"], args)
         cpu0 = exporter_threads_cpu()
-        blocks = _rounds(arms, args)
+        blocks = _rounds(arms, args.rounds, steps)
         threads_cpu = exporter_threads_cpu() - cpu0
         wall = sum(b.wall for bs in blocks.values() for b in bs)
         steps_before = obs.recorder.snapshot().steps
@@ -157,10 +170,11 @@ def _regime(name: str, arms: dict[str, Arm], args: argparse.Namespace) -> dict:
         except Exception as exc:  # noqa: BLE001 - a profiler that fails costs one figure
             print(f"[{name}] profiler failed: {exc!r}", flush=True)
             kernel_s, kernel_wall = float("nan"), 1.0
-        out = _figures(blocks, args.block, arms["plain"].buckets())
+        out = _figures(blocks, steps, arms["plain"].buckets())
         snap = obs.recorder.snapshot()
         out.update(
             regime=name,
+            block=steps,
             batch=instr.batch,
             params=sum(p.numel() for p in instr.model.parameters()),
             comm_timing=obs.comm_timing,
@@ -175,7 +189,7 @@ def _regime(name: str, arms: dict[str, Arm], args: argparse.Namespace) -> dict:
             exporter_errors={k: n for k, n in obs.errors.snapshot().items() if n},
         )
         if args.extras and name == args.regimes[-1]:
-            out["scrape_ms"] = scrape_ms(obs.url, instr, args.block)
+            out["scrape_ms"] = scrape_ms(obs.url, instr, steps)
     finally:
         obs.close()
     ratio = out["ratio"]["instr"]["median"]
@@ -190,12 +204,13 @@ def _print(report: dict) -> None:
     print(
         f"{report['device']}: torch {report['torch_version']} CUDA {report['cuda_version']} "
         f"NCCL {report['nccl_version']}, {report['backend']}, AMP {report['amp']}, "
-        f"{report['rounds']} rounds x {report['block']} steps per arm"
+        f"{report['rounds']} rounds of every arm"
     )
     for r in report["regimes"]:
         c, a = r["cpu_us_per_step"]["main_cpu"], r["cpu_us_per_step"]["autograd_cpu"]
         print(
             f"[{r['regime']}] {r['params'] / 1e6:.0f} M parameters, batch {r['batch']}, "
+            f"{r['block']} steps per block, "
             f"plain step {r['plain_step_ms']:.1f} ms, {r['buckets_per_step']} buckets; GPU busy "
             f"{r['kernel_ms_per_step']:.1f} ms/step (kernel_share {r['kernel_share']:.2f}); "
             f"comm_timing={r['comm_timing']}, in-flight {r['inflight_source']}"
@@ -238,8 +253,11 @@ def _print(report: dict) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
-    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds of every arm")
-    p.add_argument("--block", type=int, default=5, help="steps per arm per round")
+    p.add_argument(
+        "--rounds", type=int, default=18, help="interleaved rounds of every arm (6 orders)"
+    )
+    p.add_argument("--block", type=int, default=0, help="steps per arm per round (0: --block-s)")
+    p.add_argument("--block-s", type=float, default=0.4, help="seconds a block lasts (auto)")
     p.add_argument("--width", type=int, default=4096, help="model width")
     p.add_argument("--depth", type=int, default=8, help="hidden layers (gpu regime)")
     p.add_argument("--host-depth", type=int, default=24, help="layers (host regimes)")
@@ -286,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         "backend": backend,
         "amp": args.amp,
         "rounds": args.rounds,
-        "block": args.block,
         "regimes": [],
     }
     clock = autograd_thread_clock(device)

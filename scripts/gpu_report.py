@@ -57,8 +57,8 @@ def _regime_row(r: dict) -> str:
     cpu = r["cpu_us_per_step"]
     return (
         f"| {r['regime']} | {r['params'] / 1e6:.0f} M, batch {r['batch']}, "
-        f"{r['buckets_per_step']} buckets | {r['plain_step_ms']:.1f} ms | "
-        f"{r['kernel_share']:.2f} | **{i['median']:.4f}** [{i['q1']:.4f}, {i['q3']:.4f}] | "
+        f"{r['buckets_per_step']} buckets | {r['plain_step_ms']:.1f} ms | {r.get('block', '?')} | "
+        f"{r['kernel_share']:.2f} / {r['issue_share']:.2f} | **{i['median']:.4f}** [{i['q1']:.4f}, {i['q3']:.4f}] | "
         f"{c['median']:.4f} [{c['q1']:.4f}, {c['q3']:.4f}] | "
         f"{cpu['main_cpu']['instr_minus_plain']:+.0f} / "
         f"{cpu['autograd_cpu']['instr_minus_plain']:+.0f} µs "
@@ -74,14 +74,17 @@ def _bench(path: Path) -> list[str]:
     out = [
         "## benchmarks/gpu.py",
         "",
-        f"{b['backend']} (1 rank), AMP {b['amp']}; {b['rounds']} interleaved rounds x "
-        f"{b['block']} steps per arm. kernel share: the GPU's busy time per step over the plain "
-        "step (near 1: the GPU is the bottleneck; well under 1: the host is). Host CPU per "
-        "step, instr minus plain: the training thread / the autograd engine's thread.",
+        f"{b['backend']} (1 rank), AMP {b['amp']}; {b['rounds']} interleaved rounds of a "
+        "block of steps on every arm, in each of the six orders in turn. kernel share: the "
+        "GPU's busy time per step over the plain step; issue share: the part of the wall time "
+        "the host takes to issue the steps (kernel share near 1 alone: the GPU is the "
+        "bottleneck; issue share near 1: the host is). Host CPU per step, instr minus plain: "
+        "the training thread / the autograd engine's thread.",
         "",
-        "| regime | model | plain step | kernel share | instr/plain (median, IQR) | "
-        "control/plain | host CPU per step | comm_timing | exporter errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| regime | model | plain step | steps per block | kernel / issue share | "
+        "instr/plain (median, IQR) | control/plain | host CPU per step | comm_timing | "
+        "exporter errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(_regime_row(r) for r in b["regimes"]),
         "",
     ]
