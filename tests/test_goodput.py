@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from goodput_sim import HANG_THRESHOLD_S, Sim
@@ -27,6 +28,7 @@ from exporter.sources.goodput import (
     section_category,
 )
 from exporter.sources.goodput.ledger import goodput_path, save
+from exporter.sources.goodput.peers import PERSIST_MIN
 
 pytestmark = pytest.mark.unit
 
@@ -74,14 +76,13 @@ def test_a_straggler_s_cost_is_what_the_others_waited_blamed_on_it(culprit: int)
     assert (episode["culprit_rank"], episode["cause"]) == (culprit, "compute")
 
 
-def test_a_blip_of_one_window_is_counted_but_not_listed_as_an_episode() -> None:
+def test_a_blip_of_one_window_is_no_straggler_and_a_lasting_one_is_an_episode() -> None:
     sim = Sim()
     sim.steps(50)
     sim.steps(1, compute={0: 0.08})  # one step: the run waited 0.08 s for rank 0
     sim.steps(50)
-    sim.end()
-    assert [e["culprit_rank"] for e in sim.account.stragglers] == [0]
-    assert sim.account.state(sim.now)["stragglers"] == []  # not an episode of the run's
+    totals = sim.end()
+    assert totals["straggler"] == 0.0 and sim.account.stragglers == [], totals
     sim = Sim()
     sim.steps(50)
     sim.steps(60, compute={1: 0.1})
@@ -89,6 +90,20 @@ def test_a_blip_of_one_window_is_counted_but_not_listed_as_an_episode() -> None:
     sim.end()
     (episode,) = sim.account.state(sim.now)["stragglers"]
     assert episode["culprit_rank"] == 1 and episode["start_unix"] <= episode["end_unix"]
+
+
+@pytest.mark.parametrize("extra", [0.01, 0.03])
+def test_jitter_that_moves_from_rank_to_rank_is_the_healthy_pace(extra: float) -> None:
+    """Each second a different rank is the slowest (a noisy neighbour on shared cores)."""
+    sim = Sim()
+    sim.steps(100)
+    for window in range(60):
+        sim.steps(10, compute={window % 3: extra})  # 10 % or 30 % over its peers this second
+    totals = sim.end()
+    assert totals["straggler"] == 0.0 and sim.account.stragglers == [], totals
+    # What is not credited to a slower rank (windows read at each rank's own phase straddle the
+    # seconds) is left to the communication baseline: far above DDPGoodputLow's 85 %.
+    assert totals["productive"] >= 0.9 * (_wall(sim) - totals["startup"]), totals
 
 
 def test_a_slow_reader_is_a_straggler_by_data_and_a_slow_input_for_all_is_data() -> None:
@@ -210,18 +225,24 @@ def test_a_restarted_attempt_carries_the_account_and_counts_the_redone_steps(tmp
     assert totals["other"] == pytest.approx(3.0, abs=0.3)  # what the crashed attempt left open
 
 
-def test_the_tally_waits_for_every_rank_and_ignores_noise() -> None:
+def test_the_tally_waits_for_every_rank_and_counts_a_lasting_excess() -> None:
     tally = PeerTally()
-    base = [Work(10, 0.0, 1.0), Work(10, 0.0, 1.0), Work(10, 0.0, 1.0)]
-    assert tally.observe(base, 0.0) is None
+    assert tally.observe([Work(10, 0.0, 1.0)] * 3, 0.0) is None
     moved = [Work(20, 0.0, 2.0), Work(20, 0.0, 2.02), Work(10, 0.0, 1.0)]
     assert tally.observe(moved, 1.0) is None  # rank 2 has not moved: the window stays open
-    moved[2] = Work(20, 0.0, 3.0)
-    found = tally.observe(moved, 2.0)
-    assert found is not None and found.culprit == 2
+    found = None
+    for window in range(1, PERSIST_MIN + 1):
+        n = 10 * (window + 1)
+        found = tally.observe([Work(n, 0.0, n / 10), Work(n, 0.0, n / 10 + 0.02 * window),
+                               Work(n, 0.0, n / 10 + window)], window + 1.0)  # fmt: skip
+        if window < PERSIST_MIN:
+            assert found is not None and not found.lasting  # too few windows: jitter so far
+    assert found is not None and found.culprit == 2 and found.lasting
     assert found.causes == pytest.approx({"compute": 0.98})  # over the median rank's 1.02 s
-    noisy = [Work(30, 0.0, 3.0), Work(30, 0.0, 3.03), Work(30, 0.0, 4.0)]
-    assert tally.observe(noisy, 3.0) is None  # 3 % over the median: synchronous noise
+    n = 10 * (PERSIST_MIN + 2)
+    noisy = [Work(n, 0.0, n / 10), Work(n, 0.0, n / 10 + 0.02 * PERSIST_MIN + 0.03),
+             Work(n, 0.0, n / 10 + PERSIST_MIN + 0.04)]  # fmt: skip
+    assert tally.observe(noisy, 9.0) is None  # 3 % over the median: synchronous noise
 
 
 def test_the_summary_names_the_account_its_bottleneck_and_episodes() -> None:
@@ -235,7 +256,9 @@ def test_the_summary_names_the_account_its_bottleneck_and_episodes() -> None:
     assert doc["bottleneck"] == "compute-bound"
     assert doc["largest_badput"] == "startup"
     text = render(doc)
-    assert "straggler episode: rank 2 (node node-2), compute, cost 4.0 s" in text, text
+    # 20 steps 0.2 s slower: 4 s, less the part of the window of its onset (not yet lasting).
+    cost = re.search(r"straggler episode: rank 2 \(node node-2\), compute, cost ([\d.]+) s", text)
+    assert cost and 3.5 <= float(cost[1]) <= 4.0, text
     assert "ETTR" in text and "productive" in text
     assert json.loads(json.dumps(doc)) == doc
 

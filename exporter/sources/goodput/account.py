@@ -102,6 +102,8 @@ class _Credit:
     seconds: float
     #: The median rank's time per step for this cause (data, compute), 0 when not per step.
     usual: float = 0.0
+    #: False: jitter (:attr:`.peers.Excess.lasting`), booked as the healthy pace.
+    lasting: bool = True
 
 
 class Account:
@@ -200,7 +202,7 @@ class Account:
                     if seconds > 0:
                         usual = found.usual.get(cause, 0.0)
                         self._credits.append(
-                            _Credit(found.unix, found.culprit, cause, seconds, usual)
+                            _Credit(found.unix, found.culprit, cause, seconds, usual, found.lasting)
                         )
 
     def hang(self, now: float, episode: Episode | None, own_steps: int) -> None:
@@ -336,9 +338,11 @@ class Account:
             return
         credit.seconds -= seconds
         category = category_of_cause(credit.cause)
-        self._cats[category] += seconds
+        jitter = category == "straggler" and not credit.lasting
+        self._cats["productive" if jitter else category] += seconds
         if category == "straggler":
             self.split["compute" if credit.cause == "compute" else "input"] += seconds
+        if category == "straggler" and not jitter:
             key = ("straggler", credit.culprit)
             self._blame[key] = self._blame.get(key, 0.0) + seconds
             self._straggled(credit, seconds, unix)

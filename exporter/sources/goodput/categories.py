@@ -21,7 +21,9 @@ exactly one category; they add up to the wall clock.
   that no slower rank explains: a slow or congested network, a collective that got slower.
 - ``straggler``: the time the other ranks waited for one slow rank: whenever one rank's own work
   (compute and data, :data:`CAUSES`) over a window exceeded the typical rank's (the median) by
-  more than :data:`STRAGGLER_SHARE` of it, the excess, blamed on that rank and its node. Blamed
+  more than :data:`STRAGGLER_SHARE` of it, and that rank also stood out over the recent windows
+  together (:data:`.peers.PERSIST_WINDOWS`), the excess, blamed on that rank and its node. A
+  window's slowest rank that does not stand out over them is jitter: the wait is productive. Blamed
   by work, never by collective latency: the straggler's is the shortest, its peers wait for it
   inside the collective.
 - ``checkpoint``, ``evaluation``, ``section``: declared sections (``exporter.deadline``) that

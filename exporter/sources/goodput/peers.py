@@ -11,14 +11,22 @@ has moved since the last one (a hung rank that never moves closes none: that tim
 and each rank's window covers its own readings, so every second of every rank's work falls in
 exactly one window. In a window the rank with the most work holds the others up by its excess
 over the median rank (:data:`~.categories.STRAGGLER_SHARE` of noise aside), split by cause.
+
+That excess is a straggler's only when it persists: the same rank must also have done the most
+work over the last :data:`PERSIST_WINDOWS` windows together, by more than the share. On ranks
+that share busy cores (a noisy neighbour, oversubscribed CPUs) every window has a slowest rank,
+a different one each time: that jitter evens out over the windows, and the waits it causes are
+the job's healthy pace (productive), not a straggler's cost. A rank that stays slow stands out
+at once.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median_low
 from typing import Any
 
@@ -28,6 +36,11 @@ __all__ = ["Excess", "PeerTally", "decode_work", "encode_work", "work_key"]
 
 #: Below this many seconds a window's excess is noise, whatever the share.
 MIN_EXCESS_S = 0.005
+#: The windows a slowest rank must stand out over, together, for its excess to count ...
+PERSIST_WINDOWS = 8
+#: ... and the fewest of them before any excess counts (a job's first windows are too few to
+#: tell a straggler from jitter).
+PERSIST_MIN = 3
 
 
 def work_key(prefix: str, rank: int) -> str:
@@ -73,6 +86,10 @@ class Excess:
     unix: float
     #: The median rank's data and compute per step in the window (seconds).
     usual: dict[str, float] = field(default_factory=dict)
+    #: Whether the culprit stood out over the recent windows too. Not lasting, its compute and
+    #: data excess is jitter: the run's healthy pace, blamed on nobody. (Declared sections
+    #: always count: they are no jitter.)
+    lasting: bool = True
 
     @property
     def seconds(self) -> float:
@@ -86,6 +103,8 @@ class PeerTally:
     def __init__(self, share: float = STRAGGLER_SHARE) -> None:
         self.share = share
         self._start: dict[int, Work] = {}
+        #: Every rank's readings where the recent windows started, oldest first.
+        self._starts: deque[dict[int, Work]] = deque(maxlen=PERSIST_WINDOWS)
 
     def observe(self, works: Sequence[Work | None], now: float | None = None) -> Excess | None:
         """Read every rank's latest work (None: finished or unknown); return a window's excess.
@@ -101,8 +120,21 @@ class PeerTally:
         if len(live) < 2 or any(live[r] == self._start[r] for r in live):
             return None
         deltas = {r: live[r].minus(self._start[r]) for r in live}
+        self._starts.append(self._start)
         self._start = dict(live)
-        return self._excess(deltas, time.time() if now is None else now)
+        found = self._excess(deltas, time.time() if now is None else now)
+        if found is None or self._lasting(live, found.culprit):
+            return found
+        return replace(found, lasting=False)
+
+    def _lasting(self, live: dict[int, Work], culprit: int) -> bool:
+        """Say whether ``culprit`` also did the most work over the recent windows together."""
+        if len(self._starts) < PERSIST_MIN:
+            return False
+        # A rank's reading where the oldest recent window it was in started.
+        oldest = {r: next(s[r] for s in self._starts if r in s) for r in live}
+        lasting = self._excess({r: live[r].minus(oldest[r]) for r in live}, 0.0)
+        return lasting is not None and lasting.culprit == culprit
 
     def _excess(self, deltas: dict[int, Work], now: float) -> Excess | None:
         # Ranks read at their own phase of the interval close windows a step or so apart: their
