@@ -166,11 +166,10 @@ def check_fault(st: LocalStack, fault: str, fault_rank: int, run: str, ranks: Ra
         watch.stop()
 
 
-# That nobody else is accused, by an alert or by top's one-second tables, is a timing claim:
-# another job's CPU load would make a healthy rank a straggler for real. The two jobs of a fault
-# run side by side, as the healthy drill's two jobs do (the load it proves pages nobody; a
-# faulty job's slowed, stuck or dead rank only takes load away).
-@pytest.mark.solo
+# The two jobs of a fault run side by side, beside the suite's other tests: the trainer emulates
+# compute with sleeps, so other jobs' CPU load slows every rank's small real work alike and makes
+# no healthy rank a straggler (these drills also pass with a busy loop on every core). Nobody
+# else may be accused, by an alert or by top's one-second tables.
 @pytest.mark.parametrize("fault", list(EXPECTED))
 def test_fault_pages_naming_the_faulty_rank(stack, fault):
     """The fault on rank 1 of a DDP job and on rank 2 of an FSDP2 job: each page names its rank."""

@@ -339,7 +339,6 @@ def test_the_same_run_name_in_two_clusters_is_never_merged(tmp_path):
 
 
 @pytest.mark.job
-@pytest.mark.solo  # the healthy ranks' compute is judged too: no other job's load on the cores
 def test_once_names_a_straggler_that_began_after_the_job(tmp_path):
     """``top --once`` judges the intervals the streaming view judges, not averages since start.
 
