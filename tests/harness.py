@@ -8,11 +8,14 @@ stopped with :func:`exporter.tools.reaper.stop_tree`, also when the test fails.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -95,11 +98,27 @@ def default_signals() -> Iterator[None]:
             signal.signal(signal.SIGINT, old)
 
 
+_CHILD_TMP: list[str] = []
+
+
+def _child_tmp() -> str:
+    """Return this test process's folder for its children's temporary files (removed at exit).
+
+    torchrun's agent leaves a ``torchelastic_*`` folder in the temporary directory at every
+    start; pointed here, the suite leaves none in ``/tmp``.
+    """
+    if not _CHILD_TMP:
+        _CHILD_TMP.append(tempfile.mkdtemp(prefix="ddp-exporter-test-children-"))
+        atexit.register(shutil.rmtree, _CHILD_TMP[0], True)
+    return _CHILD_TMP[0]
+
+
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """Return the environment of a process a test starts: this checkout first on the path."""
     full = dict(os.environ)
     full["PYTHONPATH"] = REPO + os.pathsep + full.get("PYTHONPATH", "")
     full["PYTHONUNBUFFERED"] = "1"
+    full["TMPDIR"] = _child_tmp()
     full.update(env or {})
     return full
 
