@@ -21,8 +21,10 @@ fast and honest:
   in a folder the controller makes for the run); a solo test waiting keeps new shared holders
   out, so it waits only for the tests already running. The solo tests run as one block: one
   group (``solo``), so one worker, holding the exclusive lock from the first to the last, so
-  that the costly tests drain once rather than before each. They are ordered after the other
-  costly tests, where the workers beside them have only in-process tests left to run.
+  that the costly tests drain once rather than before each. They are ordered last, after the
+  fast tiers too: those run beside the other costly tests, and a solo test finds nothing but
+  the tail of them beside it (an in-process test can load the CPU as much as a job: a type
+  check, a wheel build, the docs site).
 
 Without xdist (``-n 0``) every test runs alone anyway and nothing is locked.
 """
@@ -118,7 +120,7 @@ def _module_fixture(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """Group the serial tiers' tests; order every test costliest first, solo tests after."""
+    """Group the serial tiers' tests; order every test costliest first, solo tests last."""
     cost: dict[str, float] = {}
     for item in items:
         if _solo(item):
@@ -132,8 +134,8 @@ def pytest_collection_modifyitems(
         cost[module] = min(cost.get(module, len(ORDER)), ORDER.index(tier_of(item)))
 
     def key(item: pytest.Item) -> float:
-        # After the last sharing tier, before the tools: see the module docstring.
-        return ORDER.index("job") + 0.5 if _solo(item) else cost[item.nodeid.split("::")[0]]
+        # After every other test: see the module docstring.
+        return len(ORDER) if _solo(item) else cost[item.nodeid.split("::")[0]]
 
     # A stable sort: every xdist worker computes the same order, as it must.
     items.sort(key=key)

@@ -61,7 +61,7 @@ def test_a_module_mark_is_the_tier_of_each_of_its_tests(pytester: pytest.Pyteste
     result.assert_outcomes(passed=1)
 
 
-def test_the_costliest_tests_come_first_and_solo_tests_after_the_jobs(
+def test_the_costliest_tests_come_first_and_solo_tests_last(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
@@ -83,8 +83,8 @@ def test_the_costliest_tests_come_first_and_solo_tests_after_the_jobs(
         "test_b_mixed.py::test_cheap",  # its module goes where its costliest test puts it
         "test_b_mixed.py::test_drill",
         "test_c_jobs.py::test_j",
-        "test_b_mixed.py::test_healthy",
         "test_a_units.py::test_u",
+        "test_b_mixed.py::test_healthy",
     ]
 
 
