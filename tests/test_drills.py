@@ -37,7 +37,6 @@ EXPECTED = {
     "kill": ({"DDPRankDown"}, 60),
     "freeze": ({"DDPRankDown"}, 60),
 }
-ACCELERATE_WORKER = os.path.join("tests", "workers", "accelerate_loop_worker.py")
 #: The verdict ``top`` must give the faulty rank for each fault.
 TOP_VERDICT = {
     "straggler": "straggler: compute",
@@ -83,7 +82,7 @@ def start_ranks(run: str, sd, args: list[str]) -> Ranks:
 def stop_ranks(ranks: Ranks, sd, run: str) -> None:
     """Stop every rank (a frozen one too) and withdraw the run's file_sd targets."""
     ranks.stop()
-    for f in sd.glob(f"*{run}-rank-*.json"):  # the trainer's and the exporter's own (ddp-...)
+    for f in sd.glob(f"{run}-rank-*.json"):
         f.unlink()
 
 
@@ -203,34 +202,18 @@ def _explain(st: LocalStack, run: str, pending: list[dict]) -> str:
     return f"{alerts}; goodput over the last minute: {account}"
 
 
-def start_accelerate(run: str, sd) -> Ranks:
-    """Start a plain Accelerate loop with the one ``instrument()`` line, one process per rank."""
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_FILE_SD": str(sd)}
-    cmd = [ACCELERATE_WORKER, "--seconds", str(HEALTHY_SECONDS + 120)]
-    return Ranks(RANKS, cmd, env=env)
-
-
-#: The healthy drill's jobs: the demo trainer under DDP and FSDP2, and an Accelerate loop (the
-#: parallelism each one reports).
-HEALTHY = {"ddp": "ddp", "fsdp2": "fsdp2", "accelerate": "ddp"}
-
-
 # Not even a pending alert over two minutes, with 1 s scrapes and 20 s windows: measured with no
 # other job on the machine, whose load would be a real straggler's.
 @pytest.mark.solo
 def test_healthy_run_delivers_no_alert(stack):
-    """A DDP, an FSDP2 and an Accelerate job side by side: no alert, ``top`` names nobody."""
-    pytest.importorskip("accelerate", reason="extra ddp-exporter[transformers] not installed")
+    """A DDP and an FSDP2 job, side by side: no alert, and ``top`` names nobody in either."""
     st, sd = stack
-    runs = {kind: f"drill-healthy-{kind}" for kind in HEALTHY}
+    runs = {kind: f"drill-healthy-{kind}" for kind in ("ddp", "fsdp2")}
     jobs: dict[str, Ranks] = {}
     watches: dict[str, TopWatch] = {}
     try:
         for kind, run in runs.items():
-            if kind == "accelerate":
-                jobs[kind] = start_accelerate(run, sd)
-            else:
-                jobs[kind] = start_ranks(run, sd, ["--fault", "none", "--parallel", kind])
+            jobs[kind] = start_ranks(run, sd, ["--fault", "none", "--parallel", kind])
         for kind, run in runs.items():
             watches[kind] = TopWatch(st, jobs[kind], run)
         deadline = time.monotonic() + HEALTHY_SECONDS
@@ -243,8 +226,7 @@ def test_healthy_run_delivers_no_alert(stack):
         for kind, run in runs.items():
             up = st.query(f'up{{run="{run}"}} == 1')
             assert len(up) == RANKS, up  # it really was scraped all along
-            parallelism = HEALTHY[kind]
-            info = st.query(f'count(ddp_rank_info{{run="{run}", parallelism="{parallelism}"}})')
+            info = st.query(f'count(ddp_rank_info{{run="{run}", parallelism="{kind}"}})')
             assert info and float(info[0]["value"][1]) == RANKS, info
             watch = watches[kind]
             watch.stop()
