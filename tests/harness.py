@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -98,19 +99,16 @@ def default_signals() -> Iterator[None]:
             signal.signal(signal.SIGINT, old)
 
 
-_CHILD_TMP: list[str] = []
-
-
+@functools.cache
 def _child_tmp() -> str:
     """Return this test process's folder for its children's temporary files (removed at exit).
 
     torchrun's agent leaves a ``torchelastic_*`` folder in the temporary directory at every
     start; pointed here, the suite leaves none in ``/tmp``.
     """
-    if not _CHILD_TMP:
-        _CHILD_TMP.append(tempfile.mkdtemp(prefix="ddp-exporter-test-children-"))
-        atexit.register(shutil.rmtree, _CHILD_TMP[0], True)
-    return _CHILD_TMP[0]
+    folder = tempfile.mkdtemp(prefix="ddp-exporter-test-children-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
