@@ -142,10 +142,25 @@ def test_jitter_is_the_healthy_pace_and_a_lasting_slowdown_is_communication(seed
     for i in range(600):
         sim.one_step(comm=rng.uniform(0.0, 0.04) + (0.05 if 200 <= i < 300 else 0.0))
     totals = sim.end()
-    # 5 s more in all. Most of it counts: the baseline follows the run's recent steps (a
-    # slowdown that lasts becomes the run's pace) and slack saved before it pays for a little.
-    assert 0.6 * 5.0 < totals["communication"] < 1.05 * 5.0, totals
+    # 5 s more in all. Over half of it counts: the baseline follows the run's recent steps (a
+    # slowdown that lasts becomes the run's pace), the noise band above the baseline and the
+    # slack saved before it pay for the rest.
+    assert 0.5 * 5.0 < totals["communication"] < 1.05 * 5.0, totals
     assert totals["straggler"] < 0.05, totals
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_collectives_slowed_by_a_busy_host_are_the_healthy_pace(seed: int) -> None:
+    """Exposed communication as a loaded host gives it: drifting up, jittering, rare spikes."""
+    rng = random.Random(seed)
+    sim = Sim()
+    for i in range(1200):
+        # A neighbour's load comes and goes: +15 % over the run, +-30 % per step, and one step
+        # in a hundred descheduled in the collective for eight times as long.
+        comm = 0.03 * (1 + 0.15 * i / 1200) * rng.uniform(0.7, 1.3)
+        sim.one_step(comm=comm * 8 if rng.random() < 0.01 else comm)
+    totals = sim.end()
+    assert totals["communication"] < 0.01 * _wall(sim), totals
 
 
 @pytest.mark.parametrize("rank", [0, 2])

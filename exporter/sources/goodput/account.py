@@ -21,6 +21,7 @@ from .categories import (
     BASELINE_CLIP,
     CATEGORIES,
     CAUSES,
+    COMM_NOISE_SHARE,
     COMM_SLACK_STEPS,
     SECTION_CATEGORIES,
     category_of_cause,
@@ -289,10 +290,11 @@ class Account:
     def _within_baseline(self, comm: float, steps: int) -> float:
         """Return the part of ``steps`` steps' communication ``comm`` that is the healthy pace.
 
-        Steps jitter around their baseline: what faster steps left unused pays for slower ones
-        (up to :data:`COMM_SLACK_STEPS` steps' worth), so only a lasting slowdown is excess.
+        Steps jitter around their baseline, and up to :data:`COMM_NOISE_SHARE` above it is
+        still the pace; what faster steps left unused pays for slower ones (up to
+        :data:`COMM_SLACK_STEPS` steps' worth), so only a lasting slowdown is excess.
         """
-        usual = self.baseline()
+        usual = self.baseline() * (1 + COMM_NOISE_SHARE)
         within = min(comm, usual * steps + self._comm_slack)
         self._comm_slack = min(usual * COMM_SLACK_STEPS, self._comm_slack + usual * steps - within)
         return within

@@ -9,9 +9,10 @@ exactly one category; they add up to the wall clock.
 - ``productive``: each step counted once, at the healthy pace: the step's compute and optimizer
   time, plus its exposed communication up to the run's healthy baseline (the mean of the recent
   steps' exposed communication once every wait for a slower rank is taken out, a hiccup counted
-  at most :data:`BASELINE_CLIP` times their median; what faster steps left of it pays for slower
-  ones, up to :data:`COMM_SLACK_STEPS` steps' worth, so jitter is the healthy pace). Steps redone
-  after a restart are ``lost_work`` instead.
+  at most :data:`BASELINE_CLIP` times their median, and :data:`COMM_NOISE_SHARE` above it still
+  the pace; what faster steps left of it pays for slower ones, up to :data:`COMM_SLACK_STEPS`
+  steps' worth, so jitter is the healthy pace). Steps redone after a restart are ``lost_work``
+  instead.
 - ``startup``: from the process start to the first step (imports, rendezvous, the process group,
   building the model, loading a checkpoint), in the run's first attempt. Declared sections in it
   are theirs.
@@ -60,6 +61,7 @@ __all__ = [
     "BASELINE_CLIP",
     "BLAMED",
     "CATEGORIES",
+    "COMM_NOISE_SHARE",
     "COMM_SLACK_STEPS",
     "CAUSES",
     "PLANNED",
@@ -92,6 +94,10 @@ BASELINE_CLIP = 3.0
 #: Most baseline communication, in steps, that faster steps save for slower ones: jitter evens
 #: out, a slowdown that lasts longer than this is ``communication``.
 COMM_SLACK_STEPS = 16
+#: Exposed communication up to this share above its baseline is the healthy pace: collectives
+#: on a shared host drift and jitter by that much (the CPU work of gloo, a neighbour's load on
+#: the cores, a baseline that trails a slow drift). A slower network costs more than that.
+COMM_NOISE_SHARE = 0.10
 
 _CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save", "snapshot")
 _EVALUATION_WORDS = ("eval", "valid")
