@@ -257,19 +257,14 @@ def healthy_drill(stack, starts: dict[str, tuple[str, Callable[[str], Ranks]]]) 
 # heartbeat there can wait seconds for a core); CI's rehearsals add a busy loop on every core.
 @pytest.mark.solo
 def test_healthy_run_delivers_no_alert(stack):
-    """A DDP and an FSDP2 job, side by side: no alert, and ``top`` names nobody in either."""
+    """DDP, FSDP2 and a plain Accelerate loop side by side: no alert, ``top`` names nobody."""
+    pytest.importorskip("accelerate", reason="extra ddp-exporter[transformers] not installed")
     sd = stack[1]
 
     def trainer(parallel: str) -> Callable[[str], Ranks]:
         return lambda run: start_ranks(run, sd, ["--fault", "none", "--parallel", parallel])
 
-    healthy_drill(stack, {f"drill-healthy-{k}": (k, trainer(k)) for k in ("ddp", "fsdp2")})
-
-
-@pytest.mark.solo
-def test_a_healthy_accelerate_loop_delivers_no_alert(stack):
-    """A plain Accelerate loop with the one ``instrument()`` line: no alert, ``top`` silent."""
-    pytest.importorskip("accelerate", reason="extra ddp-exporter[transformers] not installed")
-    sd = stack[1]
-    start = functools.partial(start_accelerate, sd=sd)
-    healthy_drill(stack, {"drill-healthy-accelerate": ("ddp", start)})
+    jobs = {f"drill-healthy-{k}": (k, trainer(k)) for k in ("ddp", "fsdp2")}
+    # The one instrument() line on what accelerator.prepare returned: DDP underneath.
+    jobs["drill-healthy-accelerate"] = ("ddp", functools.partial(start_accelerate, sd=sd))
+    healthy_drill(stack, jobs)
