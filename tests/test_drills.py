@@ -256,7 +256,8 @@ def healthy_drill(stack, starts: dict[str, tuple[str, Callable[[str], Ranks]]]) 
 
 # Not even a pending alert over 100 s, with 1 s scrapes and 20 s windows. Solo: the
 # suite's other jobs keep four workers' ranks on two cores, far past a noisy neighbour (a
-# heartbeat there can wait seconds for a core); CI's rehearsals add a busy loop on every core.
+# heartbeat there can wait seconds for a core); the suite is rehearsed with a busy loop on
+# every core too.
 @pytest.mark.solo
 def test_healthy_run_delivers_no_alert(stack):
     """DDP, FSDP2 and a plain Accelerate loop side by side: no alert, ``top`` names nobody."""
