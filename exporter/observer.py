@@ -8,31 +8,21 @@ store and sources) and restores everything it patched in :meth:`Observer.close`.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
-from . import settings, storekeys
+from . import settings
+from .assembly import hook_steps, start_watchers, started
 from .errors import ErrorCounter
 from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
-from .hangs.action import policies
 from .hangs.episodes import start_goodput
-from .hangs.watcher import HangWatcher
-from .log import log
 from .sources import ending, launcher
-from .sources.commtiming import start_comm_timing
-from .sources.flight import InFlight
-from .sources.heartbeat import Heartbeat
-from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.memory import MemorySource, cuda_memory_source
-from .sources.parallelism import kind_of
-from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
 from .sources.walltime import JobClock
@@ -69,82 +59,46 @@ class Observer:
         self._closed = False
         self.end = ending.End()
         self._final_scrape_s = cfg.final_scrape_s
-        #: ``ddp``, ``fsdp2``, ``fsdp``, ``module`` or ``none`` (exporter.sources.parallelism).
-        self.parallelism = kind_of(model)
-        ddp = self.parallelism == "ddp"
-        # Without DDP nothing ends a step by itself but the optimizer, the DataLoader or
-        # exporter.step().
-        self.recorder = Recorder("optimizer" if optimizer is not None else "dataloader"
-                                 if dataloader is not None else "comm_hook" if ddp
-                                 else "explicit")  # fmt: skip
-        params = model.parameters() if model is not None else iter(())
-        self.device = next((p.device for p in params), torch.device("cpu"))
-        pg = model.process_group if ddp else None
-        self.backend = dist.get_backend(pg) if dist.is_initialized() else "none"
-        # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
-        self.inflight = InFlight(self.recorder, self.errors, flight_recorder=cfg.flight_recorder,
-                                 before_first_collective=not ddp)  # fmt: skip
-        cuda = self.device.type == "cuda"
-        timing = start_comm_timing(
-            model,
-            self.parallelism,
-            self.recorder,
-            self.errors,
-            requested=cfg.comm_timing,
-            inflight=self.inflight.name,
-            cuda=cuda,
-            keyword="comm_timing" in cfg.keywords,
-        )
+        hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer)
+        self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
+        self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
+        timing = hooks.timing
         self.comm_timing, self.hook, self._resolver = timing.mode, timing.hook, timing.resolver
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor
+        self._loader, self._optim, self._sections = hooks.loader, hooks.optim, hooks.sections
         # The first forward opens the first step, whatever source closes steps.
-        self._forward_handle = (model.register_forward_pre_hook(self._forward_pre)
-                                if model is not None else None)  # fmt: skip
-        rec, err = self.recorder, self.errors
-        self._loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, rec, err)
-        self._optim = None if optimizer is None else OptimizerInstrumentor(optimizer, rec, err)
-        for part in (self._loader, self._optim):
-            if part is not None:
-                part.instrument()
-        # A checkpoint or evaluation in a declared section on the training thread is no step.
-        self._sections = ThreadSections(self.recorder, threading.main_thread().ident)
-        SECTIONS.listen(self._sections)
-
-        if memory_source is None and cuda:
+        self._forward_handle = (
+            model.register_forward_pre_hook(self._forward_pre) if model is not None else None
+        )
+        if memory_source is None and self.device.type == "cuda":
             memory_source = cuda_memory_source(self.device)
         self.memory_source = memory_source
-
         store = self._started("heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
-        self.heartbeat: Heartbeat | None = None
-        self.hangs: HangWatcher | None = None
-        beat = endpoint.heartbeat_s
-        if beat > 0 and store is not None:
-            keys = storekeys.for_run(identity.run, identity.attempt)
-            self.heartbeat = self._started("heartbeat", lambda: Heartbeat(
-                store, keys, self.rank, self.world_size, beat, monitor=self._monitor,
-                errors=self.errors, peer_series=endpoint.peer_series).start())  # fmt: skip
-        # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
-        # nobody would decide a hang, so nothing is reported either.
-        action, restart = policies(cfg.on_hang, cfg.final_scrape_s)
-        if self.heartbeat is not None and 0 <= endpoint.monitor_rank < self.world_size:
-            self.hangs = self._started("forensics", lambda: HangWatcher(
-                identity, store, inflight=self.inflight, recorder=self.recorder,
-                sections=SECTIONS, interval_s=beat, monitor=self._monitor, dump_dir=cfg.dump_dir,
-                errors=self.errors, action=action, publish_abort=self._publish_abort,
-                restart=restart, start_step=cfg.start_step).start())  # fmt: skip
-        if action is not None and self.hangs is None:
-            log.error("ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
-                      "(no c10d store, or its start failed): a hang will not end the run")  # fmt: skip
+        watchers = start_watchers(cfg, store, hooks, self.errors, self._publish_abort)
+        self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
         self.goodput = start_goodput(self, identity, endpoint, store, cfg.dump_dir, cfg.start_step)
         peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
-        self.collector = DDPCollector(RankSources(
-            run=self.run, rank=self.rank, errors=self.errors, info=self.info_labels,
-            recorder=self.recorder, inflight=self.inflight, job_clock=self.job_clock,
-            peer_ages=peers, memory=memory_source, hangs=self.hangs,
-            store_round_trip=(lambda hb=self.heartbeat: hb.round_trip_s) if self.heartbeat
-            else None, finished=lambda: self.end.unix, goodput=self.goodput))  # fmt: skip
+        self.collector = DDPCollector(
+            RankSources(
+                run=self.run,
+                rank=self.rank,
+                errors=self.errors,
+                info=self.info_labels,
+                recorder=self.recorder,
+                inflight=self.inflight,
+                job_clock=self.job_clock,
+                peer_ages=peers,
+                memory=memory_source,
+                hangs=self.hangs,
+                store_round_trip=(lambda hb=self.heartbeat: hb.round_trip_s)
+                if self.heartbeat
+                else None,
+                finished=lambda: self.end.unix,
+                goodput=self.goodput,
+            )
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
@@ -157,18 +111,17 @@ class Observer:
     # -- setup -------------------------------------------------------------------------------
     def _started(self, where: str, start: Any) -> Any:
         """Return what ``start()`` built and started, or None after counting its error."""
-        try:
-            return start()
-        except Exception as exc:  # noqa: BLE001 - a dead store must not stop training
-            self.errors.record(where, exc)
-            return None
+        return started(self.errors, where, start)
 
     def _start_discovery(self) -> None:
         if self.discovery is None and self._server is not None:
             self.discovery = discovery.start(
-                self.identity, self._server, monitor=self._monitor, errors=self.errors,
+                self.identity,
+                self._server,
+                monitor=self._monitor,
+                errors=self.errors,
                 store=self._store,
-            )  # fmt: skip
+            )
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         # Once a step is open one stays open (each boundary opens the next): drop the hook.

@@ -1,0 +1,183 @@
+"""Build one rank's parts for the :class:`~exporter.observer.Observer`: its hooks and watchers.
+
+The observer holds the parts together, serves them and closes them; building them is here, one
+function per group: what times the steps (:func:`hook_steps`) and what watches the job through
+the c10d store (:func:`start_watchers`). A part whose start fails is counted, not raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from . import settings, storekeys
+from .errors import ErrorCounter
+from .hangs.action import policies
+from .hangs.watcher import HangWatcher
+from .log import log
+from .sources.commtiming import CommTiming, start_comm_timing
+from .sources.flight import InFlight
+from .sources.heartbeat import Heartbeat
+from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
+from .sources.parallelism import kind_of
+from .sources.recorder import Recorder, ThreadSections
+from .sources.sections import REGISTRY as SECTIONS
+
+__all__ = ["StepHooks", "Watchers", "hook_steps", "start_watchers", "started"]
+
+_T = TypeVar("_T")
+
+
+def started(errors: ErrorCounter, where: str, start: Callable[[], _T]) -> _T | None:
+    """Return what ``start()`` built and started, or None after counting its error."""
+    try:
+        return start()
+    except Exception as exc:  # noqa: BLE001 - a dead store must not stop training
+        errors.record(where, exc)
+        return None
+
+
+@dataclass
+class StepHooks:
+    """What times one rank's steps, hooked on its model, DataLoader and optimizer."""
+
+    #: ``ddp``, ``fsdp2``, ``fsdp``, ``module`` or ``none`` (exporter.sources.parallelism).
+    parallelism: str
+    recorder: Recorder
+    device: torch.device
+    #: The process group's backend (``none`` before ``init_process_group``).
+    backend: str
+    inflight: InFlight
+    #: What times communication (exporter.sources.commtiming).
+    timing: CommTiming
+    loader: DataLoaderInstrumentor | None
+    optim: OptimizerInstrumentor | None
+    #: Declared sections on the training thread, listened to (no step runs inside one).
+    sections: ThreadSections
+
+
+def _closer(optimizer: Any, dataloader: Any, ddp: bool) -> str:
+    """Return what closes a step: without DDP only the optimizer, the DataLoader or step()."""
+    if optimizer is not None:
+        return "optimizer"
+    if dataloader is not None:
+        return "dataloader"
+    return "comm_hook" if ddp else "explicit"
+
+
+def hook_steps(
+    model: torch.nn.Module | None,
+    cfg: settings.InstrumentSettings,
+    errors: ErrorCounter,
+    dataloader: torch.utils.data.DataLoader | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> StepHooks:
+    """Hook what times ``model``'s steps: the recorder, in-flight state, communication timing."""
+    parallelism = kind_of(model)
+    ddp = parallelism == "ddp"
+    recorder = Recorder(_closer(optimizer, dataloader, ddp))
+    params = model.parameters() if model is not None else iter(())
+    device = next((p.device for p in params), torch.device("cpu"))
+    pg = model.process_group if ddp and model is not None else None
+    backend = dist.get_backend(pg) if dist.is_initialized() else "none"
+    # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
+    inflight = InFlight(
+        recorder,
+        errors,
+        flight_recorder=cfg.flight_recorder,
+        before_first_collective=not ddp,
+    )
+    timing = start_comm_timing(
+        model,
+        parallelism,
+        recorder,
+        errors,
+        requested=cfg.comm_timing,
+        inflight=inflight.name,
+        cuda=device.type == "cuda",
+        keyword="comm_timing" in cfg.keywords,
+    )
+    loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, recorder, errors)
+    optim = None if optimizer is None else OptimizerInstrumentor(optimizer, recorder, errors)
+    for part in (loader, optim):
+        if part is not None:
+            part.instrument()
+    # A checkpoint or evaluation in a declared section on the training thread is no step.
+    sections = ThreadSections(recorder, threading.main_thread().ident)
+    SECTIONS.listen(sections)
+    return StepHooks(
+        parallelism, recorder, device, backend, inflight, timing, loader, optim, sections
+    )
+
+
+@dataclass
+class Watchers:
+    """What watches the job through the store: the heartbeat and the hang watcher (or None)."""
+
+    heartbeat: Heartbeat | None
+    hangs: HangWatcher | None
+
+
+def start_watchers(
+    cfg: settings.InstrumentSettings,
+    store: Any,
+    hooks: StepHooks,
+    errors: ErrorCounter,
+    publish_abort: Callable[[], None],
+) -> Watchers:
+    """Start the heartbeat and, riding on it, the hang watcher; either may be None."""
+    identity, endpoint = cfg.identity, cfg.endpoint
+    rank, beat = identity.rank, endpoint.heartbeat_s
+    monitor = rank == endpoint.monitor_rank
+    heartbeat: Heartbeat | None = None
+    if beat > 0 and store is not None:
+        keys = storekeys.for_run(identity.run, identity.attempt)
+        heartbeat = started(
+            errors,
+            "heartbeat",
+            lambda: Heartbeat(
+                store,
+                keys,
+                rank,
+                identity.world_size,
+                beat,
+                monitor=monitor,
+                errors=errors,
+                peer_series=endpoint.peer_series,
+            ).start(),
+        )
+    # Hang watching rides on the heartbeat's store and interval; without a monitoring rank
+    # nobody would decide a hang, so nothing is reported either.
+    action, restart = policies(cfg.on_hang, cfg.final_scrape_s)
+    hangs: HangWatcher | None = None
+    if heartbeat is not None and 0 <= endpoint.monitor_rank < identity.world_size:
+        hangs = started(
+            errors,
+            "forensics",
+            lambda: HangWatcher(
+                identity,
+                store,
+                inflight=hooks.inflight,
+                recorder=hooks.recorder,
+                sections=SECTIONS,
+                interval_s=beat,
+                monitor=monitor,
+                dump_dir=cfg.dump_dir,
+                errors=errors,
+                action=action,
+                publish_abort=publish_abort,
+                restart=restart,
+                start_step=cfg.start_step,
+            ).start(),
+        )
+    if action is not None and hangs is None:
+        log.error(
+            "ddp-exporter: on_hang=abort needs the hang watcher, which is not running "
+            "(no c10d store, or its start failed): a hang will not end the run"
+        )
+    return Watchers(heartbeat, hangs)
