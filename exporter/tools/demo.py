@@ -98,15 +98,22 @@ def _sweep_adopted() -> None:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``demo`` to the ``ddp-exporter`` subcommands."""
-    d = sub.add_parser("demo", help="run a small instrumented multi-rank CPU training",
-                       description="Run a small instrumented DDP training on gloo under torchrun "
-                       "with a live per-rank table, optionally a fault, and (when installed) "
-                       "Prometheus and Alertmanager printing the alerts as they arrive.")  # fmt: skip
+    d = sub.add_parser(
+        "demo",
+        help="run a small instrumented multi-rank CPU training",
+        description="Run a small instrumented DDP training on gloo under torchrun "
+        "with a live per-rank table, optionally a fault, and (when installed) "
+        "Prometheus and Alertmanager printing the alerts as they arrive.",
+    )
     d.add_argument("--ranks", type=int, default=3, help="training processes (ranks)")
     d.add_argument("--fault", choices=FAULTS, default="none", help="the fault to inject")
     d.add_argument("--fault-rank", type=int, default=1, help="the rank the fault hits")
-    d.add_argument("--fault-after", type=float, default=10.0,
-                   help="seconds of healthy training before the fault")  # fmt: skip
+    d.add_argument(
+        "--fault-after",
+        type=float,
+        default=10.0,
+        help="seconds of healthy training before the fault",
+    )
     d.add_argument("--duration", type=float, default=60.0, help="seconds (0: until Ctrl-C)")
     d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
     d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
@@ -118,11 +125,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         dest="stack",
         action="store_true",
         default=None,
-        help="also run Prometheus + Alertmanager (default: when installed; needs the mixin "
-        "extra)",
+        help="also run Prometheus + Alertmanager (default: when installed; needs the mixin extra)",
     )
-    g.add_argument("--no-stack", dest="stack", action="store_false",
-                   help="never start Prometheus and Alertmanager")  # fmt: skip
+    g.add_argument(
+        "--no-stack",
+        dest="stack",
+        action="store_false",
+        help="never start Prometheus and Alertmanager",
+    )
     d.set_defaults(tool=run, parser=d)
     return d
 
@@ -199,20 +209,26 @@ def _ignore_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-def _run_demo(
-    args: argparse.Namespace,
-    use_stack: bool,
-    workdir: str,
-    children: _Children,
-    stacks: list[LocalStack],
-) -> int:
-    file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
+def _commands(
+    args: argparse.Namespace, file_sd: str | None, use_stack: bool
+) -> list[tuple[list[str], dict[str, str]]]:
+    """Return the command and environment of each process that runs the demo's job."""
     trainer = [
-        "-m", "exporter.tools.trainer",
-        "--duration", str(args.duration), "--fault", args.fault,
-        "--fault-rank", str(args.fault_rank), "--fault-after", str(args.fault_after),
-        "--addr", "127.0.0.1", "--heartbeat", "1",
-    ]  # fmt: skip
+        "-m",
+        "exporter.tools.trainer",
+        "--duration",
+        str(args.duration),
+        "--fault",
+        args.fault,
+        "--fault-rank",
+        str(args.fault_rank),
+        "--fault-after",
+        str(args.fault_after),
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+    ]
     if file_sd:
         os.makedirs(file_sd, exist_ok=True)
         trainer += ["--file-sd", file_sd]
@@ -224,17 +240,50 @@ def _run_demo(
     if args.fault == "kill":
         # torchrun's agent stops every rank when one dies; a scheduler that starts one process
         # per rank (srun, mpirun) leaves the survivors up, which shows the alert naming the dead.
-        commands = []
+        commands: list[tuple[list[str], dict[str, str]]] = []
         for r in range(args.ranks):
             port = "0" if args.port == 0 else str(args.port + r)
-            commands.append(([sys.executable, *trainer, "--port", port], dict(
-                env, RANK=str(r), LOCAL_RANK="0", WORLD_SIZE=str(args.ranks),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port)))  # fmt: skip
+            commands.append(
+                (
+                    [sys.executable, *trainer, "--port", port],
+                    dict(
+                        env,
+                        RANK=str(r),
+                        LOCAL_RANK="0",
+                        WORLD_SIZE=str(args.ranks),
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=master_port,
+                    ),
+                )
+            )
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-               str(args.ranks), "--master-addr", "127.0.0.1", "--master-port", master_port,
-               *trainer, "--port", str(args.port)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(args.ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            master_port,
+            *trainer,
+            "--port",
+            str(args.port),
+        ]
         commands = [(cmd, env)]
+    return commands
+
+
+def _run_demo(
+    args: argparse.Namespace,
+    use_stack: bool,
+    workdir: str,
+    children: _Children,
+    stacks: list[LocalStack],
+) -> int:
+    file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
+    commands = _commands(args, file_sd, use_stack)
     print(
         f"ddp-exporter demo: {args.ranks} ranks on gloo, fault={args.fault}"
         + (
