@@ -77,7 +77,7 @@ def rank_template() -> list[tuple[str, str, float, bool]]:
             "torch_version": "2.13.0",
             "cuda_version": "12.8",
             "nccl_version": "2.27.3",
-        },  # fmt: skip
+        },
         recorder=rec,
         inflight=InFlight(rec, errors, flight_recorder=False),
         job_clock=JobClock(),
@@ -181,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"series per node ({RANKS_PER_NODE} ranks): {per_rank * RANKS_PER_NODE}")
     print(f"scrape bytes per rank: {len(plain)} plain, {len(gzip.compress(plain))} gzip")
     for interval in (1, 15):
-        print(f"samples/s per rank at {interval} s: {per_rank / interval:.1f}; "
-              f"per 100,000 ranks: {per_rank * 100_000 / interval / 1e6:.2f} M/s")  # fmt: skip
+        print(
+            f"samples/s per rank at {interval} s: {per_rank / interval:.1f}; "
+            f"per 100,000 ranks: {per_rank * 100_000 / interval / 1e6:.2f} M/s"
+        )
 
     work = tempfile.mkdtemp(prefix="ddp-capacity-")
     targets = Targets(template, args.ranks, args.targets)
@@ -193,15 +195,22 @@ def main(argv: list[str] | None = None) -> int:
             f.write(dump_yaml(shard_rule_groups(DEFAULT)))
         interval = f"{args.interval:g}s"
         config = {
-            "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                       "scrape_timeout": f"{min(args.interval, 10):g}s"},  # fmt: skip
+            "global": {
+                "scrape_interval": interval,
+                "evaluation_interval": interval,
+                "scrape_timeout": f"{min(args.interval, 10):g}s",
+            },
             "rule_files": [] if args.no_rules else [rules],
-            "scrape_configs": [{
-                "job_name": DEFAULT.job, "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"
-                                                for s in targets.servers]}],
-            }],
-        }  # fmt: skip
+            "scrape_configs": [
+                {
+                    "job_name": DEFAULT.job,
+                    "honor_labels": True,
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{s.server_address[1]}" for s in targets.servers]}
+                    ],
+                }
+            ],
+        }
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         # Its own metrics too: head series, memory and sample rate are read from them.
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--storage.tsdb.path={work}/data",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--log.level=warn",
-            ],  # fmt: skip
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -239,18 +248,28 @@ def main(argv: list[str] | None = None) -> int:
         heap = _query(url, "go_memstats_heap_inuse_bytes")
         lag = _query(url, f'max(scrape_duration_seconds{{job="{DEFAULT.job}"}})')
         evals = _query(url, "max(prometheus_rule_group_last_duration_seconds)")
-        print(f"\n{args.ranks} ranks over {args.targets} targets, every {interval}, "
-              f"{args.duration:g} s, rules {'off' if args.no_rules else 'on'}:")  # fmt: skip
-        print(f"  raw series {raw:.0f} ({raw / args.ranks:.1f} per rank); recorded {recorded:.0f} "
-              f"({recorded / args.ranks:.1f} per rank); head series {head:.0f}")  # fmt: skip
-        print(f"  samples appended {rate:.0f}/s; slowest target scrape {lag:.2f} s; "
-              f"slowest rule group {evals:.2f} s")  # fmt: skip
-        print(f"  resident {rss / 2**20:.0f} MiB, Go heap in use {heap / 2**20:.0f} MiB: "
-              f"{rss / head * 1e6 / 2**30:.2f} GiB resident and {heap / head * 1e6 / 2**30:.2f} "
-              "GiB heap per million head series")  # fmt: skip
-        print(f"series_per_rank={per_rank} recorded_per_rank={recorded / args.ranks:.1f} "
-              f"gib_per_million_series={rss / head * 1e6 / 2**30:.2f} "
-              f"slowest_group_s={evals:.2f}")  # fmt: skip
+        print(
+            f"\n{args.ranks} ranks over {args.targets} targets, every {interval}, "
+            f"{args.duration:g} s, rules {'off' if args.no_rules else 'on'}:"
+        )
+        print(
+            f"  raw series {raw:.0f} ({raw / args.ranks:.1f} per rank); recorded {recorded:.0f} "
+            f"({recorded / args.ranks:.1f} per rank); head series {head:.0f}"
+        )
+        print(
+            f"  samples appended {rate:.0f}/s; slowest target scrape {lag:.2f} s; "
+            f"slowest rule group {evals:.2f} s"
+        )
+        print(
+            f"  resident {rss / 2**20:.0f} MiB, Go heap in use {heap / 2**20:.0f} MiB: "
+            f"{rss / head * 1e6 / 2**30:.2f} GiB resident and {heap / head * 1e6 / 2**30:.2f} "
+            "GiB heap per million head series"
+        )
+        print(
+            f"series_per_rank={per_rank} recorded_per_rank={recorded / args.ranks:.1f} "
+            f"gib_per_million_series={rss / head * 1e6 / 2**30:.2f} "
+            f"slowest_group_s={evals:.2f}"
+        )
     finally:
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -98,15 +98,36 @@ class JobEndedError(RuntimeError):
 
 def run_arm(layers: int, clip: bool, timing: str, args: argparse.Namespace) -> list[float]:
     """Run one job; return every rank's compute per step (s) over the window."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), WORKER,
-           "--layers", str(layers)] + ([] if clip else ["--no-clip"])  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(RANKS),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        WORKER,
+        "--layers",
+        str(layers),
+    ] + ([] if clip else ["--no-clip"])
     if timing == "off":
         cmd.append("--no-functional-timing")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -139,8 +160,13 @@ def run_arm(layers: int, clip: bool, timing: str, args: argparse.Namespace) -> l
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--arms", nargs="+", choices=("on", "off"), default=["on", "off"],
-                   help="the exporter's functional-collective timing on, and off (before)")  # fmt: skip
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on", "off"],
+        help="the exporter's functional-collective timing on, and off (before)",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup", type=float, default=8.0, help="seconds before the window")
     p.add_argument("--window", type=float, default=20.0, help="seconds measured per arm")
@@ -148,11 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-ms", type=float, default=50.0, help="... then is stopped this long")
     args = p.parse_args(argv)
     raise_on_signals()
-    arms = [(layers, clip, timing) for layers in args.layers for timing in args.arms
-            for clip in (True, False)]  # fmt: skip
+    arms = [
+        (layers, clip, timing)
+        for layers in args.layers
+        for timing in args.arms
+        for clip in (True, False)
+    ]
     results: dict[tuple, list[list[float]]] = {arm: [] for arm in arms}
-    print(f"{RANKS} ranks, rank {SLOW} throttled: {args.run_ms:.0f} ms running, "
-          f"{args.stop_ms:.0f} ms stopped; {args.rounds} rounds, {args.window:.0f} s windows")  # fmt: skip
+    print(
+        f"{RANKS} ranks, rank {SLOW} throttled: {args.run_ms:.0f} ms running, "
+        f"{args.stop_ms:.0f} ms stopped; {args.rounds} rounds, {args.window:.0f} s windows"
+    )
     for r in range(args.rounds):
         order = arms[r % len(arms) :] + arms[: r % len(arms)]
         for arm in order:
@@ -162,33 +194,43 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  job ended before training, started again:\n{exc}", flush=True)
                 per_rank = run_arm(*arm, args)
             results[arm].append(per_rank)
-            print(f"  round {r} layers={arm[0]} clip={'kept' if arm[1] else 'removed'} "
-                  f"timing={arm[2]}: " + " ".join(f"{c * 1e3:.1f}" for c in per_rank) + " ms",
-                  flush=True)  # fmt: skip
-    print("| layers | `clip_grad_norm_` | functional timing | healthy ranks (ms) | rank 2 (ms) "
-          "| rank 2 ÷ healthy |")  # fmt: skip
+            print(
+                f"  round {r} layers={arm[0]} clip={'kept' if arm[1] else 'removed'} "
+                f"timing={arm[2]}: " + " ".join(f"{c * 1e3:.1f}" for c in per_rank) + " ms",
+                flush=True,
+            )
+    print(
+        "| layers | `clip_grad_norm_` | functional timing | healthy ranks (ms) | rank 2 (ms) "
+        "| rank 2 ÷ healthy |"
+    )
     print("|---|---|---|---|---|---|")
     table: dict[tuple, tuple[float, float]] = {}
     for arm in arms:
-        healthy = statistics.median(statistics.mean(x[:SLOW] + x[SLOW + 1:])
-                                    for x in results[arm])  # fmt: skip
-        ratio = statistics.median(x[SLOW] / statistics.mean(x[:SLOW] + x[SLOW + 1:])
-                                  for x in results[arm])  # fmt: skip
+        healthy = statistics.median(statistics.mean(x[:SLOW] + x[SLOW + 1 :]) for x in results[arm])
+        ratio = statistics.median(
+            x[SLOW] / statistics.mean(x[:SLOW] + x[SLOW + 1 :]) for x in results[arm]
+        )
         slow = statistics.median(x[SLOW] for x in results[arm])
         table[arm] = (healthy, ratio)
-        print(f"| {arm[0]} | {'kept' if arm[1] else 'removed'} | {arm[2]} | {healthy * 1e3:.1f} "
-              f"| {slow * 1e3:.1f} | {ratio:.2f} |")  # fmt: skip
+        print(
+            f"| {arm[0]} | {'kept' if arm[1] else 'removed'} | {arm[2]} | {healthy * 1e3:.1f} "
+            f"| {slow * 1e3:.1f} | {ratio:.2f} |"
+        )
     ok = True
     for layers in args.layers:
         if "on" not in args.arms:
             continue
-        (h_kept, r_kept), (h_removed, r_removed) = table[(layers, True, "on")], table[
-            (layers, False, "on")]  # fmt: skip
+        (h_kept, r_kept), (h_removed, r_removed) = (
+            table[(layers, True, "on")],
+            table[(layers, False, "on")],
+        )
         dh, dr = h_kept / h_removed - 1, r_kept / r_removed - 1
         good = abs(dh) <= 0.15 and abs(dr) <= 0.15
         ok &= good
-        print(f"layers={layers}: clipping kept vs removed: healthy compute {dh:+.1%}, "
-              f"straggler ratio {dr:+.1%} ({'within' if good else 'outside'} 15 %)")  # fmt: skip
+        print(
+            f"layers={layers}: clipping kept vs removed: healthy compute {dh:+.1%}, "
+            f"straggler ratio {dr:+.1%} ({'within' if good else 'outside'} 15 %)"
+        )
     print(f"dilution_ok={int(ok)}")
     return 0
 

@@ -205,9 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     raise_on_signals()  # SIGTERM/SIGHUP stop Prometheus like Ctrl-C does
     t0 = time.monotonic()
     fleet = make_fleet(args.nodes, args.days, args.runs_per_day, bad)
-    print(f"fleet: {args.nodes} nodes, {len(fleet.runs)} runs over {args.days} days, "
-          f"{fleet.pairs()} (node, run) pairs, {len(fleet.blamed)} blamed ranks, {bad} bad "
-          f"nodes ({time.monotonic() - t0:.0f} s to build)", flush=True)  # fmt: skip
+    print(
+        f"fleet: {args.nodes} nodes, {len(fleet.runs)} runs over {args.days} days, "
+        f"{fleet.pairs()} (node, run) pairs, {len(fleet.blamed)} blamed ranks, {bad} bad "
+        f"nodes ({time.monotonic() - t0:.0f} s to build)",
+        flush=True,
+    )
     cfg = dataclasses.replace(
         DEFAULT,
         fleet_window=f"{args.days}d",
@@ -231,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
             "openmetrics",
             f"{work}/seed.om",
             f"{work}/data",
-        ],  # fmt: skip
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    print(f"carried state of {first_alive} finished runs written in "
-          f"{time.monotonic() - t_seed:.0f} s; {len(alive_runs)} runs alive", flush=True)  # fmt: skip
+    print(
+        f"carried state of {first_alive} finished runs written in "
+        f"{time.monotonic() - t_seed:.0f} s; {len(alive_runs)} runs alive",
+        flush=True,
+    )
     exporter = Exporter()
     exporter.body = exposition(fleet, alive_runs)
     with open(os.path.join(work, "rules.yml"), "w") as fh:
@@ -244,16 +250,25 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(os.path.join(work, "prometheus.yml"), "w") as fh:
-        yaml.safe_dump({
-            "global": {"scrape_interval": f"{args.interval}s",
-                       "evaluation_interval": f"{args.interval}s"},
-            "rule_files": [os.path.join(work, "rules.yml")],
-            "scrape_configs": [{"job_name": "ddp", "honor_labels": True,
-                                "scrape_timeout": f"{args.interval - 1}s",
-                                "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
-                               {"job_name": "self",
-                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
-        }, fh)  # fmt: skip
+        yaml.safe_dump(
+            {
+                "global": {
+                    "scrape_interval": f"{args.interval}s",
+                    "evaluation_interval": f"{args.interval}s",
+                },
+                "rule_files": [os.path.join(work, "rules.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "ddp",
+                        "honor_labels": True,
+                        "scrape_timeout": f"{args.interval - 1}s",
+                        "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+                    },
+                    {"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
+                ],
+            },
+            fh,
+        )
     prom = subprocess.Popen(
         [
             "prometheus",
@@ -262,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
             "--query.max-samples=500000000",
-        ],  # fmt: skip
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(os.path.join(work, "prometheus.log"), "w"),  # noqa: SIM115
         start_new_session=True,
@@ -311,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         suspects = {
             int(s["metric"]["node"].split("-")[1])
             for s in _api(
-                url, "/api/v1/query",
+                url,
+                "/api/v1/query",
                 query='ALERTS{alertname="DDPSuspectNode"}',
             )["result"]
-        }  # fmt: skip
+        }
     finally:
         exporter.close()
         if prom.poll() is None:
@@ -326,18 +342,22 @@ def main(argv: list[str] | None = None) -> int:
                 prom.wait()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"fleet group evaluation: median {statistics.median(times):.2f} s, max "
-          f"{max(times):.2f} s over {len(times)} evaluations (every {cfg.fleet_interval} here, "
-          f"carry {cfg.fleet_carry} = {CARRY_EVALUATIONS} evaluations)")  # fmt: skip
+    print(
+        f"fleet group evaluation: median {statistics.median(times):.2f} s, max "
+        f"{max(times):.2f} s over {len(times)} evaluations (every {cfg.fleet_interval} here, "
+        f"carry {cfg.fleet_carry} = {CARRY_EVALUATIONS} evaluations)"
+    )
     for name, ts in sorted(per_rule.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"  rule {name}: median {statistics.median(ts):.2f} s")
     for name, value in figures.items():
         print(f"  {name}: {value:,.1f}")
     want = fleet.suspects(int(cfg.fleet_runs), int(cfg.fleet_blamed_runs))
-    print(f"  DDPSuspectNode (pending or firing): {len(suspects)} nodes; the definition applied "
-          f"to the synthetic history names {len(want)} ({len(want & fleet.bad)} of the "
-          f"{len(fleet.bad)} bad ones): {len(suspects & want)} named, {len(want - suspects)} "
-          f"missed, {len(suspects - want)} extra")  # fmt: skip
+    print(
+        f"  DDPSuspectNode (pending or firing): {len(suspects)} nodes; the definition applied "
+        f"to the synthetic history names {len(want)} ({len(want & fleet.bad)} of the "
+        f"{len(fleet.bad)} bad ones): {len(suspects & want)} named, {len(want - suspects)} "
+        f"missed, {len(suspects - want)} extra"
+    )
     print(f"fleet_eval_seconds={statistics.median(times):.3f}")
     return 0
 

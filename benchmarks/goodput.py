@@ -38,9 +38,16 @@ from exporter.tools.localstack import free_port
 def _tracker(store: TCPStore, world: int, folder: str) -> GoodputTracker:
     ident = identity(run="bench", group=(0, world), environ={})
     rec = Recorder("explicit")
-    return GoodputTracker(ident, store, recorder=rec, sections=REGISTRY,
-                          interval_s=DEFAULT_HEARTBEAT_S, monitor=True, dump_dir=folder,
-                          errors=ErrorCounter())  # fmt: skip
+    return GoodputTracker(
+        ident,
+        store,
+        recorder=rec,
+        sections=REGISTRY,
+        interval_s=DEFAULT_HEARTBEAT_S,
+        monitor=True,
+        dump_dir=folder,
+        errors=ErrorCounter(),
+    )
 
 
 def one(world: int, ticks: int) -> tuple[float, float, float]:
@@ -79,8 +86,10 @@ def main() -> None:
     for world in args.ranks:
         mean, longest, held = one(world, args.ticks)
         share = mean / 1e3 / interval
-        print(f"ranks={world}: tick mean {mean:.2f} ms, longest {longest:.2f} ms; reading this rank "
-              f"{held:.1f} µs; {share:.3%} of the {interval:g} s tick interval")  # fmt: skip
+        print(
+            f"ranks={world}: tick mean {mean:.2f} ms, longest {longest:.2f} ms; reading this rank "
+            f"{held:.1f} µs; {share:.3%} of the {interval:g} s tick interval"
+        )
     print(f"goodput_tick_share={share:.5f}")
 
 

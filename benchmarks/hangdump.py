@@ -53,13 +53,23 @@ def one_round(ranks: int, heartbeat: float, timeout: float) -> tuple[float, floa
         HANG_WORKER_PG_TIMEOUT=str(PG_TIMEOUT_S),
     )
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        WORKER, "behind", "-1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        WORKER,
+        "behind",
+        "-1",
+    ]
     log = open(os.path.join(root, "job.log"), "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, cwd=REPO)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=REPO
+    )
     pids: list[int] = []
     try:
         deadline = time.monotonic() + timeout

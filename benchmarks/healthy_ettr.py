@@ -42,12 +42,37 @@ def start_job(run: str, kind: str, sd: Path) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     procs = []
     for rank in range(RANKS):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS),
-                   LOCAL_WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")  # fmt: skip
-        cmd = [sys.executable, "-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
-               "--addr", "127.0.0.1", "--heartbeat", "1", "--run", run, "--fault", "none",
-               "--parallel", kind, "--file-sd", str(sd)]  # fmt: skip
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(RANKS),
+            LOCAL_WORLD_SIZE=str(RANKS),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "exporter.tools.trainer",
+            "--duration",
+            "0",
+            "--port",
+            "0",
+            "--addr",
+            "127.0.0.1",
+            "--heartbeat",
+            "1",
+            "--run",
+            run,
+            "--fault",
+            "none",
+            "--parallel",
+            kind,
+            "--file-sd",
+            str(sd),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
     return procs
 
@@ -83,8 +108,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=150.0, help="seconds to run the jobs")
     p.add_argument("--window", type=float, default=60.0, help="ETTR window, s")
-    p.add_argument("--kinds", nargs="+", default=["ddp", "fsdp2"],
-                   choices=["ddp", "fsdp2"], help="one job of each")  # fmt: skip
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["ddp", "fsdp2"],
+        choices=["ddp", "fsdp2"],
+        help="one job of each",
+    )
     p.add_argument("--busy", type=int, default=0, help="busy loops beside the jobs")
     args = p.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so that the finally below stops every process it started.

@@ -302,10 +302,28 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(k):
             dist.all_gather_single(out2, small, async_op=True).wait()
 
-    rows.append(_pair("dist.all_reduce wrapper (sync)", sync_allreduce, sync_allreduce, calls,
-                      reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
-    rows.append(_pair("all_gather_single+wait wrapper", async_allgather, async_allgather, calls,
-                      reps, ctim.instrument, ctim.uninstrument))  # fmt: skip
+    rows.append(
+        _pair(
+            "dist.all_reduce wrapper (sync)",
+            sync_allreduce,
+            sync_allreduce,
+            calls,
+            reps,
+            ctim.instrument,
+            ctim.uninstrument,
+        )
+    )
+    rows.append(
+        _pair(
+            "all_gather_single+wait wrapper",
+            async_allgather,
+            async_allgather,
+            calls,
+            reps,
+            ctim.instrument,
+            ctim.uninstrument,
+        )
+    )
 
     # -- DTensor's functional collectives, any parallelism ----------------------------------------
     import torch.distributed._functional_collectives as funcol
@@ -316,9 +334,17 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(k):
             funcol.all_reduce(small, "sum", "0").wait()
 
-    rows.append(_pair("funcol.all_reduce+wait stand-ins", functional_allreduce,
-                      functional_allreduce, calls, reps, ftim.instrument,
-                      ftim.uninstrument))  # fmt: skip
+    rows.append(
+        _pair(
+            "funcol.all_reduce+wait stand-ins",
+            functional_allreduce,
+            functional_allreduce,
+            calls,
+            reps,
+            ftim.instrument,
+            ftim.uninstrument,
+        )
+    )
     dist.destroy_process_group()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {n} calls x {reps} repeats")

@@ -70,9 +70,14 @@ def _time_until(procs: list, node: int, words: str, limit: float) -> float | Non
 
 
 def _run(lab: Lab, env_of: dict, cmd: Callable[[int], list[str]]) -> list:
-    base = {"OMP_NUM_THREADS": "1", "MASTER_ADDR": lab.nodes[0].name,
-            "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(len(lab.nodes)),
-            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
+    base = {
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": lab.nodes[0].name,
+        "MASTER_PORT": str(MASTER_PORT),
+        "WORLD_SIZE": str(len(lab.nodes)),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
     return [
         lab.process(
             n.index, cmd(n.index), {**base, "RANK": str(n.index), **env_of.get(n.index, {})}

@@ -90,8 +90,11 @@ def _tp(model: torch.nn.Module, tp_size: int) -> torch.nn.Module:
 
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    plan = {"0": ColwiseParallel(), "2": RowwiseParallel(),
-            "4": ColwiseParallel(output_layouts=Replicate())}  # fmt: skip
+    plan = {
+        "0": ColwiseParallel(),
+        "2": RowwiseParallel(),
+        "4": ColwiseParallel(output_layouts=Replicate()),
+    }
     parallelize_module(model, mesh["tp"], plan)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
@@ -141,11 +144,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
         model, loader, opt = arms["instr_hook"]
         hooked = Observer(
             model,
-            settings.for_instrument(parallelism="ddp", group=(rank, world), run="overhead-hook",
-                                    port=0, addr="127.0.0.1", heartbeat_s=0, timing="hook"),
+            settings.for_instrument(
+                parallelism="ddp",
+                group=(rank, world),
+                run="overhead-hook",
+                port=0,
+                addr="127.0.0.1",
+                heartbeat_s=0,
+                timing="hook",
+            ),
             dataloader=loader,
             optimizer=opt,
-        )  # fmt: skip
+        )
     modes = (obs.comm_timing, hooked.comm_timing if hooked is not None else "-")
 
     comm = obs.comm_instrumentor
@@ -276,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel in ("fsdp2", "tp"):
         hooks = [a for a in args.arms if a in ("instr_hook", "hook")]
         if hooks and "--arms" in (argv if argv is not None else sys.argv):
-            p.error(f"--parallel {args.parallel}: {', '.join(hooks)} time DDP's comm hook; "
-                    "FSDP2 has none")  # fmt: skip
+            p.error(
+                f"--parallel {args.parallel}: {', '.join(hooks)} time DDP's comm hook; "
+                "FSDP2 has none"
+            )
         args.arms = [a for a in args.arms if a not in ("instr_hook", "hook")]
     if args.parallel == "tp" and any(w % args.tp_size for w in args.world):
         p.error(f"--parallel tp: --tp-size {args.tp_size} must divide every --world")

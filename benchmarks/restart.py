@@ -61,16 +61,37 @@ def one_round(
     )
     if abort_after is not None:
         env["DDP_EXPORTER_ABORT_AFTER_S"] = str(abort_after)
-    rendezvous = ["--standalone"] if launch == "standalone" else [
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]  # fmt: skip
+    rendezvous = (
+        ["--standalone"]
+        if launch == "standalone"
+        else ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    )
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        *rendezvous, "--max-restarts", "1", WORKER, root, "--stuck", f"1:{STUCK_AT_STEP}",
-        "--steps", str(STUCK_AT_STEP + 100),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        *rendezvous,
+        "--max-restarts",
+        "1",
+        WORKER,
+        root,
+        "--stuck",
+        f"1:{STUCK_AT_STEP}",
+        "--steps",
+        str(STUCK_AT_STEP + 100),
+    ]
     lines: list[tuple[float, str]] = []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True, cwd=REPO)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        cwd=REPO,
+    )
 
     def read() -> None:
         assert proc.stdout is not None

@@ -52,8 +52,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=16384, help="size of the synthetic dataset")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--checkpoint", default="checkpoint-ddp.pt",
-                   help="saved after every epoch; training resumes from it when it exists")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        default="checkpoint-ddp.pt",
+        help="saved after every epoch; training resumes from it when it exists",
+    )
     return p.parse_args()
 
 
@@ -66,7 +69,9 @@ def from_slurm() -> None:
         os.environ.setdefault("MASTER_PORT", "29500")
         if "MASTER_ADDR" not in os.environ:
             nodes = os.environ["SLURM_JOB_NODELIST"]
-            os.environ["MASTER_ADDR"] = os.popen(f"scontrol show hostnames {nodes}").readline().strip()
+            os.environ["MASTER_ADDR"] = (
+                os.popen(f"scontrol show hostnames {nodes}").readline().strip()
+            )
 
 
 def synthetic_dataset(samples: int, features: int = 32, classes: int = 8) -> TensorDataset:
@@ -92,8 +97,9 @@ def main() -> None:
     dataset = synthetic_dataset(args.samples)
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 8)).to(device)  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)
+    ).to(device)
     start_epoch = 0
     if os.path.exists(args.checkpoint):
         state = torch.load(args.checkpoint, map_location=device)

@@ -149,12 +149,23 @@ def instrument(
             )
         watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
         cfg = settings.for_instrument(
-            parallelism=kind, group=group, run=run if run is not None or watch is None
-            else watch.run, port=port, addr=addr, heartbeat_s=heartbeat_s,
-            monitor_rank=monitor_rank, peer_series=peer_series, flight_recorder_on=flight_recorder,
-            otlp=otlp, dump_folder=dump_dir, hang_action=on_hang, abort_after=abort_after,
-            abort_limit=abort_limit, start_step=start_step, timing=comm_timing,
-        )  # fmt: skip
+            parallelism=kind,
+            group=group,
+            run=run if run is not None or watch is None else watch.run,
+            port=port,
+            addr=addr,
+            heartbeat_s=heartbeat_s,
+            monitor_rank=monitor_rank,
+            peer_series=peer_series,
+            flight_recorder_on=flight_recorder,
+            otlp=otlp,
+            dump_folder=dump_dir,
+            hang_action=on_hang,
+            abort_after=abort_after,
+            abort_limit=abort_limit,
+            start_step=start_step,
+            timing=comm_timing,
+        )
         cfg = _abort_someone_can_restart(cfg)
         if kind != "ddp" and dataloader is None and optimizer is None:
             log.info(

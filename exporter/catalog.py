@@ -161,18 +161,22 @@ LABEL_HELP: dict[str, str] = {
     + ", ".join(f"``{v}``" for v in COMM_TIMING_MODES)
     + ". ``reducer``, ``events`` and ``hook`` time DDP; ``collectives`` every torch.distributed "
     "collective of a job without DDP; ``none``: not measured.",
-    "parallelism": "What the rank trains: " + ", ".join(f"``{v}``" for v in PARALLELISMS)
+    "parallelism": "What the rank trains: "
+    + ", ".join(f"``{v}``" for v in PARALLELISMS)
     + " (DDP, FSDP2's ``fully_shard``, classic FSDP, another module, no model).",
     "attempt": "Which attempt of the run: torchrun's restart count, else Slurm's requeue count, "
     "plus ``DDP_EXPORTER_ATTEMPT``.",
-    "phase": "A step phase: " + ", ".join(f"``{v}``" for v in PHASES)
+    "phase": "A step phase: "
+    + ", ".join(f"``{v}``" for v in PHASES)
     + "; they add up to the step time. On the init series: "
     "``store``, ``process_group``, ``done``.",
-    "op": "The kind of collective: " + ", ".join(f"``{v}``" for v in COLLECTIVE_OPS)
+    "op": "The kind of collective: "
+    + ", ".join(f"``{v}``" for v in COLLECTIVE_OPS)
     + " (DDP's gradient buckets are ``allreduce``).",
     "pg": "The process group (torch's name for it; ``0`` is the default group).",
     "peer_rank": "The peer a monitoring rank's series is about.",
-    "where": "Where an exporter error was caught: " + ", ".join(f"``{v}``" for v in ERROR_WHERE)
+    "where": "Where an exporter error was caught: "
+    + ", ".join(f"``{v}``" for v in ERROR_WHERE)
     + ".",
     "variable": "The ``DDP_EXPORTER_*`` variable holding a value the exporter cannot use.",
     "file": "The source file where a hung rank's training thread is stuck.",

@@ -71,18 +71,45 @@ def _start_ranks(workdir: Path, file_sd: Path, args: argparse.Namespace) -> list
     for rank in range(RANKS):
         env = dict(
             os.environ,
-            RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(RANKS),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
-            DDP_EXPORTER_NODE=f"node-{rank}", DDP_EXPORTER_DUMP_DIR=str(workdir / "dumps"),
-            OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-        )  # fmt: skip
+            RANK=str(rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(RANKS),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=master_port,
+            DDP_EXPORTER_NODE=f"node-{rank}",
+            DDP_EXPORTER_DUMP_DIR=str(workdir / "dumps"),
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
         cmd = [
-            sys.executable, "-m", "exporter.tools.trainer", "--duration", "0",
-            "--fault", "straggler", "--fault-rank", "2", "--fault-after", str(args.straggle_at),
-            "--hang-after", str(args.hang_at), "--straggle", "0.15", "--run", RUN,
-            "--addr", "127.0.0.1", "--port", "0", "--heartbeat", "1",
-            "--file-sd", str(file_sd), "--timeout", "900",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "exporter.tools.trainer",
+            "--duration",
+            "0",
+            "--fault",
+            "straggler",
+            "--fault-rank",
+            "2",
+            "--fault-after",
+            str(args.straggle_at),
+            "--hang-after",
+            str(args.hang_at),
+            "--straggle",
+            "0.15",
+            "--run",
+            RUN,
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--heartbeat",
+            "1",
+            "--file-sd",
+            str(file_sd),
+            "--timeout",
+            "900",
+        ]
         log = open(workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         log.close()
@@ -115,15 +142,21 @@ def drill(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.time()
                 procs = _start_ranks(workdir, file_sd, args)
                 started = _wait_for_steps(stack, procs, timeout=120)
-                print(f"render: training since {started - t0:.0f} s; drill runs "
-                      f"{args.hang_at + args.tail:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"render: training since {started - t0:.0f} s; drill runs "
+                    f"{args.hang_at + args.tail:.0f} s",
+                    flush=True,
+                )
                 time.sleep(max(0.0, started + args.hang_at + args.tail - time.time()))
                 alerts = sorted({a["labels"]["alertname"] for _, a in stack.alerts})
                 print(f"render: alerts delivered: {', '.join(alerts) or 'none'}", flush=True)
-                data = query_all(stack.prometheus_url, started - 5, started + args.hang_at - 2,
-                                 time.time())  # fmt: skip
-                data["events"] = [[started + args.straggle_at, "rank 2 straggles"],
-                                  [started + args.hang_at, "rank 2 hangs"]]  # fmt: skip
+                data = query_all(
+                    stack.prometheus_url, started - 5, started + args.hang_at - 2, time.time()
+                )
+                data["events"] = [
+                    [started + args.straggle_at, "rank 2 straggles"],
+                    [started + args.hang_at, "rank 2 hangs"],
+                ]
                 data["started"] = started
                 return data
         finally:
@@ -149,8 +182,11 @@ def _get(url: str, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
 
 def boards() -> dict[str, dict[str, Any]]:
     """Return the FAST variant of each dashboard's JSON, by file stem."""
-    return {name.removesuffix(".json"): json.loads(text)
-            for name, text in render_dashboards(FAST).items() if name.endswith(".json")}  # fmt: skip
+    return {
+        name.removesuffix(".json"): json.loads(text)
+        for name, text in render_dashboards(FAST).items()
+        if name.endswith(".json")
+    }
 
 
 def query_all(url: str, start: float, before_hang: float, end: float) -> dict[str, Any]:
@@ -172,8 +208,13 @@ def query_all(url: str, start: float, before_hang: float, end: float) -> dict[st
                 if target.get("instant"):
                     results.append(_get(url, "/api/v1/query", {"query": expr, "time": until}))
                 else:
-                    results.append(_get(url, "/api/v1/query_range", {
-                        "query": expr, "start": start, "end": until, "step": STEP_S}))  # fmt: skip
+                    results.append(
+                        _get(
+                            url,
+                            "/api/v1/query_range",
+                            {"query": expr, "start": start, "end": until, "step": STEP_S},
+                        )
+                    )
             panels.append(results)
         out[stem] = {"start": start, "end": until, "panels": panels}
     return out
@@ -182,8 +223,14 @@ def query_all(url: str, start: float, before_hang: float, end: float) -> dict[st
 # -- drawing ------------------------------------------------------------------------------------
 BG, PANEL, TEXT, DIM, GRID = "#111217", "#181b1f", "#ccccdc", "#8e8e9e", "#2c3235"
 #: Grafana's named colours, as its dark theme draws them.
-NAMED = {"green": "#73bf69", "yellow": "#fade2a", "orange": "#ff9830", "red": "#f2495c",
-         "blue": "#5794f2", "text": "#ccccdc"}  # fmt: skip
+NAMED = {
+    "green": "#73bf69",
+    "yellow": "#fade2a",
+    "orange": "#ff9830",
+    "red": "#f2495c",
+    "blue": "#5794f2",
+    "text": "#ccccdc",
+}
 COLORS = ("#73bf69", "#f2cc0c", "#8ab8ff", "#ff780a", "#f2495c", "#5794f2", "#b877d9", "#705da0")
 
 
@@ -230,8 +277,13 @@ def _timeseries(ax: Any, panel: dict, results: list, data: dict, unit: str) -> b
         for s in series:
             xs = [float(t) - origin for t, _ in s["values"]]
             ys = [float(v) for _, v in s["values"]]
-            ax.plot(xs, ys, lw=1.3, color=COLORS[drawn % len(COLORS)],
-                    label=_legend(target.get("legendFormat", ""), s["metric"]))  # fmt: skip
+            ax.plot(
+                xs,
+                ys,
+                lw=1.3,
+                color=COLORS[drawn % len(COLORS)],
+                label=_legend(target.get("legendFormat", ""), s["metric"]),
+            )
             drawn += 1
     if not drawn:
         return False
@@ -247,11 +299,25 @@ def _timeseries(ax: Any, panel: dict, results: list, data: dict, unit: str) -> b
         if when > data["end"]:
             continue
         ax.axvline(when - origin, color=DIM, lw=0.8, ls="--")
-        ax.text(when - origin, 1.0, f" {what}", transform=ax.get_xaxis_transform(), fontsize=5.5,
-                color=DIM, va="top")  # fmt: skip
+        ax.text(
+            when - origin,
+            1.0,
+            f" {what}",
+            transform=ax.get_xaxis_transform(),
+            fontsize=5.5,
+            color=DIM,
+            va="top",
+        )
     if drawn <= 12:
-        ax.legend(fontsize=5.5, loc="upper left", bbox_to_anchor=(0, -0.1), frameon=False,
-                  labelcolor=TEXT, ncol=min(drawn, 4), handlelength=1.2)  # fmt: skip
+        ax.legend(
+            fontsize=5.5,
+            loc="upper left",
+            bbox_to_anchor=(0, -0.1),
+            frameon=False,
+            labelcolor=TEXT,
+            ncol=min(drawn, 4),
+            handlelength=1.2,
+        )
     return True
 
 
@@ -279,11 +345,21 @@ def _stat(ax: Any, panel: dict, results: list, unit: str) -> bool:
     ax.axis("off")
     for i, (label, value, _) in enumerate(values[:4]):
         y = 1 - (i + 0.6) / max(len(values[:4]), 1)
-        ax.text(0.5, y, _fmt(value, unit), ha="center", va="center", fontsize=18,
-                color=_color(panel, value),
-                transform=ax.transAxes, weight="bold")  # fmt: skip
+        ax.text(
+            0.5,
+            y,
+            _fmt(value, unit),
+            ha="center",
+            va="center",
+            fontsize=18,
+            color=_color(panel, value),
+            transform=ax.transAxes,
+            weight="bold",
+        )
         if len(values) > 1:
-            ax.text(0.5, y - 0.22, label, ha="center", fontsize=6, color=DIM, transform=ax.transAxes)
+            ax.text(
+                0.5, y - 0.22, label, ha="center", fontsize=6, color=DIM, transform=ax.transAxes
+            )
     return True
 
 
@@ -292,8 +368,9 @@ def _bars(ax: Any, panel: dict, results: list, unit: str) -> bool:
     if not values:
         return False
     ax.set_facecolor(PANEL)
-    ax.barh([v[0] for v in values], [v[1] for v in values],
-            color=[_color(panel, v[1]) for v in values])  # fmt: skip
+    ax.barh(
+        [v[0] for v in values], [v[1] for v in values], color=[_color(panel, v[1]) for v in values]
+    )
     for i, (_, value, _) in enumerate(values):
         ax.text(value, i, " " + _fmt(value, unit), va="center", fontsize=6, color=TEXT)
     ax.tick_params(colors=TEXT, labelsize=6)
@@ -315,14 +392,16 @@ def _table(ax: Any, panel: dict, results: list, unit: str) -> bool:
     several = len(panel["targets"]) > 1
     cells = [
         ([t.get("legendFormat") or t.get("refId", "")] if several else [])
-        + [r["metric"].get(k, "") for k in keys] + [_fmt(_last(r), unit)]
+        + [r["metric"].get(k, "") for k in keys]
+        + [_fmt(_last(r), unit)]
         for t, series in zip(panel["targets"], results)
         for r in series
     ][:8]
     ax.axis("off")
     labels = (["query"] if several else []) + [*keys, "value"]
-    table = ax.table(cellText=cells, colLabels=labels, loc="upper center", cellLoc="left",
-                     colLoc="left")  # fmt: skip
+    table = ax.table(
+        cellText=cells, colLabels=labels, loc="upper center", cellLoc="left", colLoc="left"
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(6)
     for cell in table.get_celld().values():
@@ -344,15 +423,27 @@ def draw(stem: str, board: dict, data: dict, out: Path) -> Path:
     fig = plt.figure(figsize=(16, rows * row_in + 0.5), facecolor=BG)
     height = rows * row_in + 0.5
     moment = "rank 2 straggling" if data["end"] < data["events"][1][0] else "rank 2 hung"
-    fig.text(0.01, 1 - 0.3 / height, f"{board['title']}   (run = {RUN}; shown at "
-             f"{data['end'] - data['started']:.0f} s: {moment})", color=TEXT, fontsize=11,
-             va="center")  # fmt: skip
+    fig.text(
+        0.01,
+        1 - 0.3 / height,
+        f"{board['title']}   (run = {RUN}; shown at "
+        f"{data['end'] - data['started']:.0f} s: {moment})",
+        color=TEXT,
+        fontsize=11,
+        va="center",
+    )
     for panel, results in zip(board["panels"], data["panels"]):
         g = panel["gridPos"]
         left, width = g["x"] * col_in / 16, g["w"] * col_in / 16
         top = 0.5 + g["y"] * row_in
-        box = fig.add_axes((left + 0.003, 1 - (top + g["h"] * row_in) / height + 0.004,
-                            width - 0.006, g["h"] * row_in / height - 0.008))  # fmt: skip
+        box = fig.add_axes(
+            (
+                left + 0.003,
+                1 - (top + g["h"] * row_in) / height + 0.004,
+                width - 0.006,
+                g["h"] * row_in / height - 0.008,
+            )
+        )
         box.set_facecolor(PANEL)
         box.set_xticks([])
         box.set_yticks([])
@@ -362,8 +453,14 @@ def draw(stem: str, board: dict, data: dict, out: Path) -> Path:
         pos = box.get_position()
         low = 0.3 if panel["type"] == "timeseries" else 0.1  # room for the legend below
         left = 0.2 if panel["type"] == "bargauge" else 0.08  # room for the bars' names
-        inner = fig.add_axes((pos.x0 + pos.width * left, pos.y0 + pos.height * low,
-                              pos.width * (0.96 - left), pos.height * (0.84 - low)))  # fmt: skip
+        inner = fig.add_axes(
+            (
+                pos.x0 + pos.width * left,
+                pos.y0 + pos.height * low,
+                pos.width * (0.96 - left),
+                pos.height * (0.84 - low),
+            )
+        )
         unit = panel["fieldConfig"]["defaults"].get("unit", "short")
         if panel["type"] == "timeseries":
             drawn = _timeseries(inner, panel, results, data, unit)
@@ -373,8 +470,16 @@ def draw(stem: str, board: dict, data: dict, out: Path) -> Path:
             )
         if not drawn:
             inner.axis("off")
-            inner.text(0.5, 0.5, "No data", ha="center", va="center", color=DIM, fontsize=8,
-                       transform=inner.transAxes)  # fmt: skip
+            inner.text(
+                0.5,
+                0.5,
+                "No data",
+                ha="center",
+                va="center",
+                color=DIM,
+                fontsize=8,
+                transform=inner.transAxes,
+            )
     path = out / f"dashboard-{stem}.png"
     fig.savefig(path, dpi=80, facecolor=BG)
     plt.close(fig)
@@ -401,8 +506,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     every = boards()
     for stem in DASHBOARDS:
-        print(draw(stem, every[stem], {**data[stem], "events": data["events"],
-                                       "started": data["started"]}, args.out))  # fmt: skip
+        print(
+            draw(
+                stem,
+                every[stem],
+                {**data[stem], "events": data["events"], "started": data["started"]},
+                args.out,
+            )
+        )
     return 0
 
 

@@ -20,16 +20,32 @@ HANG_THRESHOLD_S = 10.0
 class Sim:
     """Drive an :class:`Account` through a simulated job."""
 
-    def __init__(self, ranks: int = 3, *, interval: float = 1.0, startup: float = 5.0,
-                 start: float = 1000.0, attempt: str = "0", start_step: int | None = None,
-                 carried: Carried | None = None, step: float = 0.1, comm: float = 0.005,
-                 opt: float = 0.002) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ranks: int = 3,
+        *,
+        interval: float = 1.0,
+        startup: float = 5.0,
+        start: float = 1000.0,
+        attempt: str = "0",
+        start_step: int | None = None,
+        carried: Carried | None = None,
+        step: float = 0.1,
+        comm: float = 0.005,
+        opt: float = 0.002,
+    ) -> None:
         self.ranks, self.interval, self.tick_s = ranks, interval, interval / 4
         self.step_s, self.comm, self.opt = step, comm, opt
         self.start = start
         self.now = start
-        self.account = Account(rank=0, attempt=attempt, start_unix=start, start_step=start_step,
-                               carried=carried, hold_s=2.5 * interval + self.tick_s)  # fmt: skip
+        self.account = Account(
+            rank=0,
+            attempt=attempt,
+            start_unix=start,
+            start_step=start_step,
+            carried=carried,
+            hold_s=2.5 * interval + self.tick_s,
+        )
         self.tally = PeerTally()
         self.work = [Work() for _ in range(ranks)]
         self.published = [Work() for _ in range(ranks)]
@@ -73,16 +89,27 @@ class Sim:
         acc.finalize(self.now)
 
     # -- training ----------------------------------------------------------------------------
-    def steps(self, n: int, *, compute: dict[int, float] | None = None,
-              data: dict[int, float] | None = None, comm: float | None = None) -> None:  # fmt: skip
+    def steps(
+        self,
+        n: int,
+        *,
+        compute: dict[int, float] | None = None,
+        data: dict[int, float] | None = None,
+        comm: float | None = None,
+    ) -> None:
         """Run ``n`` lockstep steps; ``compute``/``data``: extra seconds per rank per step."""
         for _ in range(n):
             self.one_step(compute=compute, data=data, comm=comm)
 
-    def one_step(self, *, compute: dict[int, float] | None = None,
-                 data: dict[int, float] | None = None, comm: float | None = None,
-                 section: tuple[int, str, float] | None = None,
-                 stall: tuple[int, float] | None = None) -> None:  # fmt: skip
+    def one_step(
+        self,
+        *,
+        compute: dict[int, float] | None = None,
+        data: dict[int, float] | None = None,
+        comm: float | None = None,
+        section: tuple[int, str, float] | None = None,
+        stall: tuple[int, float] | None = None,
+    ) -> None:
         """One step; ``section``: (rank, category, seconds) before it; ``stall``: (rank, s)."""
         compute, data = compute or {}, data or {}
         if self.first is None:
@@ -92,8 +119,10 @@ class Sim:
             c = self.step_s + compute.get(r, 0.0) + (stall[1] if stall and stall[0] == r else 0)
             own_work.append((data.get(r, 0.0), c))
         held = section[2] if section else 0.0
-        slowest = max(d + c + (held if section and section[0] == r else 0.0)
-                      for r, (d, c) in enumerate(own_work))  # fmt: skip
+        slowest = max(
+            d + c + (held if section and section[0] == r else 0.0)
+            for r, (d, c) in enumerate(own_work)
+        )
         c_s = self.comm if comm is None else comm
         duration = slowest + c_s + self.opt
         if section and section[0] == 0:
@@ -113,13 +142,15 @@ class Sim:
             extra = {}
             if section and section[0] == r:
                 extra[section[1] + "_s"] = getattr(w, section[1] + "_s") + section[2]
-            self.work[r] = replace(w, steps=w.steps + 1, data_s=w.data_s + d,
-                                   compute_s=w.compute_s + c, **extra)  # fmt: skip
+            self.work[r] = replace(
+                w, steps=w.steps + 1, data_s=w.data_s + d, compute_s=w.compute_s + c, **extra
+            )
         d0, c0 = own_work[0]
         wait = duration - d0 - c0 - self.opt
         o = self.own
-        self.own = StepTotals(o.steps + 1, o.data_s + d0, o.compute_s + c0 + self.opt,
-                              o.comm_s + wait)  # fmt: skip
+        self.own = StepTotals(
+            o.steps + 1, o.data_s + d0, o.compute_s + c0 + self.opt, o.comm_s + wait
+        )
 
     def totals(self) -> dict[str, float]:
         """Return the published totals now."""

@@ -210,10 +210,18 @@ class Job(Process):
         # The static rendezvous by default; a test may choose another (e.g. c10d for restarts,
         # --standalone, or a static one of several nodes).
         chosen = {"--rdzv-backend", "--standalone", "--master-addr"} & set(extra)
-        rendezvous = [] if chosen else [
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port())]  # fmt: skip
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               *rendezvous, *extra]  # fmt: skip
+        rendezvous = (
+            [] if chosen else ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            *rendezvous,
+            *extra,
+        ]
         cmd += ["-m", module] if not module.endswith(".py") else [module]
         cmd += args
         super().__init__(wrap(cmd) if wrap else cmd, child_env(env), name="torchrun")
@@ -274,9 +282,15 @@ class Ranks:
         self.procs: dict[int, Process] = {}
         try:
             for r in range(world) if ranks is None else ranks:
-                rank_env = dict(base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                                MASTER_PORT=str(self.master_port))  # fmt: skip
+                rank_env = dict(
+                    base,
+                    RANK=str(r),
+                    LOCAL_RANK=str(r),
+                    WORLD_SIZE=str(world),
+                    LOCAL_WORLD_SIZE=str(world),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(self.master_port),
+                )
                 rank_env.update((per_rank or {}).get(r, {}))
                 args = cmd(r) if callable(cmd) else cmd
                 self.procs[r] = Process([sys.executable, *args], rank_env, name=f"rank {r}")

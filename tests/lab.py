@@ -147,7 +147,7 @@ class Lab:
                 f"{self.tag}n{i}",
                 f"10.77.{self.subnet}.{i + 1}",
                 f"{self.tag}v{i}",
-            )  # fmt: skip
+            )
             for i in range(nodes)
         ]
         self._procs: list[Process] = []
@@ -175,8 +175,7 @@ class Lab:
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.ip} {n.name}\n" for n in self.nodes)
         for n in self.nodes:
             ip("netns", "add", n.namespace)
-            ip("link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns",
-                n.namespace)  # fmt: skip
+            ip("link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns", n.namespace)
             ip("link", "set", n.veth, "master", self.bridge, "up")
             ip("-n", n.namespace, "addr", "add", f"{n.ip}/24", "dev", "eth0")
             ip("-n", n.namespace, "link", "set", "eth0", "up")
@@ -184,11 +183,28 @@ class Lab:
             if self.second_interface:
                 # An interface with an address, but no route to any peer: one end of a veth
                 # pair whose other end stays in the node (this kernel has no dummy links).
-                ip("-n", n.namespace, "link", "add", "eth1", "type", "veth", "peer", "name",
-                   "eth1peer")  # fmt: skip
+                ip(
+                    "-n",
+                    n.namespace,
+                    "link",
+                    "add",
+                    "eth1",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth1peer",
+                )
                 # Below the lab's 10.77: gloo's peers dial the lower address of a pair.
-                ip("-n", n.namespace, "addr", "add", f"10.{10 + n.index}.{self.subnet}.1/24",
-                   "dev", "eth1")  # fmt: skip
+                ip(
+                    "-n",
+                    n.namespace,
+                    "addr",
+                    "add",
+                    f"10.{10 + n.index}.{self.subnet}.1/24",
+                    "dev",
+                    "eth1",
+                )
                 for dev in ("eth1", "eth1peer"):
                     ip("-n", n.namespace, "link", "set", dev, "up")
             folder = os.path.join(NETNS_ETC, n.namespace)
@@ -228,8 +244,20 @@ class Lab:
     def command(self, node: int, cmd: list[str]) -> list[str]:
         """Return ``cmd`` run on ``node``: in its namespace, with its hostname."""
         n = self.nodes[node]
-        return ["ip", "netns", "exec", n.namespace, "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', n.name, *cmd]  # fmt: skip
+        return [
+            "ip",
+            "netns",
+            "exec",
+            n.namespace,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            n.name,
+            *cmd,
+        ]
 
     def process(self, node: int, cmd: list[str], env: dict[str, str] | None = None) -> Process:
         """Start ``cmd`` on ``node`` (stopped with the lab, or earlier with ``stop()``)."""
@@ -253,23 +281,49 @@ class Lab:
         (``--master-addr/--node-rank``) or ``c10d`` (``--rdzv-endpoint``, node ranks assigned)."""
         port = master_port or 29500
         if rdzv == "c10d":
-            rendezvous = ["--nnodes", str(len(self.nodes)), "--rdzv-backend", "c10d",
-                          "--rdzv-endpoint", f"{self.nodes[0].name}:{port}",
-                          "--rdzv-id", self.tag]  # fmt: skip
+            rendezvous = [
+                "--nnodes",
+                str(len(self.nodes)),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{self.nodes[0].name}:{port}",
+                "--rdzv-id",
+                self.tag,
+            ]
         elif rdzv == "static":
-            rendezvous = ["--nnodes", str(len(self.nodes)), "--node-rank", str(node),
-                          "--master-addr", self.nodes[0].name, "--master-port", str(port)]  # fmt: skip
+            rendezvous = [
+                "--nnodes",
+                str(len(self.nodes)),
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                self.nodes[0].name,
+                "--master-port",
+                str(port),
+            ]
         else:
             raise ValueError(f"rdzv must be 'static' or 'c10d', not {rdzv!r}")
-        job = Job(nproc, args, env=env, module=module, torchrun=[*rendezvous, *(extra or [])],
-                  wrap=lambda cmd: self.command(node, cmd))  # fmt: skip
+        job = Job(
+            nproc,
+            args,
+            env=env,
+            module=module,
+            torchrun=[*rendezvous, *(extra or [])],
+            wrap=lambda cmd: self.command(node, cmd),
+        )
         self._procs.append(job)
         return job
 
     # -- faults ----------------------------------------------------------------------------------
     def _in(self, node: int, *cmd: str) -> None:
-        subprocess.run(["ip", "netns", "exec", self.nodes[node].namespace, *cmd], check=True,
-                       capture_output=True, text=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["ip", "netns", "exec", self.nodes[node].namespace, *cmd],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def link(self, node: int, up: bool) -> None:
         """Bring ``node``'s link to the bridge down (it falls off the network) or up again."""
@@ -287,13 +341,32 @@ class Lab:
         for rule in rules:
             script += f"add rule inet ddpx input iifname eth0 {rule}\n"
             script += f"add rule inet ddpx output oifname eth0 {rule}\n"
-        subprocess.run(["ip", "netns", "exec", n.namespace, "nft", "-f", "-"], input=script,
-                       check=True, capture_output=True, text=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["ip", "netns", "exec", n.namespace, "nft", "-f", "-"],
+            input=script,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def open_firewall(self, node: int) -> None:
         """Remove every nftables rule :meth:`firewall` applied on ``node``."""
-        subprocess.run(["ip", "netns", "exec", self.nodes[node].namespace, "nft", "delete",
-                        "table", "inet", "ddpx"], capture_output=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.nodes[node].namespace,
+                "nft",
+                "delete",
+                "table",
+                "inet",
+                "ddpx",
+            ],
+            capture_output=True,
+            timeout=30,
+        )
 
     def resolve_as(self, node: int, name: str, address: str) -> None:
         """Make ``name`` resolve to ``address`` on ``node`` (its /etc/hosts), as a stale DNS would."""
@@ -310,15 +383,21 @@ class Lab:
 
     def drop_tcp_except(self, node: int, port: int) -> None:
         """DROP every TCP connection of ``node`` but those to or from ``port`` (its gloo ports)."""
-        self.firewall(node, [f"tcp sport {port} accept", f"tcp dport {port} accept",
-                             "meta l4proto tcp drop"])  # fmt: skip
+        self.firewall(
+            node, [f"tcp sport {port} accept", f"tcp dport {port} accept", "meta l4proto tcp drop"]
+        )
 
     def rate_limit(self, node: int, mbit: float) -> None:
         """Limit ``node``'s link to ``mbit`` Mbit/s both ways (a degraded NIC or cable)."""
         tbf = ["tbf", "rate", f"{mbit:g}mbit", "burst", "32kbit", "latency", "400ms"]
         self._in(node, "tc", "qdisc", "replace", "dev", "eth0", "root", *tbf)
-        subprocess.run(["tc", "qdisc", "replace", "dev", self.nodes[node].veth, "root", *tbf],
-                       check=True, capture_output=True, text=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["tc", "qdisc", "replace", "dev", self.nodes[node].veth, "root", *tbf],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
 
 @contextlib.contextmanager

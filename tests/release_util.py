@@ -17,10 +17,17 @@ from harness import REPO
 
 def source_copy(dest: Path) -> Path:
     """Copy the working tree's tracked and unignored files to ``dest``; return it."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, check=True, timeout=60,
-    ).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = Path(REPO) / rel
         if src.is_file():
@@ -33,8 +40,12 @@ def build(tmp: Path) -> tuple[Path, Path]:
     """Build the sdist and, from it, the wheel with ``python -m build``; return both paths."""
     src = source_copy(tmp / "src")
     out = tmp / "dist"
-    proc = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(src)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")

@@ -10,8 +10,19 @@ pytestmark = pytest.mark.job
 
 def demo_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
     """Return exporter.tools.trainer arguments for ``fault`` on ``rank`` after ``after`` seconds."""
-    return ["--fault", fault, "--fault-rank", str(rank), "--fault-after", str(after),
-            "--port", "0", "--addr", "127.0.0.1", *extra]  # fmt: skip
+    return [
+        "--fault",
+        fault,
+        "--fault-rank",
+        str(rank),
+        "--fault-after",
+        str(after),
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        *extra,
+    ]
 
 
 def _per_step(s, name, **labels):

@@ -80,8 +80,18 @@ def test_demo_runs_and_the_table_names_the_straggler():
 def test_demo_runs_twice_in_a_row_on_the_same_ports():
     base = free_port(2)  # the demo's two ranks serve on base and base + 1
     for _ in range(2):  # the first run's connections linger in TIME_WAIT: no refusal
-        res = run_cli("demo", "--ranks", "2", "--duration", "4", "--port", str(base),
-                      "--refresh", "1", "--no-stack")  # fmt: skip
+        res = run_cli(
+            "demo",
+            "--ranks",
+            "2",
+            "--duration",
+            "4",
+            "--port",
+            str(base),
+            "--refresh",
+            "1",
+            "--no-stack",
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         assert "in use" not in res.stderr
 
@@ -94,8 +104,11 @@ def test_stack_without_binaries_says_how_to_install():
     res = subprocess.run(
         [sys.executable, "-m", "exporter.tools.cli", "demo", "--stack", "--port", "0"],
         capture_output=True,
-        text=True, timeout=60, cwd=REPO, env=env,
-    )  # fmt: skip
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert res.returncode == 2
     assert "apt-get install prometheus prometheus-alertmanager" in res.stderr
 
@@ -109,9 +122,22 @@ def test_demo_with_stack_prints_the_alert_naming_the_killed_rank():
     if not shutil.which("prometheus"):
         pytest.skip("prometheus not installed (apt-get install prometheus)")
     res = run_cli(
-        "demo", "--stack", "--ranks", "3", "--fault", "kill", "--fault-rank", "2",
-        "--fault-after", "4", "--duration", "35", "--port", "0", "--no-top",
-    )  # fmt: skip
+        "demo",
+        "--stack",
+        "--ranks",
+        "3",
+        "--fault",
+        "kill",
+        "--fault-rank",
+        "2",
+        "--fault-after",
+        "4",
+        "--duration",
+        "35",
+        "--port",
+        "0",
+        "--no-top",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Prometheus: http://127.0.0.1:" in res.stdout
     down = [line for line in res.stdout.splitlines() if line.startswith("ALERT DDPRankDown")]
@@ -140,9 +166,26 @@ def _has_stack() -> bool:
 def test_interrupted_demo_leaves_no_process(request, fault, sig, when, stack):
     if stack and not _has_stack():
         pytest.skip("prometheus and prometheus-alertmanager not installed")
-    cmd = [sys.executable, "-m", "exporter.tools.cli", "demo", "--ranks", "3", "--fault", fault,
-           "--fault-rank", "1", "--fault-after", "2", "--duration", "0", "--port", "0",
-           "--no-top", "--stack" if stack else "--no-stack"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "exporter.tools.cli",
+        "demo",
+        "--ranks",
+        "3",
+        "--fault",
+        fault,
+        "--fault-rank",
+        "1",
+        "--fault-after",
+        "2",
+        "--duration",
+        "0",
+        "--port",
+        "0",
+        "--no-top",
+        "--stack" if stack else "--no-stack",
+    ]
     # Like a shell does for a foreground job: the demo leads its own process group, and SIGINT
     # has its default action even when this session inherited it ignored (a background shell).
     with Process(cmd, child_env()) as demo:
@@ -178,7 +221,7 @@ def test_nodes_ranks_the_suspect_first_and_says_when_there_is_nothing():
                 suspect=True,
                 causes={"compute": 3, "hang": 1},
                 evidence=[(1.7e9, "job-7", "hang"), (1.6e9, "job-3", "compute")],
-            ),  # fmt: skip
+            ),
         ],
         key=NodeRow.key,
     )

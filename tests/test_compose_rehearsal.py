@@ -122,8 +122,11 @@ def _venv(root: Path) -> dict[str, str]:
     """Create a fresh venv; return the environment that puts its python and pip first."""
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
     # Nothing of this test session leaks in: no checkout on the path, no exporter settings.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("DDP_EXPORTER_")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("DDP_EXPORTER_")
+    }
     env["PATH"] = f"{root / 'bin'}{os.pathsep}{env['PATH']}"
     return env
 
@@ -131,10 +134,23 @@ def _venv(root: Path) -> dict[str, str]:
 def _local_torch_folder() -> str | None:
     """Return the folder of the file pip resolves torch==2.13.0 to here, None if not a file."""
     with_report = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-         "--no-deps", "--report", "-", "torch==2.13.0"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--no-deps",
+            "--report",
+            "-",
+            "torch==2.13.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if with_report.returncode != 0:
         return None
     url = json.loads(with_report.stdout)["install"][0]["download_info"]["url"]
@@ -159,19 +175,26 @@ def _free(port: int) -> bool:
 def test_docker_compose_up_rehearsed_an_alert_reaches_the_receiver(tmp_path: Path) -> None:
     prometheus, alertmanager = require("prometheus"), require("prometheus-alertmanager")
     stack = source_copy(tmp_path / "stack")
-    gen = subprocess.run([sys.executable, "-m", "exporter.mixin", "generate", "--fast", "--out",
-                          str(stack)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    gen = subprocess.run(
+        [sys.executable, "-m", "exporter.mixin", "generate", "--fast", "--out", str(stack)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert gen.returncode == 0, gen.stderr
     compose = yaml.safe_load(interpolate((stack / "docker-compose.yml").read_text(), HOST_ENV))
     services = {
         name: Service(name, spec, tmp_path / "run", stack, tmp_path / "volumes")
-        for name, spec in compose["services"].items() if name != "grafana"
-    }  # fmt: skip
+        for name, spec in compose["services"].items()
+        if name != "grafana"
+    }
     assert set(services) == {"prometheus", "alertmanager", "receiver", "trainer"}
     assert compose["services"]["trainer"]["network_mode"] == "service:prometheus"
     ports = {"prometheus": free_port(), "alertmanager": free_port(), "receiver": free_port()}
-    hosts = {"alertmanager:9093": f"127.0.0.1:{ports['alertmanager']}",
-             "receiver:5001": f"127.0.0.1:{ports['receiver']}"}  # fmt: skip
+    hosts = {
+        "alertmanager:9093": f"127.0.0.1:{ports['alertmanager']}",
+        "receiver:5001": f"127.0.0.1:{ports['receiver']}",
+    }
 
     def mounted(service: Service, container_file: str) -> str:
         """Write a translated copy of a mounted configuration file; return its path."""
@@ -187,8 +210,9 @@ def test_docker_compose_up_rehearsed_an_alert_reaches_the_receiver(tmp_path: Pat
     torch_folder = _local_torch_folder()
     pip_env = {"PIP_RETRIES": "0"} if torch_folder else {}
     if torch_folder:
-        pip_env["PIP_FIND_LINKS"] = " ".join(filter(None, [torch_folder,
-                                                          os.environ.get("PIP_FIND_LINKS")]))  # fmt: skip
+        pip_env["PIP_FIND_LINKS"] = " ".join(
+            filter(None, [torch_folder, os.environ.get("PIP_FIND_LINKS")])
+        )
 
     def shell(service: Service, port: int | None = None) -> Process:
         spec = service.spec
@@ -209,25 +233,45 @@ def test_docker_compose_up_rehearsed_an_alert_reaches_the_receiver(tmp_path: Pat
         for flag in am.spec["command"]:
             if flag.startswith("--config.file="):
                 mounted(am, flag.split("=", 1)[1])
-        started.append(Process([alertmanager, *am.flags(),
-                                f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                                f"--storage.path={am.root / 'data'}", "--cluster.listen-address="],
-                               dict(os.environ), name="alertmanager"))  # fmt: skip
+        started.append(
+            Process(
+                [
+                    alertmanager,
+                    *am.flags(),
+                    f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                    f"--storage.path={am.root / 'data'}",
+                    "--cluster.listen-address=",
+                ],
+                dict(os.environ),
+                name="alertmanager",
+            )
+        )
         prom = services["prometheus"]
         for flag in prom.spec["command"]:
             if flag.startswith("--config.file="):
                 mounted(prom, flag.split("=", 1)[1])
-        started.append(Process([prometheus, *prom.flags(),
-                                f"--web.listen-address=127.0.0.1:{ports['prometheus']}"],
-                               dict(os.environ), name="prometheus"))  # fmt: skip
+        started.append(
+            Process(
+                [
+                    prometheus,
+                    *prom.flags(),
+                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                ],
+                dict(os.environ),
+                name="prometheus",
+            )
+        )
         for name in ("alertmanager", "prometheus"):
             wait_for(lambda n=name: _ready(f"http://127.0.0.1:{ports[n]}"), 60, f"{name} ready")
         # The trainer's ranks serve on their default ports: wait until nothing else holds them.
         wait_for(lambda: all(map(_free, RANK_PORTS)), 120, f"ports {RANK_PORTS} to be free")
         trainer = shell(services["trainer"])
         started.append(trainer)
-        wait_for(lambda: "printing alerts posted to" in rx.text() or rx.poll() is not None, 600,
-                 "the receiver to start")  # fmt: skip
+        wait_for(
+            lambda: "printing alerts posted to" in rx.text() or rx.poll() is not None,
+            600,
+            "the receiver to start",
+        )
         assert rx.poll() is None, rx.text()[-3000:]
 
         def alert_line() -> str | None:
@@ -235,8 +279,10 @@ def test_docker_compose_up_rehearsed_an_alert_reaches_the_receiver(tmp_path: Pat
                 raise AssertionError(
                     f"the trainer exited {trainer.poll()}:\n{trainer.text()[-4000:]}"
                 )
-            return next((line for line in rx.lines if line.startswith("ALERT ")
-                         and " rank=1 " in line), None)  # fmt: skip
+            return next(
+                (line for line in rx.lines if line.startswith("ALERT ") and " rank=1 " in line),
+                None,
+            )
 
         try:
             line = wait_for(alert_line, 600, "an alert naming the hung rank at the receiver")

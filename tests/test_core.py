@@ -18,8 +18,11 @@ pytestmark = pytest.mark.unit
 
 def test_rejects_what_it_cannot_watch_in_one_error(world1):
     for bad in (object(), "model", lambda x: x):
-        with pytest.raises(TypeError, match=r"instrument\(model\): expected a Distributed"
-                           r"DataParallel, FSDP2 .*torch.nn.Module, or None"):  # fmt: skip
+        with pytest.raises(
+            TypeError,
+            match=r"instrument\(model\): expected a Distributed"
+            r"DataParallel, FSDP2 .*torch.nn.Module, or None",
+        ):
             exporter.instrument(bad)
     with pytest.raises(ValueError, match=r"comm_timing='hook'\) chooses how DDP"):
         exporter.instrument(torch.nn.Linear(2, 2), comm_timing="hook")
@@ -58,8 +61,12 @@ def test_a_plain_module_or_no_model_is_watched(world1):
             process_groups=1, store_heartbeat=False, timed_collectives=2
         )
         obs.close()
-        assert (dist.all_reduce, getattr(dist, gather), dist.Work.wait,
-                dist.Work.get_future) == before  # fmt: skip
+        assert (
+            dist.all_reduce,
+            getattr(dist, gather),
+            dist.Work.wait,
+            dist.Work.get_future,
+        ) == before
 
 
 def test_rejects_bad_arguments_by_name(ddp):

@@ -34,8 +34,11 @@ def test_with_block_publishes_start_while_running_then_duration() -> None:
     section = deadline("checkpoint", seconds=600, registry=reg)
     idle = _state(reg, "checkpoint")
     assert (idle.deadline_s, idle.runs, idle.last_duration_s, idle.started_unix) == (
-        600.0, 0, None, None
-    )  # fmt: skip
+        600.0,
+        0,
+        None,
+        None,
+    )
     before = time.time()
     with section:
         running = _state(reg, "checkpoint")

@@ -38,8 +38,9 @@ def test_a_mild_straggler_is_named_with_clip_grad_norm():
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "dilution"}
     with Job(3, ["--layers", "2"], env=env, module=WORKER) as job:
         urls = job.wait_urls()
-        pids = wait_for(lambda: dict(re.findall(r"^pid (\d+) (\d+)$", job.text(), re.M)), 60,
-                        "the ranks' pids")  # fmt: skip
+        pids = wait_for(
+            lambda: dict(re.findall(r"^pid (\d+) (\d+)$", job.text(), re.M)), 60, "the ranks' pids"
+        )
         throttle = Throttle(int(pids[str(SLOW)]), RUN_S, STOP_S)
         throttle.start()
         tables: list[dict[int, str]] = []
@@ -56,8 +57,12 @@ def test_a_mild_straggler_is_named_with_clip_grad_norm():
             wait_for(named, 90, f"top to name rank {SLOW} a straggler by compute", interval=3.0)
         finally:
             throttle.stop()
-        wrongly = [(r, v) for t in tables for r, v in t.items()
-                   if r != SLOW and v.startswith(top.ACCUSATIONS)]  # fmt: skip
+        wrongly = [
+            (r, v)
+            for t in tables
+            for r, v in t.items()
+            if r != SLOW and v.startswith(top.ACCUSATIONS)
+        ]
         assert not wrongly, (wrongly, tables)
         # The clipping's all-reduce is seen, timed, on the default group.
         s = parse(scrape_text(urls[0]))

@@ -65,13 +65,22 @@ JOURNAL = (
     ("a closing note", re.compile(r"\bclosing note\b", re.IGNORECASE)),
     ("the development VM", re.compile(r"\bth(is|e development) VM\b", re.IGNORECASE)),
     ("a dated run", re.compile(r"\b(that day|re-measured|measured on \d)", re.IGNORECASE)),
-    ("a date", re.compile(
-        r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\b"
-        r"|\b(January|February|March|April|May|June|July|August|September|October|November"
-        r"|December) \d{1,2}\b")),  # fmt: skip
-    ("'here' meaning the development machine", re.compile(
-        r"\b(runs?|ran|exercised|installed|installable|measured|tested|machine's) here\b"
-        r"|\bneither runs here\b", re.IGNORECASE)),  # fmt: skip
+    (
+        "a date",
+        re.compile(
+            r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\b"
+            r"|\b(January|February|March|April|May|June|July|August|September|October|November"
+            r"|December) \d{1,2}\b"
+        ),
+    ),
+    (
+        "'here' meaning the development machine",
+        re.compile(
+            r"\b(runs?|ran|exercised|installed|installable|measured|tested|machine's) here\b"
+            r"|\bneither runs here\b",
+            re.IGNORECASE,
+        ),
+    ),
 )
 
 #: ``#N`` is fine after these words (a collective's sequence number in a tool's output) or as
@@ -187,9 +196,12 @@ def test_reference_pages_are_up_to_date():
 
 @pytest.mark.tool
 def test_site_builds_strict(tmp_path):
-    if shutil.which("mkdocs") is None and subprocess.run(
-        [sys.executable, "-c", "import mkdocs, material"], capture_output=True
-    ).returncode:
+    if (
+        shutil.which("mkdocs") is None
+        and subprocess.run(
+            [sys.executable, "-c", "import mkdocs, material"], capture_output=True
+        ).returncode
+    ):
         pytest.skip("mkdocs-material is not installed (pip install 'ddp-exporter[docs]')")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -215,10 +227,14 @@ def _defaults() -> list[tuple[str, str]]:
         (r"DDP_EXPORTER_ABORT_AFTER_S`, (\d+) s", f"{s.DEFAULT_ABORT_AFTER_S:g}"),
         (r"with code \*\*(\d+)\*\*", str(s.DEFAULT_ABORT_EXIT_CODE)),
         (r"exits with \*\*(\d+)\*\*", str(s.DEFAULT_GIVE_UP_EXIT_CODE)),
-        (r"(\d+ of \d+ within \d+) days", f"{DEFAULT.fleet_blamed_runs} of {DEFAULT.fleet_runs} "
-         f"within {days}"),  # fmt: skip
-        (r"`job_deadline_margin_seconds`, (\d+) minutes",
-         f"{DEFAULT.job_deadline_margin_seconds / 60:g}"),  # fmt: skip
+        (
+            r"(\d+ of \d+ within \d+) days",
+            f"{DEFAULT.fleet_blamed_runs} of {DEFAULT.fleet_runs} within {days}",
+        ),
+        (
+            r"`job_deadline_margin_seconds`, (\d+) minutes",
+            f"{DEFAULT.job_deadline_margin_seconds / 60:g}",
+        ),
     ]
 
 

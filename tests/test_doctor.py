@@ -57,8 +57,15 @@ def test_fake_versions_override_is_validated():
 def _report(rank, world=3, host="n1", local=None, **versions):
     checks = {name: Check("ok") for name in doctor.CHECKS}
     base = {"python": "3.11", "torch": "2.13", "cuda": "none", "nccl": "none"}
-    return Report(rank, world, rank if local is None else local, host, 100 + rank,
-                  {**base, **versions}, checks)  # fmt: skip
+    return Report(
+        rank,
+        world,
+        rank if local is None else local,
+        host,
+        100 + rank,
+        {**base, **versions},
+        checks,
+    )
 
 
 @pytest.mark.unit
@@ -193,10 +200,15 @@ def test_restart_check_by_launch_form():
 
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10),
-                          wait_for_workers=False)  # fmt: skip
-    shared = {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_USE_AGENT_STORE": "True",
-              "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "0"}  # fmt: skip
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, datetime.timedelta(seconds=10), wait_for_workers=False
+    )
+    shared = {
+        "TORCHELASTIC_RUN_ID": "j",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_MAX_RESTARTS": "2",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
     abort = {**shared, settings.ON_HANG: "abort"}
     check = doctor.check_restart
     assert check({}, store, "2.13.0").status == "-"  # not torchrun
@@ -218,8 +230,13 @@ def test_restart_check_by_launch_form():
     ids=["restarts-after-a-crash", "hang-action"],
 )
 def test_standalone_with_restarts_flags_the_shared_store(env, status):
-    with Job(2, ["doctor", "--timeout", "60"], env={"OMP_NUM_THREADS": "1", **env},
-             module="exporter.tools.cli", torchrun=["--standalone", "--max-restarts", "1"]) as job:  # fmt: skip
+    with Job(
+        2,
+        ["doctor", "--timeout", "60"],
+        env={"OMP_NUM_THREADS": "1", **env},
+        module="exporter.tools.cli",
+        torchrun=["--standalone", "--max-restarts", "1"],
+    ) as job:
         code = job.wait(timeout=180)
         out = job.text()
         assert code == 0, out  # a warning is no failure
@@ -237,8 +254,12 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
         r.reach, r.reach_why = f"10.0.0.{r.rank}:4000", "the hostname"
     reps[2].reach_why = "GLOO_SOCKET_IFNAME=eth1"
     # Rank 2's address answers nobody; rank 3 alone cannot reach rank 0 (one pair, no blame).
-    failed = {0: {2: "dropped"}, 1: {2: "dropped"}, 2: {0: "dropped", 1: "dropped", 3: "dropped"},
-              3: {2: "unreachable", 0: "refused"}}  # fmt: skip
+    failed = {
+        0: {2: "dropped"},
+        1: {2: "dropped"},
+        2: {0: "dropped", 1: "dropped", 3: "dropped"},
+        3: {2: "unreachable", 0: "refused"},
+    }
     checks, notes = doctor.judge_reach(reps, failed, 4)
     assert [checks[r].status for r in range(4)] == [doctor.OK, doctor.OK, doctor.FAIL, doctor.FAIL]
     assert "from ranks 0,1,3 (dropped, unreachable)" in checks[2].detail
@@ -272,9 +293,14 @@ def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link()
             used = [x for p in r for x in p]
             assert len(used) == len(set(used)), (n, r)  # one pair per node per round
     fast, slow = 2e9, 2.4e6
-    pairs = [links.Pair("n0", "n1", fast, 3e-4), links.Pair("n0", "n2", slow, 3e-4),
-             links.Pair("n1", "n2", slow, 3e-4), links.Pair("n0", "n3", fast, 3e-4),
-             links.Pair("n1", "n3", fast, 3e-4), links.Pair("n2", "n3", slow, 3e-4)]  # fmt: skip
+    pairs = [
+        links.Pair("n0", "n1", fast, 3e-4),
+        links.Pair("n0", "n2", slow, 3e-4),
+        links.Pair("n1", "n2", slow, 3e-4),
+        links.Pair("n0", "n3", fast, 3e-4),
+        links.Pair("n1", "n3", fast, 3e-4),
+        links.Pair("n2", "n3", slow, 3e-4),
+    ]
     judged = links.judge(pairs)
     assert (
         list(judged) == ["n2"]
@@ -283,7 +309,23 @@ def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link()
     assert links.representatives(["a", "b", "a", "c"]) == {"a": 0, "b": 1, "c": 3}
     assert links.judge(pairs[:1]) == {}  # two nodes: no third to tell which end is slow
     # Uneven but healthy links (within RATIO of each other) blame nobody.
-    assert links.judge([links.Pair("a", "b", 1e9, 0), links.Pair("a", "c", 5e8, 0),
-                        links.Pair("b", "c", 4e8, 0)]) == {}  # fmt: skip
-    assert links.render(pairs[:2], 4)[1].split() == ["n0", "<->", "n2", "2.4", "MB/s", "rtt",
-                                                     "0.30", "ms"]  # fmt: skip
+    assert (
+        links.judge(
+            [
+                links.Pair("a", "b", 1e9, 0),
+                links.Pair("a", "c", 5e8, 0),
+                links.Pair("b", "c", 4e8, 0),
+            ]
+        )
+        == {}
+    )
+    assert links.render(pairs[:2], 4)[1].split() == [
+        "n0",
+        "<->",
+        "n2",
+        "2.4",
+        "MB/s",
+        "rtt",
+        "0.30",
+        "ms",
+    ]

@@ -76,9 +76,27 @@ PARALLEL = {1: "ddp", 2: "fsdp2"}
 
 def start_ranks(run: str, sd, args: list[str]) -> Ranks:
     """Start the demo trainer one process per rank (env:// rendezvous, like srun)."""
-    cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0",
-           "--addr", "127.0.0.1", "--heartbeat", "1", "--file-sd", str(sd), "--run", run,
-           "--timeout", str(PG_TIMEOUT), "--fault-after", str(FAULT_AFTER), *args]  # fmt: skip
+    cmd = [
+        "-m",
+        "exporter.tools.trainer",
+        "--duration",
+        "0",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--file-sd",
+        str(sd),
+        "--run",
+        run,
+        "--timeout",
+        str(PG_TIMEOUT),
+        "--fault-after",
+        str(FAULT_AFTER),
+        *args,
+    ]
     return Ranks(RANKS, cmd, env={"OMP_NUM_THREADS": "1"})
 
 
@@ -154,15 +172,24 @@ def check_fault(st: LocalStack, fault: str, fault_rank: int, run: str, ranks: Ra
         assert secs <= bound, f"{fault}: alert after {secs:.1f}s > {bound}s"
         if fault == "straggler":
             assert alert["labels"].get("cause") == "compute"
-        wrong = [a["labels"] for _, a in for_run(st, run)
-                 if accuses(a) and a["labels"].get("rank") != str(fault_rank)]  # fmt: skip
+        wrong = [
+            a["labels"]
+            for _, a in for_run(st, run)
+            if accuses(a) and a["labels"].get("rank") != str(fault_rank)
+        ]
         firing = st.query(f'ALERTS{{run="{run}", alertstate="firing"}}')
-        wrong += [s["metric"] for s in firing if accuses({"labels": s["metric"]})
-                  and s["metric"].get("rank") != str(fault_rank)]  # fmt: skip
+        wrong += [
+            s["metric"]
+            for s in firing
+            if accuses({"labels": s["metric"]}) and s["metric"].get("rank") != str(fault_rank)
+        ]
         assert not wrong, f"healthy ranks blamed: {wrong}"
         # top agrees with the alert: it names the same rank, for the same reason, and nobody else.
-        wait_for(lambda: watch.named(fault_rank, TOP_VERDICT[fault]), 30,
-                 f"top to give rank {fault_rank} {TOP_VERDICT[fault]!r}")  # fmt: skip
+        wait_for(
+            lambda: watch.named(fault_rank, TOP_VERDICT[fault]),
+            30,
+            f"top to give rank {fault_rank} {TOP_VERDICT[fault]!r}",
+        )
         assert not watch.wrongly_accused(fault_rank), watch.wrongly_accused(fault_rank)
     finally:
         watch.stop()
@@ -180,13 +207,16 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault):
     jobs: dict[int, Ranks] = {}
     try:
         for rank, run in runs.items():
-            jobs[rank] = start_ranks(run, sd, ["--fault", fault, "--fault-rank", str(rank),
-                                               "--parallel", PARALLEL[rank]])  # fmt: skip
+            jobs[rank] = start_ranks(
+                run, sd, ["--fault", fault, "--fault-rank", str(rank), "--parallel", PARALLEL[rank]]
+            )
         # Each job is checked on its own thread, as if it ran alone: a page or a verdict that
         # comes and goes is read while it is there, not after the other job's wait.
         with ThreadPoolExecutor(len(runs)) as pool:
-            checks = [pool.submit(check_fault, st, fault, rank, run, jobs[rank])
-                      for rank, run in runs.items()]  # fmt: skip
+            checks = [
+                pool.submit(check_fault, st, fault, rank, run, jobs[rank])
+                for rank, run in runs.items()
+            ]
         for check in checks:
             check.result()
     finally:

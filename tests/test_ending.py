@@ -49,9 +49,13 @@ def test_exiting_cleanly_at_interpreter_exit(end, clean):
         "atexit.register(lambda: print('clean', exiting_cleanly(), flush=True))\n" + end
     )
     res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
         env=child_env(),
-    )  # fmt: skip
+    )
     assert f"clean {clean}" in res.stdout, res.stdout + res.stderr
 
 

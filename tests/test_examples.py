@@ -18,8 +18,12 @@ pytestmark = pytest.mark.job
 
 EXAMPLES = Path(REPO) / "examples"
 #: Free ports, no wait for a final scrape: the examples as a user runs them, minus the waits.
-ENV = {"DDP_EXPORTER_PORT": "0", "DDP_EXPORTER_FINAL_SCRAPE_S": "0", "OMP_NUM_THREADS": "1",
-       "DDP_EXPORTER_RUN": "example"}  # fmt: skip
+ENV = {
+    "DDP_EXPORTER_PORT": "0",
+    "DDP_EXPORTER_FINAL_SCRAPE_S": "0",
+    "OMP_NUM_THREADS": "1",
+    "DDP_EXPORTER_RUN": "example",
+}
 
 
 def _train(script: str, args: list[str], parallelism: str) -> str:

@@ -21,8 +21,18 @@ from harness import REPO
 pytestmark = pytest.mark.tool
 
 EXTRA_MODULES = {"mixin": ("yaml", "grafanalib"), "otlp": ("opentelemetry",)}
-COMMANDS = ["", "demo", "top", "hangs", "doctor", "nodes", "mixin", "mixin generate",
-            "mixin check", "receiver"]  # fmt: skip
+COMMANDS = [
+    "",
+    "demo",
+    "top",
+    "hangs",
+    "doctor",
+    "nodes",
+    "mixin",
+    "mixin generate",
+    "mixin check",
+    "receiver",
+]
 
 _BLOCKER = """
 import os, sys
@@ -49,10 +59,17 @@ def blocker(tmp_path_factory) -> Path:
 
 
 def _run(blocker: Path, blocked: tuple[str, ...], *args: str, cwd: Path | None = None):
-    env = dict(os.environ, PYTHONPATH=f"{blocker}{os.pathsep}{REPO}",
-               BLOCKED_MODULES=",".join(blocked))  # fmt: skip
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=cwd or REPO)  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=f"{blocker}{os.pathsep}{REPO}", BLOCKED_MODULES=",".join(blocked)
+    )
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=cwd or REPO,
+    )
 
 
 def test_the_blocker_blocks(blocker: Path) -> None:
@@ -98,8 +115,18 @@ def test_the_demo_stack_without_the_mixin_extra(blocker: Path) -> None:
 
     if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
         pytest.skip("prometheus and prometheus-alertmanager not installed: --stack names those")
-    res = _run(blocker, ("yaml",), "-m", "exporter.tools.cli", "demo", "--stack", "--ranks", "1",
-               "--port", "0")  # fmt: skip
+    res = _run(
+        blocker,
+        ("yaml",),
+        "-m",
+        "exporter.tools.cli",
+        "demo",
+        "--stack",
+        "--ranks",
+        "1",
+        "--port",
+        "0",
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().endswith("pip install 'ddp-exporter[mixin]'"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

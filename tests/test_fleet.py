@@ -35,11 +35,40 @@ DURATION = 110
 
 
 def _start(run: str, nodes: list[str], slow: int | None, extra: list[str], sd) -> Ranks:
-    fault = ["--fault", "straggler", "--fault-rank", str(slow), "--fault-after", "0",
-             "--straggle", "0.15"] if slow is not None else []  # fmt: skip
-    cmd = ["-m", "exporter.tools.trainer", "--duration", str(DURATION), "--port", "0",
-           "--addr", "127.0.0.1", "--heartbeat", "1", "--run", run, "--timeout", "120",
-           "--step-time", "0.1", *fault, *extra]  # fmt: skip
+    fault = (
+        [
+            "--fault",
+            "straggler",
+            "--fault-rank",
+            str(slow),
+            "--fault-after",
+            "0",
+            "--straggle",
+            "0.15",
+        ]
+        if slow is not None
+        else []
+    )
+    cmd = [
+        "-m",
+        "exporter.tools.trainer",
+        "--duration",
+        str(DURATION),
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--run",
+        run,
+        "--timeout",
+        "120",
+        "--step-time",
+        "0.1",
+        *fault,
+        *extra,
+    ]
     return Ranks(
         len(nodes),
         cmd,
@@ -93,8 +122,11 @@ def test_fleet_drill_names_the_bad_node_and_no_other(stack):
 
     # Nothing else was ever delivered for another node, nor any page about a healthy edge.
     def delivered_suspects() -> set[str]:
-        return {a["labels"]["node"] for _, a in st.alerts
-                if a["labels"]["alertname"] == "DDPSuspectNode"}  # fmt: skip
+        return {
+            a["labels"]["node"]
+            for _, a in st.alerts
+            if a["labels"]["alertname"] == "DDPSuspectNode"
+        }
 
     wait_for(lambda: "bad" in delivered_suspects(), 30, "Alertmanager to deliver DDPSuspectNode")
     delivered = [a["labels"] for _, a in st.alerts]
@@ -103,10 +135,21 @@ def test_fleet_drill_names_the_bad_node_and_no_other(stack):
     assert not [a for a in delivered if a.get("run") == "fleet-e" and "rank" in a], delivered
 
     out = subprocess.run(
-        [sys.executable, "-m", "exporter.tools.cli", "nodes", "--prometheus",
-         st.prometheus_url, "--config", _fast_config(sd)],  # fmt: skip
-        capture_output=True, text=True, timeout=60, env=child_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "exporter.tools.cli",
+            "nodes",
+            "--prometheus",
+            st.prometheus_url,
+            "--config",
+            _fast_config(sd),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     first = lines[2].split()

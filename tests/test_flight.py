@@ -80,9 +80,16 @@ def _recorder(status: dict, entries: list):
 
 def _entry(pg_id: int, name: str, seq: int, retired: bool, age_s: float = 0.0) -> dict:
     now = __import__("time").time_ns()
-    return {"pg_id": pg_id, "process_group": (name, "d"), "collective_seq_id": seq,
-            "retired": retired, "is_p2p": False, "state": "scheduled",
-            "time_created_ns": now - int(age_s * 1e9), "timeout_ms": 60000}  # fmt: skip
+    return {
+        "pg_id": pg_id,
+        "process_group": (name, "d"),
+        "collective_seq_id": seq,
+        "retired": retired,
+        "is_p2p": False,
+        "state": "scheduled",
+        "time_created_ns": now - int(age_s * 1e9),
+        "timeout_ms": 60000,
+    }
 
 
 @pytest.mark.unit
@@ -90,10 +97,12 @@ def test_two_recorders_merge_under_group_names():
     # A CUDA build: NCCL's recorder numbers its groups itself, the generic one (gloo) too; on
     # this rank group "2" is the recorder's pg 1 (a rank outside some group sees other ids).
     nccl = _recorder(
-        {"0": {"last_enqueued_collective": 5, "last_completed_collective": 5},
-         "1": {"last_enqueued_collective": 3, "last_completed_collective": 2}},
+        {
+            "0": {"last_enqueued_collective": 5, "last_completed_collective": 5},
+            "1": {"last_enqueued_collective": 3, "last_completed_collective": 2},
+        },
         [_entry(0, "0", 5, True), _entry(1, "2", 2, True), _entry(1, "2", 3, False, age_s=4)],
-    )  # fmt: skip
+    )
     gloo = _recorder(
         {"0": {"last_enqueued_collective": 7, "last_completed_collective": 7}},
         [_entry(0, "5", 7, True)],
@@ -146,7 +155,12 @@ def test_no_collective_yet_keeps_the_flight_recorder_on_probation(size, source):
     nothing yet: kept while it records (on by default), replaced by the exporter's own
     bookkeeping once a collective it did not record shows it is off (TORCH_FR_BUFFER_SIZE=0)."""
     env = dict(child_env(), TORCH_FR_BUFFER_SIZE=size)
-    out = subprocess.run([sys.executable, "-c", _PROBATION.format(port=free_port())], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBATION.format(port=free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["flight_recorder", source, "0", "1", "1"], out.stdout

@@ -33,8 +33,9 @@ def timing(namespace=None) -> tuple[Recorder, ErrorCounter, FunctionalCollective
     rec = Recorder("explicit")
     rec.time_comm_by_waits()
     errors = ErrorCounter()
-    ft = FunctionalCollectiveTiming(rec, errors, namespace=namespace,
-                                    training_thread=threading.get_ident())  # fmt: skip
+    ft = FunctionalCollectiveTiming(
+        rec, errors, namespace=namespace, training_thread=threading.get_ident()
+    )
     return rec, errors, ft
 
 
@@ -98,8 +99,9 @@ def test_every_kind_counted_once_and_waits_matched_through_views(world1):
         assert torch.equal(funcol.broadcast(torch.ones(2), 0, "0").wait(), torch.ones(2))
         # The deprecated alias calls the function it names: one collective, not two.
         with pytest.warns(FutureWarning):
-            assert torch.equal(funcol.all_gather_tensor(torch.ones(2), 0, "0").wait(),
-                               torch.ones(2))  # fmt: skip
+            assert torch.equal(
+                funcol.all_gather_tensor(torch.ones(2), 0, "0").wait(), torch.ones(2)
+            )
         rec.boundary("explicit")
     finally:
         ft.uninstrument()
@@ -162,7 +164,7 @@ def test_untimed_when_never_waited_or_waited_out_of_sight(world1, monkeypatch):
         all_reduce=Packet(NS.all_reduce, lambda t, op, group: out),  # the same storage each time
         all_gather_into_tensor=Packet(
             NS.all_gather_into_tensor, lambda t, size, group: torch.ones(2)
-        ),  # fmt: skip
+        ),
         wait_tensor=Packet(NS.wait_tensor, lambda t: t),
     )
     rec, _, ft = timing(ns)

@@ -222,8 +222,12 @@ def test_a_restarted_attempt_carries_the_account_and_counts_the_redone_steps(tmp
     first.steps(100)
     first.advance(3.0)  # the open step before the crash: not split
     first.tick()
-    state = document(run="r", world_size=3, state=first.account.state(first.now),
-                     blame=first.account.blame(first.now))  # fmt: skip
+    state = document(
+        run="r",
+        world_size=3,
+        state=first.account.state(first.now),
+        blame=first.account.blame(first.now),
+    )
     save(goodput_path(str(tmp_path), "r"), json.dumps(state))
     assert load_carried(str(tmp_path), "r", "0") is None  # attempt 0: a new job
     carried = load_carried(str(tmp_path), "r", "1")
@@ -248,15 +252,24 @@ def test_the_tally_waits_for_every_rank_and_counts_a_lasting_excess() -> None:
     found = None
     for window in range(1, PERSIST_MIN + 1):
         n = 10 * (window + 1)
-        found = tally.observe([Work(n, 0.0, n / 10), Work(n, 0.0, n / 10 + 0.02 * window),
-                               Work(n, 0.0, n / 10 + window)], window + 1.0)  # fmt: skip
+        found = tally.observe(
+            [
+                Work(n, 0.0, n / 10),
+                Work(n, 0.0, n / 10 + 0.02 * window),
+                Work(n, 0.0, n / 10 + window),
+            ],
+            window + 1.0,
+        )
         if window < PERSIST_MIN:
             assert found is not None and not found.lasting  # too few windows: jitter so far
     assert found is not None and found.culprit == 2 and found.lasting
     assert found.causes == pytest.approx({"compute": 0.98})  # over the median rank's 1.02 s
     n = 10 * (PERSIST_MIN + 2)
-    noisy = [Work(n, 0.0, n / 10), Work(n, 0.0, n / 10 + 0.02 * PERSIST_MIN + 0.03),
-             Work(n, 0.0, n / 10 + PERSIST_MIN + 0.04)]  # fmt: skip
+    noisy = [
+        Work(n, 0.0, n / 10),
+        Work(n, 0.0, n / 10 + 0.02 * PERSIST_MIN + 0.03),
+        Work(n, 0.0, n / 10 + PERSIST_MIN + 0.04),
+    ]
     assert tally.observe(noisy, 9.0) is None  # 3 % over the median: synchronous noise
 
 

@@ -51,12 +51,18 @@ def _near(got: float, want: float, share: float = 0.10, floor_s: float = 2.0) ->
 def test_every_lost_second_lands_in_its_category(tmp_path: Path) -> None:
     require("prometheus")
     dumps = tmp_path / "dumps"
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": RUN, "DDP_EXPORTER_DUMP_DIR": str(dumps),
-           "DDP_EXPORTER_ON_HANG": "abort", "DDP_EXPORTER_HEARTBEAT_S": "1"}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": RUN,
+        "DDP_EXPORTER_DUMP_DIR": str(dumps),
+        "DDP_EXPORTER_ON_HANG": "abort",
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+    }
     args = [str(tmp_path), "--port", str(free_port(RANKS))]
     started = time.monotonic()
-    with Job(RANKS, args, env=env, module=WORKER,
-             torchrun=["--standalone", "--max-restarts", "1"]) as job:  # fmt: skip
+    with Job(
+        RANKS, args, env=env, module=WORKER, torchrun=["--standalone", "--max-restarts", "1"]
+    ) as job:
         urls = job.wait_urls()
         prom_dir = tmp_path / "prom"
         with run_prometheus(prom_dir, fast_config(prom_dir, static_scrape(urls))) as prom:
@@ -72,8 +78,16 @@ def test_every_lost_second_lands_in_its_category(tmp_path: Path) -> None:
     with open(goodput_path(str(dumps), RUN)) as f:
         doc = json.load(f)
     totals = doc["totals"]
-    report = json.dumps({"measured": measured, "account": totals, "took_s": took,
-                         "stragglers": doc["stragglers"], "blame": doc["blame"]}, indent=1)  # fmt: skip
+    report = json.dumps(
+        {
+            "measured": measured,
+            "account": totals,
+            "took_s": took,
+            "stragglers": doc["stragglers"],
+            "blame": doc["blame"],
+        },
+        indent=1,
+    )
     print(f"\n{report}")
 
     # The categories add up to the wall clock the worker measured, within 2 %.
@@ -123,11 +137,24 @@ def test_a_straggler_that_costs_more_than_the_threshold_pages_naming_it(tmp_path
     no alert at all may fire there.)"""
     require("prometheus")
     run = "goodput-straggler"
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_HEARTBEAT_S": "1",
-           "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps")}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": run,
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+    }
     # Rank 1 adds 0.1 s to steps of ~0.05 s from step 20 on: the others wait most of the time.
-    args = [str(tmp_path), "--port", str(free_port(RANKS)), "--steps", "100000",
-            "--straggle-steps", "20:100000", "--no-checkpoint", "--no-hang"]  # fmt: skip
+    args = [
+        str(tmp_path),
+        "--port",
+        str(free_port(RANKS)),
+        "--steps",
+        "100000",
+        "--straggle-steps",
+        "20:100000",
+        "--no-checkpoint",
+        "--no-hang",
+    ]
     with Job(RANKS, args, env=env, module=WORKER, torchrun=["--standalone"]) as job:
         urls = job.wait_urls()
         prom_dir = tmp_path / "prom"

@@ -97,9 +97,16 @@ class _View:
 
 def _scrape(view: _View | None) -> str:
     rec, errors = Recorder("explicit"), ErrorCounter()
-    src = RankSources(run="r", rank=0, errors=errors, info=dict, recorder=rec,
-                      inflight=InFlight(rec, errors, flight_recorder=False), job_clock=JobClock(),
-                      goodput=view)  # fmt: skip
+    src = RankSources(
+        run="r",
+        rank=0,
+        errors=errors,
+        info=dict,
+        recorder=rec,
+        inflight=InFlight(rec, errors, flight_recorder=False),
+        job_clock=JobClock(),
+        goodput=view,
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DDPCollector(src))
     return generate_latest(registry).decode()
@@ -112,8 +119,10 @@ def test_the_monitoring_rank_publishes_every_category_and_the_blame() -> None:
     for cat in CATEGORIES:
         assert f'{name}{{category="{cat}",rank="0",run="r"}}' in text, cat
     assert f'{name}{{category="productive",rank="0",run="r"}} 90.0' in text
-    blame = (f'{catalog.GOODPUT_BLAME.name}{{category="straggler",culprit_rank="1",'
-             f'node="node-1",rank="0",run="r"}} 6.5')  # fmt: skip
+    blame = (
+        f'{catalog.GOODPUT_BLAME.name}{{category="straggler",culprit_rank="1",'
+        f'node="node-1",rank="0",run="r"}} 6.5'
+    )
     assert blame in text, text
     assert f'{catalog.GOODPUT_STARTED.name}{{rank="0",run="r"}} 1.7e+09' in text
     # The other ranks publish none of it.
@@ -140,10 +149,17 @@ class _Aborted:
 def test_an_abort_ends_the_account_at_the_decision_and_writes_it(tmp_path) -> None:
     now = time.time()
     tracker = GoodputTracker(
-        identity(run="r", group=(0, 2), environ={}), None, recorder=Recorder("explicit"),
-        sections=REGISTRY, interval_s=1.0, monitor=True, dump_dir=str(tmp_path),
-        errors=ErrorCounter(), hangs=_Aborted(now - 0.5), start_unix=now - 10.0,
-    )  # fmt: skip
+        identity(run="r", group=(0, 2), environ={}),
+        None,
+        recorder=Recorder("explicit"),
+        sections=REGISTRY,
+        interval_s=1.0,
+        monitor=True,
+        dump_dir=str(tmp_path),
+        errors=ErrorCounter(),
+        hangs=_Aborted(now - 0.5),
+        start_unix=now - 10.0,
+    )
     tracker.finish(clean=False)  # what the hang watcher's abort calls, before the exit
     tracker.close()
     doc = json.loads(Path(goodput_path(str(tmp_path), "r")).read_text())

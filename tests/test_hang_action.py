@@ -65,8 +65,15 @@ def _line_of(marker: str) -> int:
 
 
 # -- the decision, on its own -------------------------------------------------------------------
-REQUEST = {"episode": 1, "pg": "0", "kind": "behind", "seq": 36.0, "threshold": 10.0,
-           "behind": [1], "run": "r"}  # fmt: skip
+REQUEST = {
+    "episode": 1,
+    "pg": "0",
+    "kind": "behind",
+    "seq": 36.0,
+    "threshold": 10.0,
+    "behind": [1],
+    "run": "r",
+}
 STEPS = {0: 30, 1: 30, 2: 30}
 
 
@@ -91,8 +98,13 @@ def _summary(rank: int, phase: str = "collective", inflight: bool = True, where=
     frames = [{"file": "/job/train.py", "line": 10, "function": "main"}]
     if where:
         frames.append({"file": "/job/train.py", "line": where, "function": "load_batch"})
-    return {"rank": rank, "phase": phase, "frames": frames, "where": frames[-1],
-            "inflight": [{"op": "allreduce", "seq": 36, "pg": "0"}] if inflight else []}  # fmt: skip
+    return {
+        "rank": rank,
+        "phase": phase,
+        "frames": frames,
+        "where": frames[-1],
+        "inflight": [{"op": "allreduce", "seq": 36, "pg": "0"}] if inflight else [],
+    }
 
 
 def _episode(**change) -> tuple[dict, object]:
@@ -100,9 +112,20 @@ def _episode(**change) -> tuple[dict, object]:
 
     summaries = {"0": _summary(0), "1": _summary(1, "compute", False, 42), "2": _summary(2)}
     summaries.update(change.pop("summaries", {}))
-    episode = {"episode": 1, "pg": "0", "kind": "behind", "seq": 36.0, "threshold": 10.0,
-               "behind": [1], "waiting": [0], "missing": [], "world_size": 3, "run": "r",
-               "summaries": summaries, **change}  # fmt: skip
+    episode = {
+        "episode": 1,
+        "pg": "0",
+        "kind": "behind",
+        "seq": 36.0,
+        "threshold": 10.0,
+        "behind": [1],
+        "waiting": [0],
+        "missing": [],
+        "world_size": 3,
+        "run": "r",
+        "summaries": summaries,
+        **change,
+    }
     found = verdict.verdict(episode, {int(r): s for r, s in summaries.items()})
     return episode, found
 
@@ -114,12 +137,18 @@ def _episode(**change) -> tuple[dict, object]:
         ({}, True),  # rank 1 located in user code, 0 and 2 inside collective #36
         ({"kind": "symmetric", "behind": []}, False),  # nobody to blame
         ({"missing": [2], "summaries": {"2": None}}, False),  # a rank did not answer
-        ({"summaries": {"1": _summary(1, "collective", True, 42)}}, False),  # culprit in a collective
+        (
+            {"summaries": {"1": _summary(1, "collective", True, 42)}},
+            False,
+        ),  # culprit in a collective
         ({"summaries": {"2": _summary(2, inflight=False)}}, False),  # 2 not seen waiting
-        ({"summaries": {"2": _summary(2, inflight=False)}, "waiting": [0, 2]}, True),  # trigger saw it
+        (
+            {"summaries": {"2": _summary(2, inflight=False)}, "waiting": [0, 2]},
+            True,
+        ),  # trigger saw it
     ],
     ids=["complete", "symmetric", "unanswered", "culprit-in-collective", "not-waiting", "waiting"],
-)  # fmt: skip
+)
 def test_certain_only_with_complete_evidence(change, sure):
     episode, found = _episode(**change)
     assert action.certain(episode, found) is sure
@@ -145,8 +174,9 @@ def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
     got = action.due(policy, REQUEST, finding, reported_age=age, steps=steps, timeout=1800.0)
     assert got is acts
     # Complete evidence acts 10 s sooner, never on anything else.
-    sure = action.due(policy, REQUEST, finding, reported_age=age - 10, steps=steps,
-                      timeout=1800.0, sure=True)  # fmt: skip
+    sure = action.due(
+        policy, REQUEST, finding, reported_age=age - 10, steps=steps, timeout=1800.0, sure=True
+    )
     assert sure is acts
 
 
@@ -164,8 +194,9 @@ def test_a_symmetric_hang_acts_on_its_own_threshold():
 @pytest.mark.unit
 def test_the_line_names_culprit_place_folder_and_code():
     located = [{"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}]
-    plan = action.plan(action.ActionPolicy(exit_code=76), REQUEST, located, "/d/r-hang-1", 31.4,
-                       1800.0)  # fmt: skip
+    plan = action.plan(
+        action.ActionPolicy(exit_code=76), REQUEST, located, "/d/r-hang-1", 31.4, 1800.0
+    )
     assert json.loads(json.dumps(plan)) == plan  # it travels through the store as JSON
     line = action.describe(plan)
     assert line == (
@@ -174,9 +205,20 @@ def test_the_line_names_culprit_place_folder_and_code():
         "verdict in /d/r-hang-1; every rank exits with code 76 so that the launcher restarts "
         "the job from its last checkpoint"
     )
-    plan = action.plan(action.ActionPolicy(), REQUEST, located, "/d/r-hang-1", 21.0, 1800.0,
-                       sure=True, nodes=["gpu-7"], decision="give_up", exit_code=69, streak=3,
-                       limit=3)  # fmt: skip
+    plan = action.plan(
+        action.ActionPolicy(),
+        REQUEST,
+        located,
+        "/d/r-hang-1",
+        21.0,
+        1800.0,
+        sure=True,
+        nodes=["gpu-7"],
+        decision="give_up",
+        exit_code=69,
+        streak=3,
+        limit=3,
+    )
     assert action.describe(plan) == (
         "ddp-exporter: aborting run r on hang episode 1: rank 1 (node gpu-7) never entered "
         "collective #36 (pg 0), stuck at train.py:42 in load_batch, for 21 s (abort after 20 s); "
@@ -193,9 +235,14 @@ def test_the_line_names_culprit_place_folder_and_code():
 @pytest.mark.unit
 def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
     assert settings.on_hang("instrument", environ={}) == settings.OnHang("off", 20.0, 75, 3, 50, 69)
-    env = {settings.ON_HANG: " Abort ", settings.ABORT_AFTER_S: "45",
-           settings.ABORT_EXIT_CODE: "138", settings.ABORT_LIMIT: "5",
-           settings.ABORT_PROGRESS_STEPS: "200", settings.GIVE_UP_EXIT_CODE: "78"}  # fmt: skip
+    env = {
+        settings.ON_HANG: " Abort ",
+        settings.ABORT_AFTER_S: "45",
+        settings.ABORT_EXIT_CODE: "138",
+        settings.ABORT_LIMIT: "5",
+        settings.ABORT_PROGRESS_STEPS: "200",
+        settings.GIVE_UP_EXIT_CODE: "78",
+    }
     assert settings.on_hang("instrument", environ=env) == settings.OnHang(
         "abort", 45.0, 138, 5, 200, 78
     )
@@ -211,11 +258,18 @@ def test_settings_resolve_keyword_environment_default_and_reject_bad_values():
     ]:
         with pytest.raises(ValueError, match=match):
             settings.on_hang("instrument", environ={}, **kw)
-    for name, raw in [(settings.ON_HANG, "restart"), (settings.ABORT_AFTER_S, "-1"),
-                      (settings.ABORT_AFTER_S, "soon"), (settings.ABORT_EXIT_CODE, "0"),
-                      (settings.ABORT_EXIT_CODE, "256"), (settings.ABORT_LIMIT, "-2"),
-                      (settings.ABORT_LIMIT, "many"), (settings.ABORT_PROGRESS_STEPS, "0"),
-                      (settings.GIVE_UP_EXIT_CODE, "300"), (settings.GIVE_UP_EXIT_CODE, "75")]:  # fmt: skip
+    for name, raw in [
+        (settings.ON_HANG, "restart"),
+        (settings.ABORT_AFTER_S, "-1"),
+        (settings.ABORT_AFTER_S, "soon"),
+        (settings.ABORT_EXIT_CODE, "0"),
+        (settings.ABORT_EXIT_CODE, "256"),
+        (settings.ABORT_LIMIT, "-2"),
+        (settings.ABORT_LIMIT, "many"),
+        (settings.ABORT_PROGRESS_STEPS, "0"),
+        (settings.GIVE_UP_EXIT_CODE, "300"),
+        (settings.GIVE_UP_EXIT_CODE, "75"),
+    ]:
         # Logged, and the defaults used (exporter.settings): a variable never raises.
         assert settings.on_hang("instrument", environ={name: raw}) == settings.OnHang(), name
 
@@ -271,14 +325,21 @@ def test_ranks_leave_together_the_monitoring_rank_last():
     def rank(r: int) -> None:
         store = TCPStore("127.0.0.1", server.port, None, False, timeout=timeout)
         leaving = action.Leaving(
-            store, keys, r, monitor=r == 0, policy=policy, interval_s=0.2, errors=ErrorCounter(),
+            store,
+            keys,
+            r,
+            monitor=r == 0,
+            policy=policy,
+            interval_s=0.2,
+            errors=ErrorCounter(),
             publish=lambda: events.append(("published", r, time.monotonic())),
             exit=lambda code: events.append(("exit", r, time.monotonic(), code)),
             quiet=lambda: None,
             keep=lambda plan: events.append(("kept", r, time.monotonic(), plan["episode"])),
-            forget=lambda: events.append(("forgot", r, time.monotonic(),
-                                          server.check([keys.leave()]))),
-        )  # fmt: skip
+            forget=lambda: events.append(
+                ("forgot", r, time.monotonic(), server.check([keys.leave()]))
+            ),
+        )
         if r == 1:
             time.sleep(0.5)  # a rank that sees the action a watch later
         leaving.leave(plan, answered=[0, 1, 2])
@@ -334,8 +395,19 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     require("prometheus")
     run = "restart" if parallel == "ddp" else f"restart-{parallel}"
     go = tmp_path / "go"
-    args = [str(tmp_path), "--stuck", "1:100", "--steps", "250", "--port", str(free_port(RANKS)),
-            "--go", str(go), "--parallel", parallel]  # fmt: skip
+    args = [
+        str(tmp_path),
+        "--stuck",
+        "1:100",
+        "--steps",
+        "250",
+        "--port",
+        str(free_port(RANKS)),
+        "--go",
+        str(go),
+        "--parallel",
+        parallel,
+    ]
     env = _env(tmp_path, run, DDP_EXPORTER_ON_HANG="abort")
     with Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts()) as job:
         urls = job.wait_urls()
@@ -344,12 +416,19 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
             wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
             go.touch()
             aborted = wait_for(
-                lambda: [a for a in prom.api("alerts")["alerts"]
-                         if a["labels"]["alertname"] == "DDPHangAborted"],
-                150, "DDPHangAborted")  # fmt: skip
+                lambda: [
+                    a
+                    for a in prom.api("alerts")["alerts"]
+                    if a["labels"]["alertname"] == "DDPHangAborted"
+                ],
+                150,
+                "DDPHangAborted",
+            )
             assert job.wait(180) == 0, job.output()
-            ever = prom.query(f'count by (alertname) (count_over_time(ALERTS{{run="{run}", '
-                              'alertstate="firing"}[10m]))')  # fmt: skip
+            ever = prom.query(
+                f'count by (alertname) (count_over_time(ALERTS{{run="{run}", '
+                'alertstate="firing"}[10m]))'
+            )
             pending = prom.query(f'ALERTS{{run="{run}", alertname="DDPJobKilled"}}')
     text = job.text()
     stuck = _line_of("# stuck here")
@@ -371,8 +450,11 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
     assert text.count("finished at step 250") == RANKS, text
 
     # The episode's dumps and verdict are on disk, and the verdict records the action.
-    assert sorted(os.listdir(folder)) == ["episode.json", *(f"rank-{r}.{x}" for r in range(RANKS)
-                                          for x in ("json", "txt")), "verdict.txt"]  # fmt: skip
+    assert sorted(os.listdir(folder)) == [
+        "episode.json",
+        *(f"rank-{r}.{x}" for r in range(RANKS) for x in ("json", "txt")),
+        "verdict.txt",
+    ]
     with open(os.path.join(folder, "episode.json")) as f:
         action = json.load(f)["action"]
     assert (action["culprits"], action["exit_code"], action["kind"]) == ([1], 75, "behind")
@@ -409,8 +491,14 @@ def test_a_hang_restarts_the_job_from_its_last_checkpoint(tmp_path, parallel):
 @pytest.mark.job
 def test_one_process_per_rank_every_process_exits_the_monitoring_rank_stuck(tmp_path):
     """srun-style: rank 0 (the monitoring rank, hosting the store) is the culprit."""
-    env = _env(tmp_path, "perrank", DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1",
-               DDP_EXPORTER_ABORT_AFTER_S="12", DDP_EXPORTER_ABORT_EXIT_CODE="76")  # fmt: skip
+    env = _env(
+        tmp_path,
+        "perrank",
+        DDP_EXPORTER_ON_HANG="abort",
+        DDP_EXPORTER_HEARTBEAT_S="1",
+        DDP_EXPORTER_ABORT_AFTER_S="12",
+        DDP_EXPORTER_ABORT_EXIT_CODE="76",
+    )
     with Ranks(RANKS, [WORKER, str(tmp_path), "--stuck", "0:40"], env=env) as job:
         codes = job.wait(150)
         assert codes == {r: 76 for r in range(RANKS)}, job.output()
@@ -431,9 +519,17 @@ EDGES = {
     "start": ["--steps", "60", "--slow-build", "1:22", "--slow-start", "2:22"],
     # A straggler late enough for a hang dump that then progresses; a declared checkpoint and a
     # declared evaluation on rank 0 (the others wait for it, excused).
-    "sections": ["--steps", "200", "--straggle", "1:60:15", "--checkpoint-at", "120:22",
-                 "--eval-at", "160:22"],
-}  # fmt: skip
+    "sections": [
+        "--steps",
+        "200",
+        "--straggle",
+        "1:60:15",
+        "--checkpoint-at",
+        "120:22",
+        "--eval-at",
+        "160:22",
+    ],
+}
 # The same edges in an FSDP2 job: rank 0's long checkpoint writes its shards, the others
 # wait for it in the next all-gather.
 EDGES["sections-fsdp2"] = [*EDGES["sections"], "--parallel", "fsdp2"]
@@ -449,8 +545,9 @@ def test_healthy_edges_never_abort(tmp_path):
     jobs = {}
     try:
         for name, extra in EDGES.items():
-            env = _env(tmp_path / name, name, DDP_EXPORTER_ON_HANG="abort",
-                       DDP_EXPORTER_HEARTBEAT_S="1")  # fmt: skip
+            env = _env(
+                tmp_path / name, name, DDP_EXPORTER_ON_HANG="abort", DDP_EXPORTER_HEARTBEAT_S="1"
+            )
             (tmp_path / name).mkdir()
             args = [str(tmp_path / name), *extra]
             jobs[name] = Job(RANKS, args, env=env, module=WORKER, torchrun=_restarts())
@@ -487,8 +584,11 @@ def test_healthy_edges_never_abort(tmp_path):
 def test_action_off_a_hang_dumps_and_nobody_exits(tmp_path):
     env = _env(tmp_path, "off", DDP_EXPORTER_HEARTBEAT_S="1", DDP_EXPORTER_ABORT_AFTER_S="12")
     with Ranks(RANKS, [WORKER, str(tmp_path), "--stuck", "1:40"], env=env) as job:
-        folder = wait_for(lambda: glob.glob(str(tmp_path / "dumps" / "*-hang-*" / "verdict.txt")),
-                          90, "the hang verdict")  # fmt: skip
+        folder = wait_for(
+            lambda: glob.glob(str(tmp_path / "dumps" / "*-hang-*" / "verdict.txt")),
+            90,
+            "the hang verdict",
+        )
         urls = job.urls
         # Past the time the action would have taken (20 s from onset, the verdict came at ~12 s):
         # every rank still runs and publishes no abort.

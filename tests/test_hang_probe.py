@@ -86,17 +86,22 @@ def _split(address: str) -> tuple[str, int]:
 NODES3 = {0: "n0", 1: "n1", 2: "n2"}
 
 
-def _round(failed: dict[int, dict[int, str]], nodes: dict[int, str] = NODES3,
-           answered: set[int] | None = None):  # fmt: skip
+def _round(
+    failed: dict[int, dict[int, str]],
+    nodes: dict[int, str] = NODES3,
+    answered: set[int] | None = None,
+):
     """Judge one made-up round among ``nodes`` where ``failed[rank][peer]`` says how it failed."""
     peers, plan = network.plan(nodes, {r: f"10.0.0.{r}:1" for r in nodes})
     request = ProbeRequest(1, "0", 36.0, peers, plan)
     results = {
-        r: ProbeResult(1, r, {p: PeerReach(failed.get(r, {}).get(p, "ok"), 0.001 * (p + 1))
-                              for p in plan[r]})
-        if answered is None or r in answered else None
+        r: ProbeResult(
+            1, r, {p: PeerReach(failed.get(r, {}).get(p, "ok"), 0.001 * (p + 1)) for p in plan[r]}
+        )
+        if answered is None or r in answered
+        else None
         for r in plan
-    }  # fmt: skip
+    }
     return network.judge(request, results, nodes)
 
 
@@ -152,8 +157,12 @@ def test_every_rank_stuck_answering_and_nobody_behind_is_what_starts_a_probe():
     section = [*stuck[:2], SeqState(2, "0", 36, 12.0, in_section=True)]
     assert probing.all_stuck(section, find_hangs(section), 10.0, {0, 1, 2}) is None
     # Two groups entered in opposite orders: each rank waits in one, every rank is stuck.
-    crossed = [SeqState(0, "1", 5, 12.0), SeqState(1, "1", 4, 0.0),
-               SeqState(0, "2", 4, 0.0), SeqState(1, "2", 5, 12.0)]  # fmt: skip
+    crossed = [
+        SeqState(0, "1", 5, 12.0),
+        SeqState(1, "1", 4, 0.0),
+        SeqState(0, "2", 4, 0.0),
+        SeqState(1, "2", 5, 12.0),
+    ]
     found = find_hangs(crossed)
     assert [f.kind for f in found] == ["waiting", "waiting"]
     assert probing.all_stuck(crossed, found, 10.0, {0, 1}) == ("1", 5)
@@ -180,10 +189,21 @@ def _watchers(tmp_path, inflight, *, action: ActionPolicy | None = None, exits=N
     policy = HangPolicy(stall_min_seconds=0.5, symmetric_min_seconds=30.0)
     for rank in range(3):
         identity = Identity(rank=rank, world_size=3, local_rank=0, run="probe", node=f"n{rank}")
-        w = HangWatcher(identity, store, inflight=inflight(rank), recorder=_Recorder(),
-                        sections=_Sections(), interval_s=0.2, monitor=rank == 0,
-                        dump_dir=str(tmp_path), errors=ErrorCounter(), policy=policy,
-                        action=action, forget=lambda: None, probe=True)  # fmt: skip
+        w = HangWatcher(
+            identity,
+            store,
+            inflight=inflight(rank),
+            recorder=_Recorder(),
+            sections=_Sections(),
+            interval_s=0.2,
+            monitor=rank == 0,
+            dump_dir=str(tmp_path),
+            errors=ErrorCounter(),
+            policy=policy,
+            action=action,
+            forget=lambda: None,
+            probe=True,
+        )
         if action is not None:
             leaving = w._rank._leaving
             leaving._exit = lambda code, r=rank, w=w: (exits.__setitem__(r, code), w._loop.stop())
@@ -200,8 +220,9 @@ def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_
     def cut(targets, *args):
         # Node n1 and node n2 cannot reach each other (their listeners are rank 1's and 2's).
         found = real(targets, *args)
-        return {p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f
-                for p, f in found.items()}  # fmt: skip
+        return {
+            p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f for p, f in found.items()
+        }
 
     def tagged(self, number, targets):
         me.rank = self._site.rank  # the attempts run on this thread
@@ -212,13 +233,20 @@ def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_
     monkeypatch.setattr(probing.Answering, "_try", tagged)
     exits: dict[int, int] = {}
     since = time.monotonic()
-    store, watchers = _watchers(tmp_path, lambda r: _AllInside(since),
-                                action=ActionPolicy(after_s=1.0, publish_s=0.2), exits=exits)  # fmt: skip
+    store, watchers = _watchers(
+        tmp_path,
+        lambda r: _AllInside(since),
+        action=ActionPolicy(after_s=1.0, publish_s=0.2),
+        exits=exits,
+    )
     try:
         for w in watchers:
             w.start()
-        verdict_file = wait_for(lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")), 20,
-                                "the early episode's verdict")[0]  # fmt: skip
+        verdict_file = wait_for(
+            lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")),
+            20,
+            "the early episode's verdict",
+        )[0]
         took = time.monotonic() - since
         text = verdict_file.read_text()
         assert watchers[0].network == (("link", "n1", "n2"),)
@@ -265,8 +293,11 @@ def test_a_deadlock_across_two_groups_is_not_the_network(tmp_path, monkeypatch):
     try:
         for w in watchers:
             w.start()
-        verdict_file = wait_for(lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")), 30,
-                                "the symmetric episode's verdict")[0]  # fmt: skip
+        verdict_file = wait_for(
+            lambda: list(tmp_path.glob("probe-hang-1/verdict.txt")),
+            30,
+            "the symmetric episode's verdict",
+        )[0]
         assert watchers[0].network == (("clear", "", ""),), verdict_file.read_text()
     finally:
         for w in watchers:
@@ -281,30 +312,59 @@ def test_a_deadlock_across_two_groups_is_not_the_network(tmp_path, monkeypatch):
 # -- the first collective a rank missed: verdict, top and the dump agree -------------------------
 def _summary(rank: int, last_enqueued: int, last_completed: int, inflight: list[int]) -> dict:
     frames = [{"file": "/job/train.py", "line": 40, "function": "train_step"}]
-    return {"rank": rank, "step": 9, "phase": "collective", "frames": frames, "where": frames[0],
-            "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
-            "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}}}  # fmt: skip
+    return {
+        "rank": rank,
+        "step": 9,
+        "phase": "collective",
+        "frames": frames,
+        "where": frames[0],
+        "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
+        "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}},
+    }
 
 
 def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
     # Ranks 0 and 2 entered #699 and #700 (two DDP buckets) and wait in #699; rank 1 last
     # entered #698: the first collective it missed is #699.
-    summaries = {0: _summary(0, 700, 698, [699, 700]), 1: _summary(1, 698, 698, []),
-                 2: _summary(2, 700, 698, [699, 700])}  # fmt: skip
-    episode = {"episode": 1, "run": "r", "pg": "0", "kind": "behind", "seq": 700, "behind": [1],
-               "waiting": [0, 2], "age": 12.0, "threshold": 10.0, "world_size": 3,
-               "last_enqueued": {"0": 700, "1": 698, "2": 700}}  # fmt: skip
+    summaries = {
+        0: _summary(0, 700, 698, [699, 700]),
+        1: _summary(1, 698, 698, []),
+        2: _summary(2, 700, 698, [699, 700]),
+    }
+    episode = {
+        "episode": 1,
+        "run": "r",
+        "pg": "0",
+        "kind": "behind",
+        "seq": 700,
+        "behind": [1],
+        "waiting": [0, 2],
+        "age": 12.0,
+        "threshold": 10.0,
+        "world_size": 3,
+        "last_enqueued": {"0": 700, "1": 698, "2": 700},
+    }
     text = verdicts.render(verdicts.verdict(episode, summaries))
     assert "a rank is behind in pg 0 at all_reduce #699 (#700 queued behind it)" in text, text
     assert "rank 1 never entered all_reduce #699–#700 (pg 0)" in text, text
     assert "rank 0,2 wait in all_reduce #699, #700 queued behind it (pg 0)" in text, text
     # top, from the same ranks' series.
-    rows = [RankRow(f"r{r}", rank=r, up=True, pg_seq={"0": float(e)}, pg_done={"0": float(d)},
-                    pg_age={"0": a}) for r, e, d, a in ((0, 700, 698, 12.0), (1, 698, 698, 0.0),
-                                                        (2, 700, 698, 12.0))]  # fmt: skip
+    rows = [
+        RankRow(
+            f"r{r}",
+            rank=r,
+            up=True,
+            pg_seq={"0": float(e)},
+            pg_done={"0": float(d)},
+            pg_age={"0": a},
+        )
+        for r, e, d, a in ((0, 700, 698, 12.0), (1, 698, 698, 0.0), (2, 700, 698, 12.0))
+    ]
     first = diagnose(rows)
-    again = [RankRow(r.target, rank=r.rank, up=True, pg_seq=r.pg_seq, pg_done=r.pg_done,
-                     pg_age=r.pg_age) for r in rows]  # fmt: skip
+    again = [
+        RankRow(r.target, rank=r.rank, up=True, pg_seq=r.pg_seq, pg_done=r.pg_done, pg_age=r.pg_age)
+        for r in rows
+    ]
     verdict_of = {r.rank: r.verdict for r in diagnose(again, {r.target: r for r in first})}
     assert "never entered #699–#700" in verdict_of[1], verdict_of
     # The dumps: rank 1 last entered #698, rank 0 waits in #699 with #700 behind it.
@@ -320,13 +380,24 @@ def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
 
 def test_a_symmetric_hang_names_the_collective_stuck_and_what_is_queued_behind_it():
     summaries = {r: _summary(r, 838, 836, [837, 838]) for r in range(4)}
-    episode = {"episode": 1, "run": "r", "pg": "0", "kind": "symmetric", "seq": 838,
-               "behind": [], "waiting": [0, 1, 2, 3], "age": 70.0, "threshold": 60.0,
-               "world_size": 4}  # fmt: skip
+    episode = {
+        "episode": 1,
+        "run": "r",
+        "pg": "0",
+        "kind": "symmetric",
+        "seq": 838,
+        "behind": [],
+        "waiting": [0, 1, 2, 3],
+        "age": 70.0,
+        "threshold": 60.0,
+        "world_size": 4,
+    }
     v = verdicts.verdict(episode, summaries)
     assert "symmetric hang in pg 0 at all_reduce #837 (#838 queued behind it)" in v.header
-    assert v.culprits[0] == ("no rank is behind: every rank is stuck in all_reduce #837, #838 "
-                             "queued behind it (pg 0) and none completes")  # fmt: skip
+    assert v.culprits[0] == (
+        "no rank is behind: every rank is stuck in all_reduce #837, #838 "
+        "queued behind it (pg 0) and none completes"
+    )
     assert v.waiting[0].startswith("rank 0-3 wait in all_reduce #837, #838 queued behind it")
     assert spans.missed(None, 5) == "#5" and spans.stuck(None, 5) == "#5"
 
@@ -336,8 +407,10 @@ def test_ras_lines_come_from_ncclras_protocol_and_none_without_it():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
-    report = ("RAS status\n==========\nJob summary\n  Nodes 2 Processes 2\nErrors\n======\n"
-              "  #1 process unresponsive: rank 1 on node n1 (dead peer)\n")  # fmt: skip
+    report = (
+        "RAS status\n==========\nJob summary\n  Nodes 2 Processes 2\nErrors\n======\n"
+        "  #1 process unresponsive: rank 1 on node n1 (dead peer)\n"
+    )
 
     def answer() -> None:
         conn, _ = server.accept()
@@ -364,8 +437,9 @@ def test_ras_lines_come_from_ncclras_protocol_and_none_without_it():
 
 
 def test_the_probe_messages_travel_through_the_codec_unchanged():
-    request = ProbeRequest(2, "0", 36.0, {0: "10.0.0.1:5", 3: "10.0.0.2:6"}, {0: (3,), 3: (0,)},
-                           6.0, 1.5)  # fmt: skip
+    request = ProbeRequest(
+        2, "0", 36.0, {0: "10.0.0.1:5", 3: "10.0.0.2:6"}, {0: (3,), 3: (0,)}, 6.0, 1.5
+    )
     assert codec.decode_probe_request(codec.encode_probe_request(request)) == request
     result = ProbeResult(2, 3, {0: PeerReach("dropped", 3.0)})
     assert codec.decode_probe_result(codec.encode_probe_result(result)) == result
@@ -376,8 +450,18 @@ def test_the_probe_messages_travel_through_the_codec_unchanged():
 
 def test_top_says_what_the_probe_found_beside_stuck():
     def rows() -> list[RankRow]:
-        out = [RankRow(f"r{r}", rank=r, up=True, node=f"n{r}", pg_seq={"0": 838.0},
-                       pg_done={"0": 836.0}, pg_age={"0": 75.0}) for r in range(3)]  # fmt: skip
+        out = [
+            RankRow(
+                f"r{r}",
+                rank=r,
+                up=True,
+                node=f"n{r}",
+                pg_seq={"0": 838.0},
+                pg_done={"0": 836.0},
+                pg_age={"0": 75.0},
+            )
+            for r in range(3)
+        ]
         out[0].network = [("link", "n1", "n2")]
         return out
 

@@ -41,9 +41,16 @@ def store() -> dist.Store:
 def _monitor(store: dist.Store, clock: Clock, world: int, peer_series: int) -> Heartbeat:
     """Return a monitoring rank's Heartbeat driven by the test: no background thread."""
     hb = Heartbeat(
-        store, KEYS, 0, world, INTERVAL, monitor=True, errors=ErrorCounter(), clock=clock,
+        store,
+        KEYS,
+        0,
+        world,
+        INTERVAL,
+        monitor=True,
+        errors=ErrorCounter(),
+        clock=clock,
         peer_series=peer_series,
-    )  # fmt: skip
+    )
     for peer in range(world):
         store.add(heartbeat_key("r", peer), 1)
     hb.poll()

@@ -46,9 +46,10 @@ def test_a_lab_removes_all_it_made_and_what_a_killed_one_left():
         names = ip("netns", "list").stdout
         assert stale_ns not in names and stale_link not in ip("link").stdout
         assert sorted(the_lab.leftovers()) == sorted(
-            [n.namespace for n in the_lab.nodes] + [n.veth for n in the_lab.nodes]
+            [n.namespace for n in the_lab.nodes]
+            + [n.veth for n in the_lab.nodes]
             + [the_lab.bridge]
-        )  # fmt: skip
+        )
         # Each node: its hostname, its address, and no route from eth1 to the others.
         out = the_lab.process(1, ["sh", "-c", "hostname; ip -4 -o addr show"])
         assert out.wait(30) == 0
@@ -62,8 +63,12 @@ def test_a_lab_removes_all_it_made_and_what_a_killed_one_left():
 def test_discovery_node_names_and_a_dead_node_across_machines(tmp_path: Path):
     """3 nodes x 1 rank; Prometheus discovers them through rank 0's /sd; node 2 falls off."""
     require("prometheus")
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "lab", "DDP_EXPORTER_HEARTBEAT_S": "1",
-           "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps")}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": "lab",
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+    }
     args = [str(tmp_path), "--steps", "100000", "--port", str(PORT), "--addr", "0.0.0.0"]
     with lab(3) as the_lab:
         jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env) for i in range(3)]
@@ -78,20 +83,31 @@ def test_discovery_node_names_and_a_dead_node_across_machines(tmp_path: Path):
         prom_dir = tmp_path / "prom"
         with run_prometheus(prom_dir, fast_config(prom_dir, sd_scrape(sd_url))) as prom:
             wait_for(lambda: len(prom.targets_up()) == 3, 60, "every rank scraped across nodes")
-            nodes = {s["metric"]["rank"]: s["metric"]["node"]
-                     for s in prom.query('ddp_rank_info{run="lab"}')}  # fmt: skip
+            nodes = {
+                s["metric"]["rank"]: s["metric"]["node"]
+                for s in prom.query('ddp_rank_info{run="lab"}')
+            }
             assert nodes == {str(n.index): n.name for n in the_lab.nodes}, nodes
             # Node 2 falls off the network: its rank is down, nobody else is accused.
             the_lab.link(2, up=False)
             fell = time.monotonic()
-            down = wait_for(lambda: [a for a in firing(prom, "lab")
-                                     if a["alertname"] == "DDPRankDown"], 90, "DDPRankDown")  # fmt: skip
+            down = wait_for(
+                lambda: [a for a in firing(prom, "lab") if a["alertname"] == "DDPRankDown"],
+                90,
+                "DDPRankDown",
+            )
             took = time.monotonic() - fell
             assert {a.get("rank") for a in down} == {"2"}, down
-            accused = {(a["alertname"], a.get("rank")) for a in firing(prom, "lab")
-                       if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
-            assert accused <= {("DDPRankDown", "2"), ("DDPCollectiveStalled", "2"),
-                               ("DDPCollectiveTimeoutImminent", "2")}, accused  # fmt: skip
+            accused = {
+                (a["alertname"], a.get("rank"))
+                for a in firing(prom, "lab")
+                if a.get("rank") and a.get("role") != "waiting"
+            }
+            assert accused <= {
+                ("DDPRankDown", "2"),
+                ("DDPCollectiveStalled", "2"),
+                ("DDPCollectiveTimeoutImminent", "2"),
+            }, accused
             assert all(j.poll() is None for j in jobs[:2])  # the reachable nodes wait
     assert took < 90, took
     assert re.search(r"rank 0: metrics at http://", jobs[0].text()), jobs[0].text()
@@ -99,15 +115,17 @@ def test_discovery_node_names_and_a_dead_node_across_machines(tmp_path: Path):
 
 def test_the_hang_action_restarts_a_job_of_three_torchruns(tmp_path: Path):
     """Rank 2 on node 2 stuck at step 40: every node's ranks leave, the job resumes and ends."""
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_ON_HANG": "abort",
-           "DDP_EXPORTER_HEARTBEAT_S": "1"}  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_ON_HANG": "abort", "DDP_EXPORTER_HEARTBEAT_S": "1"}
     args = [str(tmp_path), "--stuck", "2:40", "--steps", "100"]
     with lab(3) as the_lab:
         jobs = []
         for i in range(3):
             node_env = dict(env, DDP_EXPORTER_DUMP_DIR=str(tmp_path / f"dumps-{i}"))
-            jobs.append(the_lab.torchrun(i, 1, args, module=WORKER, env=node_env,
-                                         extra=["--max-restarts", "1"]))  # fmt: skip
+            jobs.append(
+                the_lab.torchrun(
+                    i, 1, args, module=WORKER, env=node_env, extra=["--max-restarts", "1"]
+                )
+            )
         codes = [job.wait(240) for job in jobs]
     text = "".join(job.text() for job in jobs)
     assert codes == [0, 0, 0], text

@@ -42,13 +42,18 @@ DOCTOR = [sys.executable, "-m", "exporter.doctor", "--timeout", "30", "--step-ti
 
 def _doctor(the_lab: Lab, env_of: dict[int, dict[str, str]] | None = None) -> tuple[list, str]:
     """Run the doctor on every node at once; return the exit codes and node 0's output."""
-    base = {"OMP_NUM_THREADS": "1", "MASTER_ADDR": the_lab.nodes[0].name,
-            "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(len(the_lab.nodes)),
-            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
+    base = {
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": the_lab.nodes[0].name,
+        "MASTER_PORT": str(MASTER_PORT),
+        "WORLD_SIZE": str(len(the_lab.nodes)),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
     procs = [
         the_lab.process(
             n.index, DOCTOR, {**base, "RANK": str(n.index), **(env_of or {}).get(n.index, {})}
-        )  # fmt: skip
+        )
         for n in the_lab.nodes
     ]
     codes = [p.wait(90) for p in procs]
@@ -96,8 +101,11 @@ def test_the_doctor_names_each_network_fault_and_no_healthy_node():
         codes, text = _doctor(the_lab, {1: {"GLOO_SOCKET_IFNAME": "eth1"}})
         assert codes[0] == 1, text
         assert [_row(text, r)["reach"] for r in range(3)] == ["ok", "FAIL", "ok"], text
-        assert re.search(r"FAIL rank 1 reach: its gloo address 10\.11\.\d+\.1:\d+ "
-                         r"\(GLOO_SOCKET_IFNAME=eth1\) on lab-node-1", text), text  # fmt: skip
+        assert re.search(
+            r"FAIL rank 1 reach: its gloo address 10\.11\.\d+\.1:\d+ "
+            r"\(GLOO_SOCKET_IFNAME=eth1\) on lab-node-1",
+            text,
+        ), text
         assert "set GLOO_SOCKET_IFNAME on lab-node-1 to the interface the nodes share" in text
         assert "FAIL rank 0" not in text and "FAIL rank 2" not in text, text
 
@@ -107,8 +115,10 @@ def test_the_doctor_names_each_network_fault_and_no_healthy_node():
         the_lab.open_firewall(0)
         assert codes[1] == 1 and codes[2] == 1, text
         for node in (1, 2):
-            assert (f"MASTER_ADDR:MASTER_PORT lab-node-0:{MASTER_PORT} "
-                    f"({the_lab.nodes[0].ip}): no answer within") in text, text  # fmt: skip
+            assert (
+                f"MASTER_ADDR:MASTER_PORT lab-node-0:{MASTER_PORT} "
+                f"({the_lab.nodes[0].ip}): no answer within"
+            ) in text, text
             assert f"from lab-node-{node} (connections dropped)" in text, text
         assert f"open TCP port {MASTER_PORT} on lab-node-0 to the other nodes" in text, text
 
@@ -134,8 +144,13 @@ INIT = (
 
 
 def test_the_init_watch_names_a_dropped_master_port_and_a_stale_master_address():
-    base = {"OMP_NUM_THREADS": "1", "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": "3",
-            "LOCAL_RANK": "0", "DDP_EXPORTER_HEARTBEAT_S": "1"}  # fmt: skip
+    base = {
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(MASTER_PORT),
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+    }
     with lab(3) as the_lab:
         base["MASTER_ADDR"] = the_lab.nodes[0].name
         env = {n.index: {**base, "RANK": str(n.index)} for n in the_lab.nodes}
@@ -151,8 +166,10 @@ def test_the_init_watch_names_a_dropped_master_port_and_a_stale_master_address()
                 f"node {node}'s init watch naming the dropped port",
             )[0]
             assert f"init watch on lab-node-{node} cannot reach rank 0's store" in line, line
-            assert (f"lab-node-0:{MASTER_PORT} ({the_lab.nodes[0].ip}): no answer within 5 s "
-                    f"from lab-node-{node} (connections dropped)") in line, line  # fmt: skip
+            assert (
+                f"lab-node-0:{MASTER_PORT} ({the_lab.nodes[0].ip}): no answer within 5 s "
+                f"from lab-node-{node} (connections dropped)"
+            ) in line, line
             assert f"Fix: open TCP port {MASTER_PORT} on lab-node-0" in line, line
         assert "cannot reach" not in procs[0].text(), procs[0].text()  # rank 0 hosts the store
         for p in procs:
@@ -163,9 +180,10 @@ def test_the_init_watch_names_a_dropped_master_port_and_a_stale_master_address()
         the_lab.resolve_as(1, the_lab.nodes[0].name, stale)
         procs = [the_lab.process(i, [sys.executable, "-c", INIT], env[i]) for i in range(3)]
         line = wait_for(
-            lambda: [x for x in procs[1].text().splitlines() if "cannot reach" in x], 60,
+            lambda: [x for x in procs[1].text().splitlines() if "cannot reach" in x],
+            60,
             "node 1's init watch naming the stale address",
-        )[0]  # fmt: skip
+        )[0]
         assert "is unreachable from lab-node-1" in line and f"resolves to {stale} here" in line
         assert "/etc/hosts on lab-node-1" in line, line
         # Node 2 resolves it right: by the time node 1 said so, its probe had succeeded.
@@ -194,43 +212,59 @@ def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: 
     else is blamed."""
     require("prometheus")
     dumps = tmp_path / "dumps"  # one shared folder, as on a shared file system
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "part", "DDP_EXPORTER_HEARTBEAT_S": "1",
-           "DDP_EXPORTER_DUMP_DIR": str(dumps)}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": "part",
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_DUMP_DIR": str(dumps),
+    }
     args = [str(tmp_path), "--steps", "100000", "--port", str(PORT), "--addr", "0.0.0.0"]
     with lab(3) as the_lab:
         # c10d rendezvous: torchrun assigns the node ranks; the monitoring rank (0) and its
         # /sd may land on any node.
-        jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env, rdzv="c10d")
-                for i in range(3)]  # fmt: skip
+        jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env, rdzv="c10d") for i in range(3)]
         sd_url = wait_for(lambda: _sd_url(the_lab), 120, "the monitoring rank's /sd")
         wait_for(lambda: len(_sd(sd_url)) == 3, 120, "3 targets in /sd")
         prom_dir = tmp_path / "prom"
         with run_prometheus(prom_dir, fast_config(prom_dir, sd_scrape(sd_url))) as prom:
             wait_for(lambda: len(prom.targets_up()) == 3, 60, "every rank scraped")
-            wait_for(lambda: len(prom.query('ddp_steps_total{run="part"} > 20')) == 3, 60,
-                     "every rank training")  # fmt: skip
+            wait_for(
+                lambda: len(prom.query('ddp_steps_total{run="part"} > 20')) == 3,
+                60,
+                "every rank training",
+            )
             # Cut off a node that hosts neither rank 0 (the monitoring rank) nor the store.
-            node_of = {int(s["metric"]["rank"]): s["metric"]["node"]
-                       for s in prom.query('ddp_rank_info{run="part"}')}  # fmt: skip
-            cut_rank = next(r for r, n in sorted(node_of.items())
-                            if r != 0 and n != the_lab.nodes[0].name)  # fmt: skip
+            node_of = {
+                int(s["metric"]["rank"]): s["metric"]["node"]
+                for s in prom.query('ddp_rank_info{run="part"}')
+            }
+            cut_rank = next(
+                r for r, n in sorted(node_of.items()) if r != 0 and n != the_lab.nodes[0].name
+            )
             cut_node = node_of[cut_rank]
             live = sorted(set(node_of) - {cut_rank})
             the_lab.drop(int(cut_node.rsplit("-", 1)[1]), "meta l4proto != 255")  # all, both ways
             cut = time.monotonic()
-            down = wait_for(lambda: [a for a in firing(prom, "part")
-                                     if a["alertname"] == "DDPRankDown"], 90, "DDPRankDown")  # fmt: skip
+            down = wait_for(
+                lambda: [a for a in firing(prom, "part") if a["alertname"] == "DDPRankDown"],
+                90,
+                "DDPRankDown",
+            )
             named = time.monotonic() - cut
             assert {a.get("rank") for a in down} == {str(cut_rank)}, down
             # The reachable ranks wait in the allreduce: a hang episode, their stacks dumped.
-            verdict = wait_for(lambda: sorted(dumps.glob("part-hang-*/verdict.txt")), 90,
-                               "the episode's verdict")[0]  # fmt: skip
+            verdict = wait_for(
+                lambda: sorted(dumps.glob("part-hang-*/verdict.txt")), 90, "the episode's verdict"
+            )[0]
             folder = verdict.parent
             assert all((folder / f"rank-{r}.json").exists() for r in live), list(folder.iterdir())
             assert not (folder / f"rank-{cut_rank}.json").exists()
             text = verdict.read_text()
-            accused = {(a["alertname"], a.get("rank")) for a in firing(prom, "part")
-                       if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
+            accused = {
+                (a["alertname"], a.get("rank"))
+                for a in firing(prom, "part")
+                if a.get("rank") and a.get("role") != "waiting"
+            }
             assert {rank for _, rank in accused} <= {str(cut_rank)}, accused
             # The fleet counts it against that node only, by its real hostname.
             blamed = fleet_recorded(FAST).blamed
@@ -238,8 +272,10 @@ def test_a_node_partitioned_mid_training_is_named_and_the_others_dump(tmp_path: 
             assert {s["metric"]["node"] for s in records} == {cut_node}, records
             # top, from the same Prometheus, says DOWN with the node.
             first = top.diagnose(top.fetch_prometheus(prom.url, "part", window=FAST.rate_window))
-            rows = top.diagnose(top.fetch_prometheus(prom.url, "part", window=FAST.rate_window),
-                                {r.target: r for r in first})  # fmt: skip
+            rows = top.diagnose(
+                top.fetch_prometheus(prom.url, "part", window=FAST.rate_window),
+                {r.target: r for r in first},
+            )
             verdicts = {r.rank: r.verdict for r in rows}
             assert verdicts[cut_rank].startswith("DOWN"), verdicts
             assert verdicts[cut_rank].endswith(f"(node {cut_node})"), verdicts

@@ -42,22 +42,39 @@ def _sd(url: str) -> list[dict]:
 
 
 def _accused(prom, run: str) -> set[tuple[str, str, str]]:
-    return {(a["alertname"], a.get("rank", ""), a.get("cause", "")) for a in firing(prom, run)
-            if a.get("rank") and a.get("role") != "waiting"}  # fmt: skip
+    return {
+        (a["alertname"], a.get("rank", ""), a.get("cause", ""))
+        for a in firing(prom, run)
+        if a.get("rank") and a.get("role") != "waiting"
+    }
 
 
 # Its own store port (the job's torchrun holds 29500); 1 MiB each way keeps a transfer over a
 # link the job also saturates well inside the step timeout.
-DOCTOR = [sys.executable, "-m", "exporter.doctor", "--links", "--links-mib", "1", "--timeout",
-          "90", "--step-timeout", "30"]  # fmt: skip
+DOCTOR = [
+    sys.executable,
+    "-m",
+    "exporter.doctor",
+    "--links",
+    "--links-mib",
+    "1",
+    "--timeout",
+    "90",
+    "--step-timeout",
+    "30",
+]
 
 
 def _doctor_links(the_lab) -> list:
     """Start doctor --links on every node; return the processes."""
-    base = {"OMP_NUM_THREADS": "1", "MASTER_ADDR": the_lab.nodes[0].name, "MASTER_PORT": "29600",
-            "WORLD_SIZE": str(len(the_lab.nodes)), "LOCAL_RANK": "0"}  # fmt: skip
-    return [the_lab.process(n.index, DOCTOR, {**base, "RANK": str(n.index)})
-            for n in the_lab.nodes]  # fmt: skip
+    base = {
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": the_lab.nodes[0].name,
+        "MASTER_PORT": "29600",
+        "WORLD_SIZE": str(len(the_lab.nodes)),
+        "LOCAL_RANK": "0",
+    }
+    return [the_lab.process(n.index, DOCTOR, {**base, "RANK": str(n.index)}) for n in the_lab.nodes]
 
 
 def test_a_slow_link_is_named_at_run_time_and_by_the_doctor_and_no_healthy_node_is_blamed(
@@ -86,8 +103,11 @@ def test_a_slow_link_is_named_at_run_time_and_by_the_doctor_and_no_healthy_node_
             assert len(re.findall(r"lab-node-\d <-> lab-node-\d", text)) == 3, text  # every pair
             the_lab.rate_limit(2, MBIT)
             slowed = time.monotonic()
-            wait_for(lambda: ("DDPRankStraggler", "2", "link") in _accused(prom, "link"), 120,
-                     "DDPRankStraggler cause=link for rank 2")  # fmt: skip
+            wait_for(
+                lambda: ("DDPRankStraggler", "2", "link") in _accused(prom, "link"),
+                120,
+                "DDPRankStraggler cause=link for rank 2",
+            )
             took = time.monotonic() - slowed
             assert _accused(prom, "link") == {("DDPRankStraggler", "2", "link")}
             # The fleet counts it against the node, by its real hostname, as cause link.
@@ -115,8 +135,11 @@ def test_a_slow_link_is_named_at_run_time_and_by_the_doctor_and_no_healthy_node_
             doctors = _doctor_links(the_lab)
             codes, text = [p.wait(120) for p in doctors], doctors[0].text()
             assert codes == [1, 1, 1], text
-            rows = {line.split()[1]: line.split()[-1] for line in text.splitlines()
-                    if re.match(r"\d\s+lab-node-", line)}  # fmt: skip
+            rows = {
+                line.split()[1]: line.split()[-1]
+                for line in text.splitlines()
+                if re.match(r"\d\s+lab-node-", line)
+            }
             assert rows == {"lab-node-0": "ok", "lab-node-1": "ok", "lab-node-2": "FAIL"}, text
             assert "FAIL rank 2 links: lab-node-2: its best link moves " in text, text
             assert "check lab-node-2's NIC" in text, text

@@ -39,28 +39,38 @@ NAMED_WITHIN_S = 60.0
 
 def _start(the_lab: Lab, tmp: Path, name: str, *extra: str) -> list:
     """Start one torchrun per node; return them once every rank trains."""
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": name, "DDP_EXPORTER_HEARTBEAT_S": "1",
-           "DDP_EXPORTER_DUMP_DIR": str(tmp / name)}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": name,
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp / name),
+    }
     args = ["--port", str(PORT), "--addr", "0.0.0.0", *extra]
     jobs = [the_lab.torchrun(i, 1, args, module=WORKER, env=env) for i in range(3)]
     for i, job in enumerate(jobs):
-        wait_for(lambda job=job: "step 40" in job.text() or job.poll() is not None, 120,
-                 f"node {i} training")  # fmt: skip
+        wait_for(
+            lambda job=job: "step 40" in job.text() or job.poll() is not None,
+            120,
+            f"node {i} training",
+        )
         assert job.poll() is None, job.output()
     return jobs
 
 
 def _verdict(tmp: Path, name: str, within: float) -> str:
-    found = wait_for(lambda: sorted((tmp / name).glob("*-hang-*/verdict.txt")), within,
-                     f"{name}'s verdict")  # fmt: skip
+    found = wait_for(
+        lambda: sorted((tmp / name).glob("*-hang-*/verdict.txt")), within, f"{name}'s verdict"
+    )
     return found[0].read_text()
 
 
 def _network(the_lab: Lab) -> set[tuple[str, str, str]]:
     """Return the monitoring rank's ``ddp_hang_network_info`` series."""
     found = parse(scrape_text(f"http://{the_lab.nodes[0].ip}:{PORT}/metrics"))
-    return {(lab_["finding"], lab_["node"], lab_["peer_node"])
-            for lab_, _ in found.get("ddp_hang_network_info", [])}  # fmt: skip
+    return {
+        (lab_["finding"], lab_["node"], lab_["peer_node"])
+        for lab_, _ in found.get("ddp_hang_network_info", [])
+    }
 
 
 def _stop(the_lab: Lab, jobs: list) -> str:
@@ -85,8 +95,10 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
         took["pair"] = time.monotonic() - onset
         assert "symmetric hang" in text, text
         culprits = text.split("CULPRITS:")[1].split("NETWORK")[0]
-        assert "link between node lab-node-1 and node lab-node-2: connections time out " \
-               "(dropped); both reach their other peers" in culprits, text  # fmt: skip
+        assert (
+            "link between node lab-node-1 and node lab-node-2: connections time out "
+            "(dropped); both reach their other peers" in culprits
+        ), text
         assert "lab-node-0" not in culprits and not re.search(r"^ +node ", culprits, re.M), text
         assert _network(the_lab) == {("link", "lab-node-1", "lab-node-2")}
         log = _stop(the_lab, jobs)
@@ -94,15 +106,24 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
 
         # 2. Node 2 drops every TCP connection but the store's and its metrics port's.
         jobs = _start(the_lab, tmp_path, "node")
-        the_lab.firewall(2, [f"tcp sport {MASTER_PORT} accept", f"tcp dport {MASTER_PORT} accept",
-                             f"tcp dport {PORT} accept", f"tcp sport {PORT} accept",
-                             "meta l4proto tcp drop"])  # fmt: skip
+        the_lab.firewall(
+            2,
+            [
+                f"tcp sport {MASTER_PORT} accept",
+                f"tcp dport {MASTER_PORT} accept",
+                f"tcp dport {PORT} accept",
+                f"tcp sport {PORT} accept",
+                "meta l4proto tcp drop",
+            ],
+        )
         onset = time.monotonic()
         text = _verdict(tmp_path, "node", NAMED_WITHIN_S)
         took["node"] = time.monotonic() - onset
         culprits = text.split("CULPRITS:")[1].split("NETWORK")[0]
-        assert "node lab-node-2: unreachable from every peer on its backend address: " \
-               "connections time out (dropped) from 2 nodes" in culprits, text  # fmt: skip
+        assert (
+            "node lab-node-2: unreachable from every peer on its backend address: "
+            "connections time out (dropped) from 2 nodes" in culprits
+        ), text
         assert "lab-node-0" not in culprits and "lab-node-1" not in culprits, text
         assert _network(the_lab) == {("node", "lab-node-2", "")}
         _stop(the_lab, jobs)
@@ -114,8 +135,9 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
         text = _verdict(tmp_path, "cross", NAMED_WITHIN_S)
         took["cross"] = time.monotonic() - onset
         culprits = text.split("CULPRITS:")[1].split("NETWORK")[0]
-        assert "in different orders" in culprits and "fix the order of the collectives" in \
-            culprits, text  # fmt: skip
+        assert (
+            "in different orders" in culprits and "fix the order of the collectives" in culprits
+        ), text
         assert "every pair of the 3 nodes reachable and moving data" in culprits, text
         assert "node lab-node" not in culprits and "link between" not in culprits, text
         assert _network(the_lab) == {("clear", "", "")}
@@ -127,8 +149,11 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
         the_lab.rate_limit(2, 2)
 
         def slowest() -> float:
-            secs = [float(x) for job in jobs
-                    for x in re.findall(r"big all_reduce took (\d+\.\d) s", job.text())]  # fmt: skip
+            secs = [
+                float(x)
+                for job in jobs
+                for x in re.findall(r"big all_reduce took (\d+\.\d) s", job.text())
+            ]
             return max(secs, default=0.0)
 
         # Not the first one only: it may have begun before the rate limit, and a ring's first
@@ -137,8 +162,11 @@ def test_every_rank_stuck_names_the_broken_link_or_node_or_not_the_network(tmp_p
         # The probe starts once every rank sits in one collective past the threshold. Ranks
         # leave a slow all-reduce seconds apart (the ring's last hops cross the slow link), so
         # that can take another slow step or two.
-        wait_for(lambda: any("probing the links" in job.text() for job in jobs), 120,
-                 "the probe of a slow but alive link")  # fmt: skip
+        wait_for(
+            lambda: any("probing the links" in job.text() for job in jobs),
+            120,
+            "the probe of a slow but alive link",
+        )
         log = _stop(the_lab, jobs)
         assert "probing the links" in log, log
         print("\n" + "".join(x for x in log.splitlines(True) if "probe of run" in x))

@@ -37,17 +37,38 @@ TORCHRUN = {settings.TORCHELASTIC_RUN_ID: "job", settings.TORCHELASTIC_RESTART_C
     ("env", "shared", "left", "in_place"),
     [
         ({}, False, None, False),  # srun / one process per rank
-        ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"},
-         True, 3, True),  # --standalone, c10d or static: the agent's store, restarts left
-        ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
-          "TORCHELASTIC_RESTART_COUNT": "3"}, True, 0, False),  # the last attempt
-        ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "1"},
-         False, 1, False),  # c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-        ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0"},
-         True, 0, False),  # no restarts: the abort ends the job
+        (
+            {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"},
+            True,
+            3,
+            True,
+        ),  # --standalone, c10d or static: the agent's store, restarts left
+        (
+            {
+                **TORCHRUN,
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_MAX_RESTARTS": "3",
+                "TORCHELASTIC_RESTART_COUNT": "3",
+            },
+            True,
+            0,
+            False,
+        ),  # the last attempt
+        (
+            {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "1"},
+            False,
+            1,
+            False,
+        ),  # c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+        (
+            {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0"},
+            True,
+            0,
+            False,
+        ),  # no restarts: the abort ends the job
     ],
     ids=["srun", "shared", "last-attempt", "own-store", "no-restarts"],
-)  # fmt: skip
+)
 def test_launch_form_from_the_environment(env, shared, left, in_place):
     form = launcher.launch(env)
     assert (form.shared_store, form.restarts_left, form.restarts_in_place) == (
@@ -129,10 +150,26 @@ def _node(i: int, nnodes: int, form: str, port: int) -> list[str]:
     if form == "standalone":
         return ["--standalone"]
     if form.startswith("c10d"):
-        return ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "drill"]  # fmt: skip
-    return ["--nnodes", str(nnodes), "--node-rank", str(i), "--master-addr", "127.0.0.1",
-            "--master-port", str(port)]  # fmt: skip
+        return [
+            "--nnodes",
+            str(nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "drill",
+        ]
+    return [
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(i),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
 
 
 FORMS = {
@@ -176,8 +213,11 @@ def _check(tmp_path: Path, name: str, jobs: list[Job], codes: list[int]) -> None
     lines = [line for line in text.splitlines() if ABORT_LINE in line]
     assert len(lines) == world, (name, text)  # every rank of the first attempt left
     # c10d rendezvous may put any rank on either node: find the culprit's torchrun.
-    (host,) = (f"node-{i}" for i, job in enumerate(jobs)
-               if f"rank {culprit}: attempt 0 resumed" in job.text())  # fmt: skip
+    (host,) = (
+        f"node-{i}"
+        for i, job in enumerate(jobs)
+        if f"rank {culprit}: attempt 0 resumed" in job.text()
+    )
     assert all(f"rank {culprit} (node {host}) never entered" in line for line in lines), lines
     resumed = {int(s) for s in re.findall(r"attempt 1 resumed at step (\d+)", text)}
     assert resumed == {40}, (name, text)  # the checkpoint written just before the hang

@@ -36,6 +36,7 @@ ROOMS = {
     "exporter.hangs": "hangs",
     "exporter.observer": "observer",
     "exporter.initwatch": "observer",
+    "exporter.assembly": "observer",
     "exporter.api": "api",
     "exporter.integrations": "integrations",
     "exporter.mixin": "mixin",
@@ -201,6 +202,26 @@ def test_modules_and_functions_stay_a_reviewable_size():
     assert not stale, f"exceptions that no longer apply: {stale}"
 
 
+#: The formatter's opt-outs, spelled so that this file does not hold them.
+_OPT_OUTS = ("fmt" + ": skip", "fmt" + ": off")
+
+
+@pytest.mark.unit
+def test_no_line_opts_out_of_the_formatter():
+    """Every line is ``ruff format``'s: a limit met by hand-packed lines is not met."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(tracked) > 100, tracked  # the check sees the tree
+    found = [
+        f"{path}:{n}"
+        for path in tracked
+        for n, line in enumerate(Path(REPO, path).read_text().splitlines(), 1)
+        if any(opt in line for opt in _OPT_OUTS)
+    ]
+    assert not found, f"lines kept from the formatter: {found}"
+
+
 _NO_TORCH = """
 import sys
 {code}
@@ -230,7 +251,7 @@ print("no torch")
         "top-command",
         "mixin-generate",
         "nodes-command",
-    ],  # fmt: skip
+    ],
 )
 def test_offline_tools_import_no_torch(code, tmp_path):
     res = subprocess.run(

@@ -45,9 +45,12 @@ def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     )
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
         env=_inner_env(),
-    )  # fmt: skip
+    )
     out = res.stdout + res.stderr
     leaked = int(out.split("LEAKED ")[1].split()[0])
     assert res.returncode == 1, out

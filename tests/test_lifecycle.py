@@ -97,9 +97,14 @@ def test_a_whole_job_life_pages_nobody(tmp_path):
         urls = job.wait_urls()
         with (
             run_prometheus(tmp_path / "sd", fast_config(tmp_path / "sd", sd_scrape(urls[0]))) as sd,
-            run_prometheus(tmp_path / "fsd", fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"), "800ms")) as fsd,
-            run_prometheus(tmp_path / "st", fast_config(tmp_path / "st", static_scrape(urls), "700ms")) as st,
-        ):  # fmt: skip
+            run_prometheus(
+                tmp_path / "fsd",
+                fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"), "800ms"),
+            ) as fsd,
+            run_prometheus(
+                tmp_path / "st", fast_config(tmp_path / "st", static_scrape(urls), "700ms")
+            ) as st,
+        ):
             proms = {"/sd": sd, "file_sd": fsd, "static": st}
             for prom in proms.values():
                 wait_for(lambda p=prom: len(p.targets_up()) == RANKS, 60, "every rank scraped")
@@ -110,8 +115,11 @@ def test_a_whole_job_life_pages_nobody(tmp_path):
                 wait_for(lambda: "rank 0: evaluation done" in job.text(), 120, "the evaluation")
                 assert job.wait(180) == 0, job.output()
                 ended = time.monotonic()
-                wait_for(lambda: time.monotonic() - ended > AFTER_END_S, AFTER_END_S + 10,
-                         "two minutes after the end")  # fmt: skip
+                wait_for(
+                    lambda: time.monotonic() - ended > AFTER_END_S,
+                    AFTER_END_S + 10,
+                    "two minutes after the end",
+                )
                 # What Prometheus still knows of the ended job: every rank finished cleanly.
                 finished = sd.query(
                     f'last_over_time(ddp_finished_timestamp_seconds{{run="{run}"}}[5m])'
@@ -145,11 +153,15 @@ def test_an_overrunning_checkpoint_is_overdue_then_names_rank_0(tmp_path):
             wait_for(lambda: "rank 0: checkpoint" in job.text(), 60, "the checkpoint to start")
             overdue = wait_for(
                 lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPSectionOverdue"],
-                60, "DDPSectionOverdue")  # fmt: skip
+                60,
+                "DDPSectionOverdue",
+            )
             assert [(a["rank"], a["section"]) for a in overdue] == [("0", "checkpoint")]
             stalled = wait_for(
                 lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPCollectiveStalled"],
-                60, "DDPCollectiveStalled")  # fmt: skip
+                60,
+                "DDPCollectiveStalled",
+            )
             assert [(a["rank"], a["role"]) for a in stalled] == [("0", "behind")], stalled
 
 
@@ -168,7 +180,9 @@ def test_a_killed_job_is_one_alert_for_the_run(tmp_path):
             job.stop()  # torchrun and its ranks die: no rank ends cleanly
             killed = wait_for(
                 lambda: [a for a in firing(prom, run) if a["alertname"] == "DDPJobKilled"],
-                90, "DDPJobKilled")  # fmt: skip
+                90,
+                "DDPJobKilled",
+            )
             assert [a.get("rank") for a in killed] == [None], killed
             # For twice the time a per-rank alert needs to fire (rank_down_for), none does.
             until = time.monotonic() + 25
@@ -187,18 +201,29 @@ def test_a_restarted_attempt_continues_the_run(tmp_path):
     # Rank 1 raises at step 20 of attempt 0; torchrun restarts the group once; attempt 1 trains
     # on the same ports, then ends cleanly.
     args = ["--steps", "200", "--fail", "1:20", "--port", str(base)]
-    restarts = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                "--max-restarts", "1"]  # fmt: skip
+    restarts = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--max-restarts",
+        "1",
+    ]
     with _job(tmp_path, run, args, extra=restarts) as job:
         urls = job.wait_urls()
-        with run_prometheus(tmp_path / "fsd", fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"))) as prom:  # fmt: skip
+        with run_prometheus(
+            tmp_path / "fsd", fast_config(tmp_path / "fsd", file_sd_scrape(tmp_path / "file_sd"))
+        ) as prom:
             wait_for(lambda: len(prom.targets_up()) == RANKS, 60, "every rank scraped")
             (tmp_path / "go").touch()
             wait_for(lambda: job.text().count("attempt 1") == RANKS, 120, "the restarted attempt")
             (tmp_path / "go").touch()
             info = f'ddp_rank_info{{run="{run}", attempt="1"}}'
-            attempts = wait_for(lambda: len(prom.query(info)) == RANKS and prom.query(info), 60,
-                                "attempt 1's series under the same run")  # fmt: skip
+            attempts = wait_for(
+                lambda: len(prom.query(info)) == RANKS and prom.query(info),
+                60,
+                "attempt 1's series under the same run",
+            )
             assert sorted(s["metric"]["rank"] for s in attempts) == ["0", "1", "2"]
             assert job.wait(180) == 0, job.output()
             # Once attempt 1 reported, nothing of attempt 0 is left firing.

@@ -30,16 +30,32 @@ def _line_of(marker: str) -> int:
 
 
 def test_a_2d_mesh_hang_names_the_rank_and_its_group(tmp_path):
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "mesh",
-           "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"), "DDP_EXPORTER_HEARTBEAT_S": "1"}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": "mesh",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+    }
     args = [WORKER, str(tmp_path), "--parallel", "hsdp", "--stuck", "1:40"]
     with Ranks(4, args, env=env) as job:
-        found = wait_for(lambda: glob.glob(str(tmp_path / "dumps" / "*-hang-*" / "verdict.txt")),
-                         120, "the hang verdict")  # fmt: skip
+        found = wait_for(
+            lambda: glob.glob(str(tmp_path / "dumps" / "*-hang-*" / "verdict.txt")),
+            120,
+            "the hang verdict",
+        )
         wait_for(lambda: len(job.urls) == 4, 30, "every rank's metrics URL")
         targets = ",".join(job.urls[r] for r in range(4))
-        cmd = [sys.executable, "-m", "exporter.tools.cli", "top", "--targets", targets, "--once",
-               "--refresh", "2"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "exporter.tools.cli",
+            "top",
+            "--targets",
+            targets,
+            "--once",
+            "--refresh",
+            "2",
+        ]
         table = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
     with open(found[0]) as f:
         verdict = f.read()

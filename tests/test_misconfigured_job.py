@@ -64,8 +64,13 @@ def test_every_bad_variable_is_one_line_per_process_and_an_alert(tmp_path):
     scrape = static_scrape({r: f"http://127.0.0.1:{p}/metrics" for r, p in enumerate(PORTS)})
     with run_prometheus(tmp_path / "prom", fast_config(tmp_path / "prom", scrape)) as prom:
         # --tee 3 prefixes each line with its process ([default0]:, [default1]:).
-        with Job(2, args, env=env, module=f"{REPO}/examples/train_ddp.py",
-                 torchrun=["--tee", "3", "--log-dir", str(tmp_path / "logs")]) as job:  # fmt: skip
+        with Job(
+            2,
+            args,
+            env=env,
+            module=f"{REPO}/examples/train_ddp.py",
+            torchrun=["--tee", "3", "--log-dir", str(tmp_path / "logs")],
+        ) as job:
             urls = job.wait_urls()
             ports = sorted(int(u.rsplit(":", 1)[1].split("/")[0]) for u in urls.values())
             assert ports == list(PORTS), urls

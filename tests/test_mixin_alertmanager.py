@@ -78,7 +78,7 @@ def test_amtool_routes(config_file: Path, labels: list[str], receiver: str) -> N
             f"--config.file={config_file}",
             f"--verify.receivers={receiver}",
             *labels,
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -133,10 +133,11 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
 
         def state(name: str, severity: str, rank: str) -> dict:
             (a,) = [
-                a for a in alerts
+                a
+                for a in alerts
                 if (a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["rank"])
                 == (name, severity, rank)
-            ]  # fmt: skip
+            ]
             return a["status"]
 
         # Critical silences the warning of the same run and rank only.

@@ -96,11 +96,21 @@ def test_panels_cover_their_topics() -> None:
         return " ".join(t["expr"] for p in BUILT[stem]["panels"] for t in p["targets"])
 
     assert catalog.STEP_PHASE.name in exprs("stragglers")
-    for m in (catalog.COLLECTIVE_DURATION, catalog.COLLECTIVE_BYTES, catalog.INFLIGHT_AGE,
-              catalog.COLLECTIVE_TIMEOUT, catalog.LAST_ENQUEUED_SEQ):  # fmt: skip
+    for m in (
+        catalog.COLLECTIVE_DURATION,
+        catalog.COLLECTIVE_BYTES,
+        catalog.INFLIGHT_AGE,
+        catalog.COLLECTIVE_TIMEOUT,
+        catalog.LAST_ENQUEUED_SEQ,
+    ):
         assert m.name in exprs("collectives")
-    for m in (catalog.GPU_MEM_ALLOCATED, catalog.GPU_MEM_RESERVED, catalog.GPU_MEM_PEAK,
-              catalog.GPU_MEM_TOTAL, catalog.HOST_MEM_RESIDENT):  # fmt: skip
+    for m in (
+        catalog.GPU_MEM_ALLOCATED,
+        catalog.GPU_MEM_RESERVED,
+        catalog.GPU_MEM_PEAK,
+        catalog.GPU_MEM_TOTAL,
+        catalog.HOST_MEM_RESIDENT,
+    ):
         assert m.name in exprs("memory")
     fleet = exprs("fleet")
     assert "DDPSuspectNode" in fleet and 'node=~"$node"' in fleet
@@ -136,10 +146,18 @@ def test_every_panel_query_parses(tmp_path: Path) -> None:
     exprs = [
         substitute(t["expr"]) for d in BUILT.values() for p in d["panels"] for t in p["targets"]
     ]
-    exprs += [substitute(re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]))
-              for v in BUILT["overview"]["templating"]["list"][1:]]  # fmt: skip
-    groups = {"groups": [{"name": "panels", "rules": [
-        {"record": f"panel:query:{i}", "expr": e} for i, e in enumerate(exprs)]}]}  # fmt: skip
+    exprs += [
+        substitute(re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]))
+        for v in BUILT["overview"]["templating"]["list"][1:]
+    ]
+    groups = {
+        "groups": [
+            {
+                "name": "panels",
+                "rules": [{"record": f"panel:query:{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
     path = tmp_path / "panels.yml"
     path.write_text(yaml.safe_dump(groups))
     proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
@@ -157,10 +175,30 @@ def test_committed_json_is_the_rendered_json() -> None:
 
 #: Panel plugins built into Grafana 11/12 as React panels (no Angular, no external plugin).
 CORE_REACT_PANELS = {
-    "timeseries", "stat", "bargauge", "gauge", "table", "barchart", "piechart", "heatmap",
-    "histogram", "state-timeline", "status-history", "text", "logs", "nodeGraph", "xychart",
-    "trend", "candlestick", "canvas", "geomap", "news", "dashlist", "alertlist", "annolist",
-}  # fmt: skip
+    "timeseries",
+    "stat",
+    "bargauge",
+    "gauge",
+    "table",
+    "barchart",
+    "piechart",
+    "heatmap",
+    "histogram",
+    "state-timeline",
+    "status-history",
+    "text",
+    "logs",
+    "nodeGraph",
+    "xychart",
+    "trend",
+    "candlestick",
+    "canvas",
+    "geomap",
+    "news",
+    "dashlist",
+    "alertlist",
+    "annolist",
+}
 
 #: The grafana-foundation-sdk build whose models are Grafana 12's schema (dashboard
 #: schemaVersion 42). The same name without a pin resolves to an epoch-versioned Grafana 10.1
@@ -193,7 +231,9 @@ def test_no_legacy_keys_grafana_would_migrate(stem: str) -> None:
         for group in legacy:
             for key in dashboards.LEGACY_KEYS[group]:
                 assert key not in panel and key not in panel.get("options", {}), (
-                    panel["title"], key)  # fmt: skip
+                    panel["title"],
+                    key,
+                )
         thresholds = panel["fieldConfig"]["defaults"]["thresholds"]
         assert isinstance(thresholds["steps"], list) and thresholds["steps"], panel["title"]
         assert thresholds["steps"][0]["value"] is None  # the base step
@@ -289,9 +329,10 @@ def _lost(a: object, b: object, path: str = "") -> list[str]:
     """Return what of ``a`` is missing or different in ``b`` (keys ``b`` adds are fine)."""
     if isinstance(a, dict) and isinstance(b, dict):
         return [
-            m for k, v in a.items()
+            m
+            for k, v in a.items()
             for m in ([f"dropped {path}/{k}"] if k not in b else _lost(v, b[k], f"{path}/{k}"))
-        ]  # fmt: skip
+        ]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [m for i, (x, y) in enumerate(zip(a, b)) for m in _lost(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"changed {path}: {a!r} -> {b!r}"]

@@ -88,8 +88,20 @@ def test_runbook_has_an_anchor_for_every_alert_link() -> None:
 
 @pytest.mark.unit
 def test_generate_set_overrides_a_setting(tmp_path: Path) -> None:
-    assert main(["generate", "--out", str(tmp_path), "--set", "stalled_for=7m",
-                 "--set", "straggler_ratio=2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "stalled_for=7m",
+                "--set",
+                "straggler_ratio=2",
+            ]
+        )
+        == 0
+    )
     rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()
     assert "for: 7m" in rules and "> 2)" in rules
     assert apply_overrides(DEFAULT, ["timeout_for=1m"]).timeout_for == "1m"

@@ -35,9 +35,18 @@ DURATION = (
 DNS_1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 IANA_SVC_NAME = r"^(?=.{1,15}$)(?=.*[a-z])[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
 RELABEL_ACTIONS = [
-    "replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
-    "uppercase", "keepequal", "dropequal",
-]  # fmt: skip
+    "replace",
+    "keep",
+    "drop",
+    "hashmod",
+    "labelmap",
+    "labeldrop",
+    "labelkeep",
+    "lowercase",
+    "uppercase",
+    "keepequal",
+    "dropequal",
+]
 
 METADATA = {
     "type": "object",
@@ -176,9 +185,13 @@ def load_all(name: str) -> list[dict[str, Any]]:
 def test_every_manifest_is_generated_and_committed() -> None:
     files = {p: t for p, t in generated_files(DEFAULT).items() if p.startswith(k8s.DEPLOY_DIR)}
     assert {Path(p).name for p in files} == {
-        "kustomization.yaml", "podmonitor.yaml", "prometheusrule.yaml",
-        "grafana-dashboards.yaml", "alertmanager-values.yaml", "training-pod.example.yaml",
-    }  # fmt: skip
+        "kustomization.yaml",
+        "podmonitor.yaml",
+        "prometheusrule.yaml",
+        "grafana-dashboards.yaml",
+        "alertmanager-values.yaml",
+        "training-pod.example.yaml",
+    }
     for path, text in files.items():
         assert text.startswith(f"# {GENERATED_BY}")
         assert (ROOT / path).read_text(encoding="utf-8") == text, path
@@ -280,8 +293,11 @@ def test_pod_monitor_relabeling_in_a_real_prometheus(tmp_path: Path) -> None:
         # pod ip: its labels as Kubernetes discovery names them
         "127.0.0.2": {"ddp_exporter_run": "plain", "ddp_exporter_node_rank": "3"},
         "127.0.0.3": {"training_kubeflow_org_job_name": "pytorchjob-a"},
-        "127.0.0.4": {"jobset_sigs_k8s_io_jobset_name": "js", "batch_kubernetes_io_job_completion_index": "1"},
-    }  # fmt: skip
+        "127.0.0.4": {
+            "jobset_sigs_k8s_io_jobset_name": "js",
+            "batch_kubernetes_io_job_completion_index": "1",
+        },
+    }
     targets = [
         (
             f"{ip}:{cfg.base_port + i}",
@@ -304,10 +320,15 @@ def test_pod_monitor_relabeling_in_a_real_prometheus(tmp_path: Path) -> None:
 
         wait_for(all_discovered, 30, "every pod port discovered")
     got = sorted(
-        (t["labels"]["job"], t["labels"].get("run"), t["labels"].get("node_rank"),
-         t["labels"]["local_rank"], t["scrapePool"])
+        (
+            t["labels"]["job"],
+            t["labels"].get("run"),
+            t["labels"].get("node_rank"),
+            t["labels"]["local_rank"],
+            t["scrapePool"],
+        )
         for t in active
-    )  # fmt: skip
+    )
     want = sorted(
         (cfg.job, run, node, str(i), f"podmonitor/ddp-rank-{i}")
         for run, node in (("plain", "3"), ("pytorchjob-a", None), ("js", "1"))

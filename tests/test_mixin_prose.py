@@ -31,21 +31,55 @@ pytestmark = pytest.mark.unit
 #: these), so that a number the text hard-codes shows up unchanged.
 SHIFTED = dataclasses.replace(
     DEFAULT,
-    rate_window="17m", latency_window="19m", baseline_window="43m", hang_abort_window="23m",
-    restart_loop_window="47h", straggler_ratio=1.7, straggler_min_excess_seconds=0.031,
-    link_rtt_ratio=6.5, link_min_rtt_seconds=0.013, link_comm_share=0.37,
-    input_bound_share=0.41, stall_latency_factor=27.0, stall_min_seconds=13.0,
-    timeout_warning_ratio=0.53, timeout_critical_ratio=0.87, heartbeat_stale_seconds=97.0,
-    gpu_memory_ratio=0.93, throughput_drop_ratio=0.57, init_stuck_seconds=433.0,
-    straggler_for="6m", input_bound_for="11m", stalled_for="4m", timeout_for="14s",
-    rank_down_for="8m", training_stalled_for="9m", gpu_memory_for="12m", throughput_for="16m",
-    init_stuck_for="18m", version_skew_for="21m", section_overdue_for="22s",
-    eta_window="26m", job_deadline_margin_seconds=2417.0, job_deadline_for="28m",
-    misconfigured_for="29m", fleet_window="31d", fleet_runs=34, fleet_blamed_runs=33,
-    fleet_interval="32m", fleet_carry="71m", suspect_node_for="36m", shard_down_for="38m",
-    ranks_per_pod=4, federate_job="federate", goodput_window="39m", goodput_long_window="57m",
-    goodput_node_window="51m", goodput_min_ettr=0.71, goodput_for="27m",
-)  # fmt: skip
+    rate_window="17m",
+    latency_window="19m",
+    baseline_window="43m",
+    hang_abort_window="23m",
+    restart_loop_window="47h",
+    straggler_ratio=1.7,
+    straggler_min_excess_seconds=0.031,
+    link_rtt_ratio=6.5,
+    link_min_rtt_seconds=0.013,
+    link_comm_share=0.37,
+    input_bound_share=0.41,
+    stall_latency_factor=27.0,
+    stall_min_seconds=13.0,
+    timeout_warning_ratio=0.53,
+    timeout_critical_ratio=0.87,
+    heartbeat_stale_seconds=97.0,
+    gpu_memory_ratio=0.93,
+    throughput_drop_ratio=0.57,
+    init_stuck_seconds=433.0,
+    straggler_for="6m",
+    input_bound_for="11m",
+    stalled_for="4m",
+    timeout_for="14s",
+    rank_down_for="8m",
+    training_stalled_for="9m",
+    gpu_memory_for="12m",
+    throughput_for="16m",
+    init_stuck_for="18m",
+    version_skew_for="21m",
+    section_overdue_for="22s",
+    eta_window="26m",
+    job_deadline_margin_seconds=2417.0,
+    job_deadline_for="28m",
+    misconfigured_for="29m",
+    fleet_window="31d",
+    fleet_runs=34,
+    fleet_blamed_runs=33,
+    fleet_interval="32m",
+    fleet_carry="71m",
+    suspect_node_for="36m",
+    shard_down_for="38m",
+    ranks_per_pod=4,
+    federate_job="federate",
+    goodput_window="39m",
+    goodput_long_window="57m",
+    goodput_node_window="51m",
+    goodput_min_ettr=0.71,
+    goodput_for="27m",
+)
 
 #: The exporter's defaults the prose states, changed the same way.
 SHIFTED_SETTINGS = {
@@ -141,9 +175,26 @@ def test_the_shifted_prose_states_its_own_numbers(shifted_settings) -> None:
 
 
 def test_a_runbook_generated_with_set_states_its_own_windows(tmp_path: Path) -> None:
-    assert main(["generate", "--out", str(tmp_path), "--set", "hang_abort_window=1h30m",
-                 "--set", "baseline_window=45m", "--set", "restart_loop_window=2h",
-                 "--set", "heartbeat_stale_seconds=90", "--set", "fleet_carry=45m"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "hang_abort_window=1h30m",
+                "--set",
+                "baseline_window=45m",
+                "--set",
+                "restart_loop_window=2h",
+                "--set",
+                "heartbeat_stale_seconds=90",
+                "--set",
+                "fleet_carry=45m",
+            ]
+        )
+        == 0
+    )
     runbook = (tmp_path / "docs/runbook.md").read_text()
     assert "the run then has 1 hour 30 minutes (`hang_abort_window`)" in runbook
     assert "10 minutes" not in runbook

@@ -209,7 +209,10 @@ def test_a_stalled_job_of_1024_ranks_is_one_alert_per_fact(tmp_path: Path) -> No
     }
     (tmp_path / "big.yml").write_text(yaml.safe_dump(unit, sort_keys=False))
     proc = subprocess.run(
-        [promtool, "test", "rules", "big.yml"], capture_output=True, text=True, cwd=tmp_path,
+        [promtool, "test", "rules", "big.yml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -42,8 +42,11 @@ def test_stop_tree_ends_workers_in_their_own_sessions():
         workers = [Proc.of(pid) for pid in pids]
         assert all(workers), pids
         assert {p.pid for p in descendants(launcher.pid)} >= set(pids)
-        wait_for(lambda: open(f"/proc/{pids[2]}/stat").read().split(") ")[1][0] == "T", 10,
-                 "the third worker to be stopped")  # fmt: skip
+        wait_for(
+            lambda: open(f"/proc/{pids[2]}/stat").read().split(") ")[1][0] == "T",
+            10,
+            "the third worker to be stopped",
+        )
         t0 = time.monotonic()
         killed = stop_tree(launcher, grace=3.0)
         took = time.monotonic() - t0
@@ -60,9 +63,11 @@ def test_stop_tree_ends_workers_in_their_own_sessions():
 
 
 def test_stop_tree_is_quick_when_the_launcher_stops_its_own_workers():
-    code = ("import subprocess, sys, time; "
-            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-            "print(w.pid, flush=True); time.sleep(600)")  # fmt: skip
+    code = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        "print(w.pid, flush=True); time.sleep(600)"
+    )
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     worker = Proc.of(int(launcher.stdout.readline()))
     assert worker is not None

@@ -38,8 +38,9 @@ EVERY = replace(
 
 def _amtool_check(path: Path) -> None:
     amtool = require("amtool")
-    proc = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -51,11 +52,15 @@ def _amtool_check(path: Path) -> None:
         replace(DEFAULT, webhook_url="http://10.0.0.5:8080/hook"),
         replace(DEFAULT, slack_webhook_url=EVERY.slack_webhook_url),
         replace(DEFAULT, pagerduty_routing_key=EVERY.pagerduty_routing_key),
-        replace(DEFAULT, email_to="a@example.com,b@example.org", email_smarthost="mx:25",
-                email_from="alerts@example.net"),
+        replace(
+            DEFAULT,
+            email_to="a@example.com,b@example.org",
+            email_smarthost="mx:25",
+            email_from="alerts@example.net",
+        ),
     ],
     ids=["none", "every", "webhook", "slack", "pagerduty", "email"],
-)  # fmt: skip
+)
 def test_amtool_accepts_every_receiver_combination(tmp_path: Path, cfg) -> None:
     path = tmp_path / "alertmanager.yml"
     path.write_text(alertmanager.render_alertmanager(cfg))
@@ -109,8 +114,20 @@ def test_a_receiver_setting_that_cannot_work_is_refused(field, value, message) -
 
 
 def test_generate_set_writes_the_receivers_into_the_alertmanager_file(tmp_path: Path) -> None:
-    assert mixin_main(["generate", "--out", str(tmp_path), "--set", f"slack_webhook_url={EVERY.slack_webhook_url}",
-                       "--set", "pagerduty_routing_key=abc"]) == 0  # fmt: skip
+    assert (
+        mixin_main(
+            [
+                "generate",
+                "--out",
+                str(tmp_path),
+                "--set",
+                f"slack_webhook_url={EVERY.slack_webhook_url}",
+                "--set",
+                "pagerduty_routing_key=abc",
+            ]
+        )
+        == 0
+    )
     written = yaml.safe_load((tmp_path / "dashboards/alertmanager/alertmanager.yml").read_text())
     critical = next(r for r in written["receivers"] if r["name"] == "ddp-critical")
     assert critical["slack_configs"][0]["api_url"] == EVERY.slack_webhook_url
@@ -124,14 +141,35 @@ def test_the_printing_receiver_prints_one_line_per_alert() -> None:
     lines: list[str] = []
     receiver = AlertReceiver(lambda a: lines.append(alert_line(a)))
     try:
-        body = {"alerts": [
-            {"status": "firing", "labels": {"alertname": "DDPRankDown", "severity": "critical",
-             "run": "r", "rank": "1"}, "annotations": {"summary": "A rank is down."}},
-            {"status": "resolved", "labels": {"alertname": "DDPExporterMisconfigured",
-             "severity": "warning", "run": "r", "variable": "DDP_EXPORTER_PORT"}},
-        ]}  # fmt: skip
-        req = urllib.request.Request(receiver.url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        body = {
+            "alerts": [
+                {
+                    "status": "firing",
+                    "labels": {
+                        "alertname": "DDPRankDown",
+                        "severity": "critical",
+                        "run": "r",
+                        "rank": "1",
+                    },
+                    "annotations": {"summary": "A rank is down."},
+                },
+                {
+                    "status": "resolved",
+                    "labels": {
+                        "alertname": "DDPExporterMisconfigured",
+                        "severity": "warning",
+                        "run": "r",
+                        "variable": "DDP_EXPORTER_PORT",
+                    },
+                },
+            ]
+        }
+        req = urllib.request.Request(
+            receiver.url,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert resp.status == 200
         wait_for(lambda: len(lines) == 2, 5, "both alerts printed")

@@ -65,8 +65,12 @@ def test_the_examples_give_their_launch_commands(script: str) -> None:
 def test_build_and_twine_check(tmp_path: Path) -> None:
     sdist, wheel = build(tmp_path)
     assert wheel.name == f"ddp_exporter-{__version__}-py3-none-any.whl"
-    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist),
-                           str(wheel)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.count("PASSED") == 2, proc.stdout + proc.stderr
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()

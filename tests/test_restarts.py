@@ -31,8 +31,15 @@ POLICY = RestartPolicy(limit=3, progress_steps=50, give_up_exit_code=69)
 
 
 def _entry(attempt: int, furthest: int, streak: int, decision: str = "abort") -> dict:
-    return {"run": "r", "attempt": attempt, "furthest": furthest, "streak": streak,
-            "decision": decision, "culprits": [1], "nodes": ["bad"]}  # fmt: skip
+    return {
+        "run": "r",
+        "attempt": attempt,
+        "furthest": furthest,
+        "streak": streak,
+        "decision": decision,
+        "culprits": [1],
+        "nodes": ["bad"],
+    }
 
 
 # -- the ledger's judgement ---------------------------------------------------------------------
@@ -43,16 +50,28 @@ def _entry(attempt: int, furthest: int, streak: int, decision: str = "abort") ->
         ([], None, 110, (110, True, 1, "abort")),  # the run's first abort: nothing to compare
         ([_entry(0, 110, 1)], 100, 10, (110, False, 2, "abort")),  # resumed, hung at 110 again
         ([_entry(0, 110, 1), _entry(1, 110, 2)], 100, 10, (110, False, 3, "give_up")),
-        ([_entry(0, 110, 1), _entry(1, 110, 2), _entry(2, 110, 3, "give_up")], 100, 12,
-         (112, False, 4, "decline")),  # the action stopped
+        (
+            [_entry(0, 110, 1), _entry(1, 110, 2), _entry(2, 110, 3, "give_up")],
+            100,
+            12,
+            (112, False, 4, "decline"),
+        ),  # the action stopped
         ([_entry(0, 110, 1), _entry(1, 110, 2)], 100, 70, (170, True, 1, "abort")),  # progress
         ([_entry(0, 110, 1)], None, 30, (140, False, 2, "abort")),  # start unknown: 30 < 50
         ([_entry(0, 110, 1)], None, 60, (170, True, 1, "abort")),  # start unknown: 60 steps
         ([_entry(0, 5000, 1)], 4000, 900, (4900, False, 2, "abort")),  # a shorter attempt
     ],
-    ids=["first", "again", "limit", "past-limit", "progress", "unknown-short", "unknown-long",
-         "behind-best"],
-)  # fmt: skip
+    ids=[
+        "first",
+        "again",
+        "limit",
+        "past-limit",
+        "progress",
+        "unknown-short",
+        "unknown-long",
+        "behind-best",
+    ],
+)
 def test_judge_progress_streak_and_decision(chain, start, steps, want):
     got = restarts.judge(chain, POLICY, start_step=start, steps=steps)
     assert (got.furthest, got.progress, got.streak, got.decision) == want
@@ -116,8 +135,13 @@ def test_the_published_state_rearms_once_the_attempt_gets_past_the_mark():
 def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_path: Path):
     require("prometheus")
     run = "loop"
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_ON_HANG": "abort",
-           "DDP_EXPORTER_HEARTBEAT_S": "1", "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps")}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": run,
+        "DDP_EXPORTER_ON_HANG": "abort",
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+    }
     args = [str(tmp_path), "--stuck-always", "1:110", "--steps", "300", "--port", str(free_port(3))]
     torchrun = ["--standalone", "--max-restarts", "3"]
     with Job(3, args, env=env, module=WORKER, torchrun=torchrun) as job:
@@ -127,10 +151,14 @@ def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_p
             # Attempts 0, 1, 2 abort; attempt 3 hangs at step 110 again and the action declines.
             wait_for(lambda: job.seen("ddp-exporter: NOT aborting"), 300, "the declined hang")
             loop = wait_for(
-                lambda: [a for a in prom.api("alerts")["alerts"]
-                         if a["labels"]["alertname"] == "DDPRestartLoop"
-                         and a["state"] == "firing"],
-                60, "DDPRestartLoop")  # fmt: skip
+                lambda: [
+                    a
+                    for a in prom.api("alerts")["alerts"]
+                    if a["labels"]["alertname"] == "DDPRestartLoop" and a["state"] == "firing"
+                ],
+                60,
+                "DDPRestartLoop",
+            )
             # top, reading attempt 3's endpoints, says the loop too.
             line = top.restart_line(top.fetch(list(urls.values())))
             assert job.poll() is None, job.output()  # the hung attempt is left to its timeout
@@ -144,8 +172,11 @@ def test_a_culprit_that_hangs_every_attempt_is_aborted_exactly_limit_times(tmp_p
     with open(tmp_path / "dumps" / f"{run}-restarts.json") as f:
         ledger = json.load(f)["attempts"]
     assert [(e["attempt"], e["decision"], e["streak"], e["furthest"]) for e in ledger] == [
-        (0, "abort", 1, 110), (1, "abort", 2, 110), (2, "give_up", 3, 110),
-        (3, "decline", 4, 110)]  # fmt: skip
+        (0, "abort", 1, 110),
+        (1, "abort", 2, 110),
+        (2, "give_up", 3, 110),
+        (3, "decline", 4, 110),
+    ]
     assert all(e["culprits"] == [1] and e["nodes"] == [HOST] for e in ledger), ledger
     with open(tmp_path / "dumps" / f"{run}-abort.txt") as f:
         assert f.read().startswith(
@@ -183,10 +214,15 @@ def test_a_resubmitting_script_continues_the_ledger_with_the_attempt_offset(tmp_
     line_file = tmp_path / "dumps" / f"{run}-abort.txt"
     attempt, seen = 0, []
     for _ in range(2):
-        env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": run, "DDP_EXPORTER_ON_HANG": "abort",
-               "DDP_EXPORTER_HEARTBEAT_S": "1", "DDP_EXPORTER_ABORT_LIMIT": "2",
-               "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
-               settings.ATTEMPT: str(attempt)}  # fmt: skip
+        env = {
+            "OMP_NUM_THREADS": "1",
+            "DDP_EXPORTER_RUN": run,
+            "DDP_EXPORTER_ON_HANG": "abort",
+            "DDP_EXPORTER_HEARTBEAT_S": "1",
+            "DDP_EXPORTER_ABORT_LIMIT": "2",
+            "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+            settings.ATTEMPT: str(attempt),
+        }
         cmd = [WORKER, str(tmp_path), "--stuck-always", "2:110", "--steps", "300"]
         with Ranks(3, cmd, env=env) as job:
             codes = job.wait(150)
@@ -196,4 +232,6 @@ def test_a_resubmitting_script_continues_the_ledger_with_the_attempt_offset(tmp_
     assert seen == [({0: 75, 1: 75, 2: 75}, "requeue=yes"), ({0: 69, 1: 69, 2: 69}, "requeue=no")]
     ledger = restarts.load_chain(str(tmp_path / "dumps"), run, "2")
     assert [(e["attempt"], e["decision"], e["nodes"]) for e in ledger] == [
-        (0, "abort", [HOST]), (1, "give_up", [HOST])]  # fmt: skip
+        (0, "abort", [HOST]),
+        (1, "give_up", [HOST]),
+    ]

@@ -58,9 +58,10 @@ def fresh(monkeypatch):
 
 def test_every_variable_of_the_exporter_goes_through_the_validator():
     names = {
-        v for k, v in vars(settings).items()
+        v
+        for k, v in vars(settings).items()
         if k.isupper() and isinstance(v, str) and v.startswith("DDP_EXPORTER_")
-    }  # fmt: skip
+    }
     assert names <= set(settings.SETTINGS), names - set(settings.SETTINGS)
     assert set(settings.SETTINGS) == set(INVALID) | ANY_TEXT
 
@@ -100,8 +101,14 @@ def test_the_same_value_as_a_keyword_raises_with_the_same_message(name, fresh):
 
 
 def test_a_good_value_is_read_and_nothing_logged(fresh, caplog):
-    env = {settings.PORT: "19500", settings.ON_HANG: " Abort ", settings.FLIGHT_RECORDER: "off",
-           settings.JOB_DEADLINE: "72h", settings.NODE: "gpu-7", settings.ATTEMPT: "2"}  # fmt: skip
+    env = {
+        settings.PORT: "19500",
+        settings.ON_HANG: " Abort ",
+        settings.FLIGHT_RECORDER: "off",
+        settings.JOB_DEADLINE: "72h",
+        settings.NODE: "gpu-7",
+        settings.ATTEMPT: "2",
+    }
     with caplog.at_level(logging.WARNING, logger="exporter"):
         assert settings.resolve(settings.PORT, environ=env) == 19500
         assert settings.resolve(settings.ON_HANG, environ=env) == "abort"
@@ -166,8 +173,13 @@ def test_the_rank_publishes_one_info_series_per_bad_variable(fresh):
 
 
 def test_instrument_settings_resolve_in_one_call_with_the_rules_between_them(fresh, tmp_path):
-    env = {settings.PORT: "19500", settings.HEARTBEAT_S: "2", settings.ON_HANG: "abort",
-           settings.DUMP_DIR: str(tmp_path / "dumps"), settings.LOCAL_RANK: "1"}  # fmt: skip
+    env = {
+        settings.PORT: "19500",
+        settings.HEARTBEAT_S: "2",
+        settings.ON_HANG: "abort",
+        settings.DUMP_DIR: str(tmp_path / "dumps"),
+        settings.LOCAL_RANK: "1",
+    }
     cfg = settings.for_instrument(parallelism="ddp", group=(1, 4), port=0, environ=env)
     assert cfg.endpoint.port == 0 and cfg.endpoint.heartbeat_s == 2.0  # a keyword wins
     assert cfg.on_hang.action == "abort" and cfg.comm_timing == "auto"

@@ -39,10 +39,32 @@ def _runs() -> list[str]:
 
 
 def _start(run: str, nodes: list[str], slow: int, sd: Path) -> Ranks:
-    cmd = ["-m", "exporter.tools.trainer", "--duration", str(DURATION), "--port", "0",
-           "--addr", "127.0.0.1", "--heartbeat", "1", "--run", run, "--timeout", "120",
-           "--step-time", "0.1", "--fault", "straggler", "--fault-rank", str(slow),
-           "--fault-after", "0", "--straggle", "0.15"]  # fmt: skip
+    cmd = [
+        "-m",
+        "exporter.tools.trainer",
+        "--duration",
+        str(DURATION),
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--run",
+        run,
+        "--timeout",
+        "120",
+        "--step-time",
+        "0.1",
+        "--fault",
+        "straggler",
+        "--fault-rank",
+        str(slow),
+        "--fault-after",
+        "0",
+        "--straggle",
+        "0.15",
+    ]
     return Ranks(
         len(nodes),
         cmd,
@@ -62,7 +84,7 @@ def _shard_config(workdir: Path, index: int, sd: Path) -> dict:
             "scrape_interval": "1s",
             "evaluation_interval": "1s",
             "scrape_timeout": f"{900 - 100 * index}ms",
-        },  # fmt: skip
+        },
         "rule_files": [str(rules)],
         "scrape_configs": [{"job_name": FAST.job, "honor_labels": True, **file_sd_scrape(sd)}],
     }
@@ -109,8 +131,10 @@ def test_two_shards_and_a_global_server_name_the_bad_node_once(tmp_path: Path) -
                     ranks.stop()
             # Each shard accused the bad node's rank of its own run, and judged no node.
             for shard, run, slow in zip((shard0, shard1), runs, (0, 1)):
-                got = shard.query(f'max_over_time(ALERTS{{alertname="DDPRankStraggler", '
-                                  f'alertstate="firing", run="{run}"}}[10m])')  # fmt: skip
+                got = shard.query(
+                    f'max_over_time(ALERTS{{alertname="DDPRankStraggler", '
+                    f'alertstate="firing", run="{run}"}}[10m])'
+                )
                 assert {s["metric"]["rank"] for s in got} == {str(slow)}, got
                 assert not shard.query('ALERTS{alertname="DDPSuspectNode"}')
 
@@ -119,10 +143,23 @@ def test_two_shards_and_a_global_server_name_the_bad_node_once(tmp_path: Path) -
 
             wait_for(lambda: suspects() == [("lab", "bad")], 60, "DDPSuspectNode on the global")
             out = subprocess.run(
-                [sys.executable, "-m", "exporter.tools.cli", "nodes", "--prometheus", glob.url,
-                 "--config", _fast_config(tmp_path), "--cluster", "lab"],  # fmt: skip
-                capture_output=True, text=True, timeout=60, env=child_env(),
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "exporter.tools.cli",
+                    "nodes",
+                    "--prometheus",
+                    glob.url,
+                    "--config",
+                    _fast_config(tmp_path),
+                    "--cluster",
+                    "lab",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=child_env(),
+            )
             assert out.returncode == 0, out.stderr
             assert out.stdout.splitlines()[2].split()[:4] == ["lab/bad", "2", "2", "2"], out.stdout
             assert out.stdout.count("SUSPECT") == 1, out.stdout
@@ -147,8 +184,9 @@ def test_the_generated_sharded_deployment_is_valid_and_splits_runs(tmp_path: Pat
         yaml.safe_load(files[p])["scrape_configs"][0]["relabel_configs"][-1] for p in shard_files
     ]
     assert [k["regex"] for k in keep] == ["0", "1", "2", "3"]
-    assert {yaml.safe_load(files[p])["global"]["external_labels"]["shard"] for p in shard_files} == {
-        "0", "1", "2", "3"}  # fmt: skip
+    assert {
+        yaml.safe_load(files[p])["global"]["external_labels"]["shard"] for p in shard_files
+    } == {"0", "1", "2", "3"}
     glob = yaml.safe_load(files["deploy/sharded/prometheus-global.yml"])
     assert glob["scrape_configs"][0]["static_configs"][0]["targets"] == [
         f"prometheus-shard-{i}:9090" for i in range(4)

@@ -46,10 +46,30 @@ class Top:
 
 def test_tensor_parallel_straggler_named_by_compute_then_its_hang_by_file_line(tmp_path):
     dumps = tmp_path / "dumps"
-    cmd = ["-m", "exporter.tools.trainer", "--parallel", "tp", "--clip", "1.0", "--duration",
-           "0", "--port", "0", "--addr", "127.0.0.1", "--heartbeat", "1", "--fault",
-           "straggler", "--fault-rank", str(SLOW), "--fault-after", "3", "--hang-after",
-           str(HANG_AFTER)]  # fmt: skip
+    cmd = [
+        "-m",
+        "exporter.tools.trainer",
+        "--parallel",
+        "tp",
+        "--clip",
+        "1.0",
+        "--duration",
+        "0",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--fault",
+        "straggler",
+        "--fault-rank",
+        str(SLOW),
+        "--fault-after",
+        "3",
+        "--hang-after",
+        str(HANG_AFTER),
+    ]
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_RUN": "tp", "DDP_EXPORTER_DUMP_DIR": str(dumps)}
     with Ranks(RANKS, cmd, env=env) as job:
         wait_for(lambda: len(job.urls) == RANKS, 180, "every rank's metrics URL")
@@ -62,8 +82,12 @@ def test_tensor_parallel_straggler_named_by_compute_then_its_hang_by_file_line(t
             return table.get(SLOW, "").startswith("straggler: compute")
 
         wait_for(named, 60, f"top to name rank {SLOW} a straggler by compute", interval=2.0)
-        wrongly = [(r, v) for t in reader.tables for r, v in t.items()
-                   if r != SLOW and v.startswith(top.ACCUSATIONS)]  # fmt: skip
+        wrongly = [
+            (r, v)
+            for t in reader.tables
+            for r, v in t.items()
+            if r != SLOW and v.startswith(top.ACCUSATIONS)
+        ]
         assert not wrongly, (wrongly, reader.tables)
 
         # The DTensor collectives, by kind and group: tensor parallelism's all-reduce (and the
@@ -80,8 +104,9 @@ def test_tensor_parallel_straggler_named_by_compute_then_its_hang_by_file_line(t
         phase = {lab["phase"]: v for lab, v in s["ddp_step_phase_seconds_sum"]}
         assert phase["comm_wait"] > phase["compute"], phase
 
-        folder = wait_for(lambda: glob.glob(str(dumps / "*-hang-*" / "verdict.txt")), 150,
-                          "the hang verdict")  # fmt: skip
+        folder = wait_for(
+            lambda: glob.glob(str(dumps / "*-hang-*" / "verdict.txt")), 150, "the hang verdict"
+        )
     with open(folder[0]) as f:
         verdict = f.read()
     culprits = verdict.split("CULPRITS:")[1].split("WAITING:")[0].strip().splitlines()

@@ -127,8 +127,12 @@ def test_solo_tests_are_one_group_on_one_worker(pytester: pytest.Pytester) -> No
             "@pytest.mark.stack\ndef test_drill():\n    pass\n"
         ),
     )
-    assert groups == {"test_healthy": "solo", "test_bandwidth": "solo", "test_link": "lab",
-                      "test_drill": None}  # fmt: skip
+    assert groups == {
+        "test_healthy": "solo",
+        "test_bandwidth": "solo",
+        "test_link": "lab",
+        "test_drill": None,
+    }
 
 
 def test_tests_sharing_a_module_fixture_are_one_group(pytester: pytest.Pytester) -> None:
@@ -144,8 +148,12 @@ def test_tests_sharing_a_module_fixture_are_one_group(pytester: pytest.Pytester)
             "@pytest.mark.xdist_group('default-ports')\ndef test_ports(job):\n    pass\n"
         ),
     )
-    assert groups == {"test_a": "test_shared.py", "test_b": "test_shared.py", "test_alone": None,
-                      "test_ports": "default-ports"}  # fmt: skip
+    assert groups == {
+        "test_a": "test_shared.py",
+        "test_b": "test_shared.py",
+        "test_alone": None,
+        "test_ports": "default-ports",
+    }
 
 
 def test_a_run_of_solo_tests_keeps_the_room_from_the_first_to_the_last(tmp_path) -> None:

@@ -27,8 +27,9 @@ def test_xdist_schedules_by_the_groups_the_plugin_adds(pytester: pytest.Pytester
             "@pytest.mark.unit\ndef test_cheap():\n    pass\n"
         )
     )
-    result = pytester.runpytest_subprocess("--strict-markers", "-n", "2", "--dist", "loadgroup",
-                                           "-v", "-p", "no:cacheprovider")  # fmt: skip
+    result = pytester.runpytest_subprocess(
+        "--strict-markers", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=3)
     out = result.stdout.str()
     assert "test_mixed.py::test_healthy@solo" in out and "test_mixed.py::test_link@lab" in out, out

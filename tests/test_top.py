@@ -64,8 +64,11 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     assert first == {0: "", 1: "", 2: ""}
     assert second[1].startswith("straggler: compute 200 ms") and not second[0] + second[2]
     # The straggler's peers waiting for it, past the stall threshold, do not overwrite it ...
-    waiting = [_row(0, 7, age=60, steps=300), _row(1, 7, compute=0.2, steps=300),
-               _row(2, 7, age=60, steps=300)]  # fmt: skip
+    waiting = [
+        _row(0, 7, age=60, steps=300),
+        _row(1, 7, compute=0.2, steps=300),
+        _row(2, 7, age=60, steps=300),
+    ]
     # ... but a rank that never entered the collective the others wait in is HUNG.
     hung = [_row(0, 8, age=60), _row(1, 7, compute=0.2), _row(2, 8, age=60)]
     assert _reads(slow, later, waiting)[2][1].startswith("straggler")
@@ -84,8 +87,12 @@ def _linked(rank, steps, rtt, comm=0.7, node=""):
 @pytest.mark.unit
 def test_a_slow_link_is_named_by_store_round_trip_and_only_while_the_job_waits():
     def read(steps, rtt2, comm=0.7, host_rtt=0.0002):
-        return [_linked(0, steps, host_rtt, comm), _linked(1, steps, 0.0003, comm),
-                _linked(2, steps, rtt2, comm, node="n2"), _linked(3, steps, 0.0003, comm)]  # fmt: skip
+        return [
+            _linked(0, steps, host_rtt, comm),
+            _linked(1, steps, 0.0003, comm),
+            _linked(2, steps, rtt2, comm, node="n2"),
+            _linked(3, steps, 0.0003, comm),
+        ]
 
     first, second = _reads(read(100, 0.09), read(200, 0.094))
     assert not any(first.values()), first
@@ -119,8 +126,9 @@ def test_a_slow_link_on_the_store_s_own_node_is_named_by_every_other_node_s_roun
     def read(steps, nodes, comm=0.7):
         # Node n0 hosts the store: its rank's round trip stays local while the others' cross
         # its slow link.
-        return [_linked(r, steps, 0.00006 if r == 0 else 0.05, comm, node=f"n{r}")
-                for r in range(nodes)]  # fmt: skip
+        return [
+            _linked(r, steps, 0.00006 if r == 0 else 0.05, comm, node=f"n{r}") for r in range(nodes)
+        ]
 
     second = _reads(read(100, 3), read(200, 3))[1]
     assert second[0] == (
@@ -140,8 +148,10 @@ def test_down_needs_two_failed_reads_and_survives_in_the_table():
     down = [_row(0, 1, steps=110), top.RankRow("t1", up=False)]
     first, second, third = _reads(up, down, [_row(0, 1, steps=120), top.RankRow("t1", up=False)])
     assert second[1] == "" and third[1].startswith("DOWN"), (second, third)
-    rows = top.diagnose([_row(0, 1), _row(2, 1), top.RankRow("t1", up=False)],
-                        {"t1": top.diagnose([top.RankRow("t1", rank=1, up=False)])[0]})  # fmt: skip
+    rows = top.diagnose(
+        [_row(0, 1), _row(2, 1), top.RankRow("t1", up=False)],
+        {"t1": top.diagnose([top.RankRow("t1", rank=1, up=False)])[0]},
+    )
     table = top.render(rows, worst=2)
     assert table.splitlines()[1].split()[0] == "1" and "1 more ranks" in table
 
@@ -204,10 +214,24 @@ def test_top_judges_with_the_config_the_rules_were_generated_with(tmp_path):
     second = top.diagnose(later(), {r.target: r for r in first}, config=load_config(path))
     assert not any(r.verdict for r in second)
     res = subprocess.run(
-        [sys.executable, "-m", "exporter.tools.cli", "top", "--targets", "127.0.0.1:9",
-         "--once", "--refresh", "0.1", "--config", str(tmp_path / "missing.json")],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "exporter.tools.cli",
+            "top",
+            "--targets",
+            "127.0.0.1:9",
+            "--once",
+            "--refresh",
+            "0.1",
+            "--config",
+            str(tmp_path / "missing.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert res.returncode == 2 and "--config: cannot read the mixin config" in res.stderr
 
 
@@ -225,8 +249,22 @@ def _stack(tmp_path) -> tuple[LocalStack, object]:
 def test_healthy_then_hung_job_under_torchrun(tmp_path):
     st, sd = _stack(tmp_path)
     run = "top-hang"
-    args = ["--fault", "hang", "--fault-rank", "1", "--fault-after", "25", "--port", "0",
-            "--addr", "127.0.0.1", "--heartbeat", "1", "--file-sd", str(sd)]  # fmt: skip
+    args = [
+        "--fault",
+        "hang",
+        "--fault-rank",
+        "1",
+        "--fault-after",
+        "25",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--file-sd",
+        str(sd),
+    ]
     with st, Job(3, args, env={"DDP_EXPORTER_RUN": run}) as job:
         job.wait_urls()
         wait_for(lambda: len(st.query(f'ddp_steps_total{{run="{run}"}} > 5')) == 3, 60, "scrapes")
@@ -240,10 +278,26 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
         assert healthy_reads >= 10, healthy_reads
         # The CLI, once, from Prometheus: every rank, nobody accused yet.
         res = subprocess.run(
-            [sys.executable, "-m", "exporter.tools.cli", "top", "--prometheus", st.prometheus_url,
-             "--run", run, "--once", "--refresh", "0.5", "--window", FAST.rate_window],
-            capture_output=True, text=True, timeout=60, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "exporter.tools.cli",
+                "top",
+                "--prometheus",
+                st.prometheus_url,
+                "--run",
+                run,
+                "--once",
+                "--refresh",
+                "0.5",
+                "--window",
+                FAST.rate_window,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
         assert res.returncode == 0, res.stderr
         assert sorted(line.split()[0] for line in res.stdout.splitlines()[1:]) == ["0", "1", "2"]
 
@@ -262,9 +316,26 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
 def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
     st, sd = _stack(tmp_path)
     run = "top-straggler"
-    args = ["--fault", "straggler", "--fault-rank", "2", "--fault-after", "0", "--straggle",
-            "0.12", "--step-time", "0.02", "--port", "0", "--addr", "127.0.0.1", "--heartbeat",
-            "1", "--file-sd", str(sd)]  # fmt: skip
+    args = [
+        "--fault",
+        "straggler",
+        "--fault-rank",
+        "2",
+        "--fault-after",
+        "0",
+        "--straggle",
+        "0.12",
+        "--step-time",
+        "0.02",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--heartbeat",
+        "1",
+        "--file-sd",
+        str(sd),
+    ]
     with st, Job(3, args, env={"DDP_EXPORTER_RUN": run}) as job:
         job.wait_urls()
         # Prometheus has a full rate window of the straggling job.
@@ -288,8 +359,11 @@ def test_the_table_says_the_attempt_and_the_restart_loop():
         r.attempt = "3"
     monitor = rows[0]
     monitor.abort_streak, monitor.abort_limit = 3.0, 3.0
-    monitor.aborted_attempts = [("1", "1", "bad", 110.0), ("0", "1", "bad", 110.0),
-                                ("2", "", "", 112.0)]  # fmt: skip
+    monitor.aborted_attempts = [
+        ("1", "1", "bad", 110.0),
+        ("0", "1", "bad", 110.0),
+        ("2", "", "", 112.0),
+    ]
     line = top.render(top.diagnose(rows)).splitlines()[-1]
     assert line == (
         "restarts: attempt 3; hang aborts without progress 3 of 3; aborted attempt 0: rank 1 "
@@ -322,18 +396,35 @@ def test_the_same_run_name_in_two_clusters_is_never_merged(tmp_path):
         with run_prometheus(
             tmp_path / "prom", fast_config(tmp_path / "prom", file_sd_scrape(sd))
         ) as prom:
-            wait_for(lambda: len(prom.query(f'ddp_steps_total{{run="{run}"}} > 3')) == 4, 60,
-                     "both jobs scraped")  # fmt: skip
+            wait_for(
+                lambda: len(prom.query(f'ddp_steps_total{{run="{run}"}} > 3')) == 4,
+                60,
+                "both jobs scraped",
+            )
             with pytest.raises(RuntimeError, match=r"in 2 clusters \(a, b\): choose one"):
                 top.fetch_prometheus(prom.url, run, window=FAST.rate_window)
             rows = top.fetch_prometheus(prom.url, run, window=FAST.rate_window, cluster="b")
             assert [r.rank for r in rows] == [0, 1] and all(r.up for r in rows), rows
-            cli = [sys.executable, "-m", "exporter.tools.cli", "top", "--prometheus", prom.url,
-                   "--run", run, "--once", "--refresh", "0.5", "--window", FAST.rate_window]  # fmt: skip
+            cli = [
+                sys.executable,
+                "-m",
+                "exporter.tools.cli",
+                "top",
+                "--prometheus",
+                prom.url,
+                "--run",
+                run,
+                "--once",
+                "--refresh",
+                "0.5",
+                "--window",
+                FAST.rate_window,
+            ]
             res = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO)
             assert res.returncode == 1 and "--cluster" in res.stderr, (res.stdout, res.stderr)
-            res = subprocess.run([*cli, "--cluster", "a"], capture_output=True, text=True,
-                                 timeout=60, cwd=REPO)  # fmt: skip
+            res = subprocess.run(
+                [*cli, "--cluster", "a"], capture_output=True, text=True, timeout=60, cwd=REPO
+            )
             assert res.returncode == 0, res.stderr
             assert sorted(line.split()[0] for line in res.stdout.splitlines()[1:]) == ["0", "1"]
 
@@ -345,14 +436,37 @@ def test_once_names_a_straggler_that_began_after_the_job(tmp_path):
     Rank 2 trains healthy for 8 s (about 160 steps), then straggles: its compute averaged
     since its start is still close to the others', but every interval after the onset shows it.
     """
-    args = ["--fault", "straggler", "--fault-rank", "2", "--fault-after", "8", "--straggle",
-            "0.15", "--step-time", "0.05", "--port", "0", "--addr", "127.0.0.1"]  # fmt: skip
+    args = [
+        "--fault",
+        "straggler",
+        "--fault-rank",
+        "2",
+        "--fault-after",
+        "8",
+        "--straggle",
+        "0.15",
+        "--step-time",
+        "0.05",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+    ]
     with Job(3, args, env={"DDP_EXPORTER_RUN": "top-once", "OMP_NUM_THREADS": "1"}) as job:
         urls = job.wait_urls()
         wait_for(lambda: job.seen("injecting fault straggler"), 60, "the straggler's onset")
         targets = ",".join(urls[r].split("//")[1].split("/")[0] for r in sorted(urls))
-        cli = [sys.executable, "-m", "exporter.tools.cli", "top", "--targets", targets, "--once",
-               "--refresh", "2"]  # fmt: skip
+        cli = [
+            sys.executable,
+            "-m",
+            "exporter.tools.cli",
+            "top",
+            "--targets",
+            targets,
+            "--once",
+            "--refresh",
+            "2",
+        ]
         res = subprocess.run(cli, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 0, res.stderr
     rows = {line.split()[0]: line for line in res.stdout.splitlines()[1:] if line.strip()}

@@ -37,8 +37,9 @@ def test_overdue_section_and_job_deadline_alerts(tmp_path: Path) -> None:
             started = value(s1, "ddp_section_started_timestamp_seconds", section="checkpoint")
             assert value(s1, "ddp_section_deadline_seconds", section="checkpoint") == 2.0
             assert time.time() - started > 2.0
-            assert [(a["labels"]["run"], a["labels"]["rank"], a["labels"]["section"])
-                    for a in overdue] == [("late", "1", "checkpoint")]  # fmt: skip
+            assert [
+                (a["labels"]["run"], a["labels"]["rank"], a["labels"]["section"]) for a in overdue
+            ] == [("late", "1", "checkpoint")]
 
             late = wait_for(
                 lambda: firing(prom, "DDPJobWillMissDeadline"),

@@ -29,8 +29,17 @@ from exporter.tools.demo import metrics_urls
 from exporter.tools.reaper import stop_tree
 
 TORCH = "torch==2.13.0"
-COMMANDS = ["demo", "top", "hangs", "doctor", "nodes", "mixin", "mixin generate", "mixin check",
-            "receiver"]  # fmt: skip
+COMMANDS = [
+    "demo",
+    "top",
+    "hangs",
+    "doctor",
+    "nodes",
+    "mixin",
+    "mixin generate",
+    "mixin check",
+    "receiver",
+]
 
 
 class Venv:
@@ -41,11 +50,14 @@ class Venv:
         self.bin = root / "venv" / "bin"
         self.work = root / "work"  # the user's folder: outside the checkout
         self.work.mkdir()
-        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True,
-                       timeout=300)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
         self.pip(TORCH)  # first: a bare torch requirement would pull the CUDA build
         self.pip(str(wheel))
-        self.site = Path(self.python("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())  # fmt: skip
+        self.site = Path(
+            self.python(
+                "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+            ).stdout.strip()
+        )
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -53,8 +65,14 @@ class Venv:
         return env
 
     def run(self, *cmd: str, timeout: float = 120, cwd: Path | None = None):
-        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
-                              cwd=cwd or self.work, env=self.env())  # fmt: skip
+        return subprocess.run(
+            list(cmd),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd or self.work,
+            env=self.env(),
+        )
 
     def python(self, *args: str):
         return self.run(str(self.bin / "python"), *args)
@@ -110,12 +128,24 @@ def test_base_install_every_command_then_the_mixin_extra(venv: Venv) -> None:
     venv.pip(f"{venv.wheel}[mixin]")
     before = _tree(venv.site)
     out = venv.work / "monitoring"
-    res = venv.cli("mixin", "generate", "--out", str(out), "--set", "slack_webhook_url="
-                   "https://hooks.slack.com/services/T0/B0/X")  # fmt: skip
+    res = venv.cli(
+        "mixin",
+        "generate",
+        "--out",
+        str(out),
+        "--set",
+        "slack_webhook_url=https://hooks.slack.com/services/T0/B0/X",
+    )
     assert res.returncode == 0, res.stderr
-    for rel in ("dashboards/prometheus/rules.yml", "dashboards/alertmanager/alertmanager.yml",
-                "dashboards/prometheus/prometheus.yml", "docker-compose.yml", "docs/runbook.md",
-                "dashboards/grafana/overview.json", "dashboards/mixin.json"):  # fmt: skip
+    for rel in (
+        "dashboards/prometheus/rules.yml",
+        "dashboards/alertmanager/alertmanager.yml",
+        "dashboards/prometheus/prometheus.yml",
+        "docker-compose.yml",
+        "docs/runbook.md",
+        "dashboards/grafana/overview.json",
+        "dashboards/mixin.json",
+    ):
         assert (out / rel).is_file(), rel
     # Without --out: the current directory.
     assert venv.cli("mixin", "generate", cwd=venv.work).returncode == 0
@@ -127,11 +157,19 @@ def test_base_install_every_command_then_the_mixin_extra(venv: Venv) -> None:
     # A folder generated earlier is checked against this version with --root.
     assert venv.cli("mixin", "check", "--root", str(venv.work)).returncode == 0
     promtool, amtool = require("promtool"), require("amtool")
-    rules = subprocess.run([promtool, "check", "rules", str(out / "dashboards/prometheus/rules.yml")],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    rules = subprocess.run(
+        [promtool, "check", "rules", str(out / "dashboards/prometheus/rules.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout + rules.stderr
-    am = subprocess.run([amtool, "check-config", str(out / "dashboards/alertmanager/alertmanager.yml")],
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    am = subprocess.run(
+        [amtool, "check-config", str(out / "dashboards/alertmanager/alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert am.returncode == 0 and "SUCCESS" in am.stdout, am.stdout + am.stderr
 
 
@@ -153,20 +191,46 @@ dist.destroy_process_group()
 
 @pytest.mark.job
 def test_the_installed_package_instruments_the_example_under_torchrun(venv: Venv) -> None:
-    cmd = [str(venv.bin / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(Path(REPO) / "examples" / "train_ddp.py"),
-           "--epochs", "2", "--checkpoint", str(venv.work / "ck.pt")]  # fmt: skip
-    env = dict(venv.env(), DDP_EXPORTER_PORT="0", DDP_EXPORTER_FINAL_SCRAPE_S="0",
-               OMP_NUM_THREADS="1", DDP_EXPORTER_DUMP_DIR=str(venv.work / "dumps"))  # fmt: skip
+    cmd = [
+        str(venv.bin / "torchrun"),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(Path(REPO) / "examples" / "train_ddp.py"),
+        "--epochs",
+        "2",
+        "--checkpoint",
+        str(venv.work / "ck.pt"),
+    ]
+    env = dict(
+        venv.env(),
+        DDP_EXPORTER_PORT="0",
+        DDP_EXPORTER_FINAL_SCRAPE_S="0",
+        OMP_NUM_THREADS="1",
+        DDP_EXPORTER_DUMP_DIR=str(venv.work / "dumps"),
+    )
     lines: list[str] = []
     with default_signals():
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, cwd=venv.work, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=venv.work,
+            start_new_session=True,
+        )
     try:
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
         reader.start()
-        urls = wait_for(lambda: len(metrics_urls("".join(lines))) == 2 and
-                        metrics_urls("".join(lines)), 180, "both ranks' metrics URLs")  # fmt: skip
+        urls = wait_for(
+            lambda: len(metrics_urls("".join(lines))) == 2 and metrics_urls("".join(lines)),
+            180,
+            "both ranks' metrics URLs",
+        )
         for url in urls.values():
             with urllib.request.urlopen(url, timeout=10) as resp:
                 body = resp.read().decode()

@@ -278,9 +278,20 @@ def plan(
     limit: int = 0,
 ) -> dict[str, Any]:
     """Return :func:`decide` as the JSON-ready dict that travels (episode and places as dicts)."""
-    action = decide(policy, codec.as_episode(episode), [codec.as_located(x) for x in located],
-                    folder, age, timeout, sure=sure, nodes=nodes, decision=decision,
-                    exit_code=exit_code, streak=streak, limit=limit)  # fmt: skip
+    action = decide(
+        policy,
+        codec.as_episode(episode),
+        [codec.as_located(x) for x in located],
+        folder,
+        age,
+        timeout,
+        sure=sure,
+        nodes=nodes,
+        decision=decision,
+        exit_code=exit_code,
+        streak=streak,
+        limit=limit,
+    )
     return codec.action_to_dict(action)
 
 

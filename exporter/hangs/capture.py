@@ -163,8 +163,15 @@ def capture_state(
             read = seqs()
         except Exception as exc:  # noqa: BLE001
             errors.append(f"in-flight state: {exc!r}")
-    return RankState(now, tuple(errors), tuple(threads), fr,
-                     phase(training.frames) if training else "unknown", step, read)  # fmt: skip
+    return RankState(
+        now,
+        tuple(errors),
+        tuple(threads),
+        fr,
+        phase(training.frames) if training else "unknown",
+        step,
+        read,
+    )
 
 
 def capture(
@@ -175,8 +182,9 @@ def capture(
     seqs: Callable[[], Mapping[str, PgSeqs]] | None = None,
 ) -> dict[str, Any]:
     """Return :func:`capture_state` in the JSON form of a dump file (for tools)."""
-    state = capture_state(main_ident=main_ident, flight_recorder=flight_recorder, step=step,
-                          seqs=seqs)  # fmt: skip
+    state = capture_state(
+        main_ident=main_ident, flight_recorder=flight_recorder, step=step, seqs=seqs
+    )
     return codec.state_to_dict(state)
 
 
@@ -185,8 +193,10 @@ def summary_of(rank: int, state: RankState) -> Summary:
     training = next((t for t in state.threads if t.training), None)
     frames = training.frames[-ACK_FRAMES:] if training else ()
     slim = tuple(dataclasses.replace(f, code=None) for f in frames)
-    inflight = tuple(InflightOp(e.op, e.seq, e.pg, e.pg_desc, e.state)
-                     for e in codec.flight_entries(state.flight_recorder, "inflight")[:8])  # fmt: skip
+    inflight = tuple(
+        InflightOp(e.op, e.seq, e.pg, e.pg_desc, e.state)
+        for e in codec.flight_entries(state.flight_recorder, "inflight")[:8]
+    )
     return Summary(
         rank=rank,
         step=state.step,

@@ -80,8 +80,10 @@ def render_dump(rank: int, dump: RankDump) -> str:
     for pg, seqs in sorted((state.seqs or {}).items()):
         done, entered = seqs.last_completed, seqs.last_enqueued
         if entered > done:
-            lines.append(f"pg {pg}: in flight {spans.stuck(done, entered)}; last completed "
-                         f"{spans.number(done)}")  # fmt: skip
+            lines.append(
+                f"pg {pg}: in flight {spans.stuck(done, entered)}; last completed "
+                f"{spans.number(done)}"
+            )
         else:
             lines.append(f"pg {pg}: nothing in flight; last entered {spans.number(entered)}")
     for err in state.errors:

@@ -118,10 +118,18 @@ def start_goodput(
         watcher = rank.hangs
         feed = EpisodeFeed(store, identity, watcher) if watcher is not None and monitor else None
         tracker = GoodputTracker(
-            identity, store, recorder=rank.recorder, sections=REGISTRY,
-            interval_s=endpoint.heartbeat_s, monitor=monitor, dump_dir=dump_dir,
-            errors=rank.errors, start_step=start_step, hangs=feed, end=rank.end,
-        )  # fmt: skip
+            identity,
+            store,
+            recorder=rank.recorder,
+            sections=REGISTRY,
+            interval_s=endpoint.heartbeat_s,
+            monitor=monitor,
+            dump_dir=dump_dir,
+            errors=rank.errors,
+            start_step=start_step,
+            hangs=feed,
+            end=rank.end,
+        )
         if watcher is not None and monitor:
             # The account ends at the abort and is on disk before the exit (the next attempt
             # carries it on); the final scrapes the abort waits for read its last totals.

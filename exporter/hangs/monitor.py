@@ -162,8 +162,12 @@ class Monitor:
         if self.acting is not None:
             pg = self.acting.episode.request.pg
             finding = next((f for f in findings if f.pg == pg), None)
-            self._maybe_act(finding, reading.reported.get(pg, 0.0), reading.steps.get(pg, {}),
-                            reading.timeouts.get(pg))  # fmt: skip
+            self._maybe_act(
+                finding,
+                reading.reported.get(pg, 0.0),
+                reading.steps.get(pg, {}),
+                reading.timeouts.get(pg),
+            )
         if self._collecting is None and self._blocked_pg is None:
             act = [f for f in findings if f.kind in ("behind", "symmetric")]
             if act:
@@ -228,8 +232,9 @@ class Monitor:
                 if tmo:
                     out.timeouts[pg] = min(out.timeouts.get(pg, float(tmo)), float(tmo))
                 age = float(age) + lag if age else 0.0
-                out.states.append(SeqState(rank, pg, float(p.last_enqueued), age, tmo,
-                                           rep.in_section))  # fmt: skip
+                out.states.append(
+                    SeqState(rank, pg, float(p.last_enqueued), age, tmo, rep.in_section)
+                )
                 out.last[(rank, pg)] = p.last_enqueued
         return out
 
@@ -253,9 +258,17 @@ class Monitor:
         """Ask every rank for a dump: a new episode (``why``: what decided it, besides age)."""
         site = self._site
         number = self._channel.episode() + 1
-        request = DumpRequest(number, finding.pg, finding.kind, finding.seq, tuple(finding.behind),
-                              tuple(finding.waiting), finding.age, finding.threshold,
-                              time.time())  # fmt: skip
+        request = DumpRequest(
+            number,
+            finding.pg,
+            finding.kind,
+            finding.seq,
+            tuple(finding.behind),
+            tuple(finding.waiting),
+            finding.age,
+            finding.threshold,
+            time.time(),
+        )
         self._channel.open_episode(request)
         self._blocked_pg = finding.pg
         deadline = time.monotonic() + 3 * site.interval_s + FAULTHANDLER_S + 2.0
@@ -302,20 +315,24 @@ class Monitor:
             missing=tuple(r for r in range(world) if r not in acks),
             # The nodes of the ranks a verdict may name (behind, or silent: a partitioned
             # node), from their acks; as many as those ranks, not the job.
-            nodes={r: self._nodes[r] for r in range(world)
-                   if (r not in acks or r in ep.request.behind) and r in self._nodes},
+            nodes={
+                r: self._nodes[r]
+                for r in range(world)
+                if (r not in acks or r in ep.request.behind) and r in self._nodes
+            },
             last_enqueued={r: v for (r, pg), v in last.items() if pg == ep.request.pg},
             complete_unix=time.time(),
             summaries=summaries,
             network=network,
-        )  # fmt: skip
+        )
         self.network = tuple(networks.series(network))
         found = verdicts.verdict(episode, summaries)
         text = verdicts.render(found)
         folder = episode_dir(site.dump_dir, site.run, number, site.attempt)
         if self._action is not None and episode.request.kind in actions.ACTIONABLE:
-            self.acting = Acting(episode, summaries, folder, tuple(found.places),
-                                 actions.certain(episode, found))  # fmt: skip
+            self.acting = Acting(
+                episode, summaries, folder, tuple(found.places), actions.certain(episode, found)
+            )
         try:
             makedirs_private(folder)
             write_private(os.path.join(folder, "episode.json"), codec.episode_json(episode))
@@ -342,8 +359,16 @@ class Monitor:
         sure = acting.sure
         network = episode.network
         evidence = network is not None and network.faulty
-        if not actions.due(policy, episode.request, finding, reported_age=age, steps=steps,
-                           timeout=timeout, sure=sure, evidence=evidence):  # fmt: skip
+        if not actions.due(
+            policy,
+            episode.request,
+            finding,
+            reported_age=age,
+            steps=steps,
+            timeout=timeout,
+            sure=sure,
+            evidence=evidence,
+        ):
             return
         self.acting = None
         site = self._site
@@ -352,19 +377,40 @@ class Monitor:
         judged = ledger.judge(state.chain, state.policy, start_step=state.start_step, steps=done)
         culprits = list(episode.request.behind)
         nodes = self._nodes_of(culprits) if culprits else networks.blamed_nodes(network)
-        exit_code = (policy.exit_code if judged.decision == "abort" else
-                     state.policy.give_up_exit_code if judged.decision == "give_up" else None)  # fmt: skip
+        exit_code = (
+            policy.exit_code
+            if judged.decision == "abort"
+            else state.policy.give_up_exit_code
+            if judged.decision == "give_up"
+            else None
+        )
         action = actions.decide(
-            policy, dataclasses.replace(episode, attempt=site.attempt), acting.places,
-            acting.folder, age, timeout, sure=sure, nodes=nodes, decision=judged.decision,
-            exit_code=exit_code, streak=judged.streak, limit=state.policy.limit,
+            policy,
+            dataclasses.replace(episode, attempt=site.attempt),
+            acting.places,
+            acting.folder,
+            age,
+            timeout,
+            sure=sure,
+            nodes=nodes,
+            decision=judged.decision,
+            exit_code=exit_code,
+            streak=judged.streak,
+            limit=state.policy.limit,
             network=networks.reason(network),
-        )  # fmt: skip
+        )
         entry = ledger.entry(
-            run=site.run, attempt=site.attempt, judgement=judged, culprits=culprits,
-            nodes=nodes, steps=done, start_step=state.start_step,
-            episode=episode.request.episode, folder=acting.folder, exit_code=exit_code,
-        )  # fmt: skip
+            run=site.run,
+            attempt=site.attempt,
+            judgement=judged,
+            culprits=culprits,
+            nodes=nodes,
+            steps=done,
+            start_step=state.start_step,
+            episode=episode.request.episode,
+            folder=acting.folder,
+            exit_code=exit_code,
+        )
         action = dataclasses.replace(action, ledger=(*state.chain, entry))
         state.add(entry)
         actions.record(acting.folder, episode, acting.summaries, action, site.errors)

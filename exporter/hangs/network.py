@@ -70,8 +70,10 @@ def plan(
             first.setdefault(nodes[rank], rank)
     order = [first[n] for n in sorted(first)]
     peers = {rank: addresses[rank] for rank in order}
-    targets = {order[i]: tuple(order[j] for j in reaching.reach_targets(i, len(order)))
-               for i in range(len(order))}  # fmt: skip
+    targets = {
+        order[i]: tuple(order[j] for j in reaching.reach_targets(i, len(order)))
+        for i in range(len(order))
+    }
     return peers, targets
 
 
@@ -119,14 +121,18 @@ def judge(
     against = reaching.failed_against(failed, set(failed))
     slowest = max(times, default=None)
     return Network(
-        request.pg, request.seq, time.time(), nodes=count, pairs=len(pairs),
+        request.pg,
+        request.seq,
+        time.time(),
+        nodes=count,
+        pairs=len(pairs),
         links=tuple(LinkFault(name[i], name[j], kind) for (i, j), kind in sorted(links.items())),
         down=tuple(NodeFault(name[i], _common(against[i]), len(against[i])) for i in sorted(down)),
         silent=tuple(silent),
         slowest=None if slowest is None else (slowest[1], slowest[2], round(slowest[0], 4)),
         median_s=round(statistics.median(t for t, _, _ in times), 4) if times else None,
         ras=ras,
-    )  # fmt: skip
+    )
 
 
 def _down(failed: Mapping[int, Mapping[int, str]], count: int) -> set[int]:
@@ -148,11 +154,19 @@ def confirm(first: Network, second: Network) -> Network:
     links = {(f.a, f.b) for f in first.links}
     down = {f.node for f in first.down}
     return Network(
-        second.pg, second.seq, second.probed_unix, second.nodes, second.pairs,
+        second.pg,
+        second.seq,
+        second.probed_unix,
+        second.nodes,
+        second.pairs,
         tuple(f for f in second.links if (f.a, f.b) in links),
         tuple(f for f in second.down if f.node in down),
-        second.silent, second.slowest, second.median_s, second.ras, second.note,
-    )  # fmt: skip
+        second.silent,
+        second.slowest,
+        second.median_s,
+        second.ras,
+        second.note,
+    )
 
 
 def blamed_nodes(network: Network | None) -> list[str]:
@@ -179,10 +193,16 @@ def series(network: Network | None) -> list[tuple[str, str, str]]:
 
 def series_text(found: list[tuple[str, str, str]]) -> str:
     """Return what ``ddp_hang_network_info``'s series say, in one phrase (``""``: nothing)."""
-    parts = [f"node {node} unreachable on its backend address" for what, node, _ in found
-             if what == "node"]  # fmt: skip
-    parts += [f"the link between node {node} and node {peer} carries no traffic"
-              for what, node, peer in found if what == "link"]  # fmt: skip
+    parts = [
+        f"node {node} unreachable on its backend address"
+        for what, node, _ in found
+        if what == "node"
+    ]
+    parts += [
+        f"the link between node {node} and node {peer} carries no traffic"
+        for what, node, peer in found
+        if what == "link"
+    ]
     if not parts and any(what == "clear" for what, _, _ in found):
         parts.append("every pair of nodes reachable and moving data: not the network")
     return "; ".join(parts)
@@ -193,8 +213,10 @@ def reason(network: Network | None) -> str | None:
     if network is None or not network.faulty:
         return None
     parts = [f"node {f.node} unreachable on its backend address ({f.how})" for f in network.down]
-    parts += [f"the link between node {f.a} and node {f.b} carries no traffic ({f.how})"
-              for f in network.links[:MAX_LINKS]]  # fmt: skip
+    parts += [
+        f"the link between node {f.a} and node {f.b} carries no traffic ({f.how})"
+        for f in network.links[:MAX_LINKS]
+    ]
     return "; ".join(parts)
 
 
@@ -235,8 +257,10 @@ def details(network: Network) -> list[str]:
     if network.note:
         return [network.note]
     when = time.strftime("%H:%M:%S UTC", time.gmtime(network.probed_unix))
-    head = (f"{network.nodes} nodes, {network.pairs} pairs of nodes tried at {when}, "
-            f"{PAYLOAD_BYTES // 1024} KiB each way")  # fmt: skip
+    head = (
+        f"{network.nodes} nodes, {network.pairs} pairs of nodes tried at {when}, "
+        f"{PAYLOAD_BYTES // 1024} KiB each way"
+    )
     if network.median_s is not None:
         head += f"; median {network.median_s * 1e3:.1f} ms"
     if network.slowest is not None:

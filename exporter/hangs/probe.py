@@ -63,8 +63,9 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def reach(address: str, connect_s: float = CONNECT_S, move_s: float = MOVE_S,
-          payload: int = PAYLOAD_BYTES) -> PeerReach:  # fmt: skip
+def reach(
+    address: str, connect_s: float = CONNECT_S, move_s: float = MOVE_S, payload: int = PAYLOAD_BYTES
+) -> PeerReach:
     """Try ``address`` (``ip:port`` of a peer's :class:`Listener`): connect, send ``payload``
     bytes, read them back; say how it ended and how long it took. Never raises."""
     start = time.monotonic()
@@ -101,10 +102,12 @@ def reach_all(
     """Try every ``{rank: address}`` at once (:func:`reach`); bounded by one attempt's time."""
     if not targets:
         return {}
-    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(targets)),
-                            thread_name_prefix="ddp-exporter-probe") as pool:  # fmt: skip
-        futures = {rank: pool.submit(reach, addr, connect_s, move_s)
-                   for rank, addr in targets.items()}  # fmt: skip
+    with ThreadPoolExecutor(
+        max_workers=min(MAX_WORKERS, len(targets)), thread_name_prefix="ddp-exporter-probe"
+    ) as pool:
+        futures = {
+            rank: pool.submit(reach, addr, connect_s, move_s) for rank, addr in targets.items()
+        }
         return {rank: f.result() for rank, f in futures.items()}
 
 
@@ -153,8 +156,9 @@ class Listener:
         """Start the echo (once; it then runs until :meth:`close`)."""
         if self._thread is not None or self._closed.is_set():
             return
-        self._thread = threading.Thread(target=self._run, name="ddp-exporter-probe-echo",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, name="ddp-exporter-probe-echo", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:

@@ -102,8 +102,9 @@ class Answering:
             return
         targets = {peer: request.peers[peer] for peer in mine if peer in request.peers}
         self._busy.set()
-        threading.Thread(target=self._try, args=(request.round, targets),
-                         name="ddp-exporter-probe", daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self._try, args=(request.round, targets), name="ddp-exporter-probe", daemon=True
+        ).start()
 
     def _try(self, number: int, targets: Mapping[int, str]) -> None:
         site = self._site
@@ -171,32 +172,49 @@ class Rounds:
         nodes = {r: a.node for r, a in enumerate(acks) if a.node}
         peers, plan = networks.plan(nodes, {r: a.probe for r, a in enumerate(acks)})
         if len(set(nodes.values())) < 2 or len(peers) < 2:
-            note = ("one node: no link between nodes to probe" if len(set(nodes.values())) < 2
-                    else "no probe listener on two nodes: nothing probed")  # fmt: skip
+            note = (
+                "one node: no link between nodes to probe"
+                if len(set(nodes.values())) < 2
+                else "no probe listener on two nodes: nothing probed"
+            )
             self._done[key] = Network(pg, float(seq), time.time(), note=note)
             return
         got: list[tuple[str, ...]] = []
         address = ras.ras_address() if "nccl" in self._backend.lower() else None
         if address is not None:
-            threading.Thread(target=lambda: got.append(ras.query(address)),
-                             name="ddp-exporter-ras", daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=lambda: got.append(ras.query(address)), name="ddp-exporter-ras", daemon=True
+            ).start()
         self._start(pg, float(seq), peers, plan, nodes, None, got)
 
-    def _start(self, pg: str, seq: float, peers: Mapping[int, str],
-               plan: Mapping[int, tuple[int, ...]], nodes: dict[int, str],
-               first: Network | None, got: list[tuple[str, ...]]) -> None:  # fmt: skip
+    def _start(
+        self,
+        pg: str,
+        seq: float,
+        peers: Mapping[int, str],
+        plan: Mapping[int, tuple[int, ...]],
+        nodes: dict[int, str],
+        first: Network | None,
+        got: list[tuple[str, ...]],
+    ) -> None:
         number = self._channel.probe_round() + 1
-        request = ProbeRequest(number, pg, seq, dict(peers), dict(plan), CONNECT_S + MOVE_S,
-                               time.time())  # fmt: skip
+        request = ProbeRequest(
+            number, pg, seq, dict(peers), dict(plan), CONNECT_S + MOVE_S, time.time()
+        )
         self._channel.open_probe(request)
         # Ranks look each quarter interval while stuck, then try for at most one attempt's time.
         deadline = time.monotonic() + CONNECT_S + MOVE_S + self._site.interval_s + 2.0
         self._open = _Round(request, deadline, nodes, first, got)
         log.warning(
             "ddp-exporter: every rank of run %s waits in pg %s #%g, nobody behind: probing the "
-            "links between %d nodes (round %d%s)", self._site.run, pg, seq, len(peers), number,
+            "links between %d nodes (round %d%s)",
+            self._site.run,
+            pg,
+            seq,
+            len(peers),
+            number,
             ", to confirm" if first is not None else "",
-        )  # fmt: skip
+        )
 
     def poll(self) -> Network | None:
         """Judge the open round once every result is in or its deadline passed; return the
@@ -221,6 +239,7 @@ class Rounds:
         self._done[(req.pg, float(req.seq))] = found
         while len(self._done) > KEEP:  # one entry per stuck collective: keep the latest
             self._done.pop(next(iter(self._done)))
-        log.warning("ddp-exporter: probe of run %s: %s", self._site.run,
-                    "; ".join(networks.lines(found)))  # fmt: skip
+        log.warning(
+            "ddp-exporter: probe of run %s: %s", self._site.run, "; ".join(networks.lines(found))
+        )
         return found

@@ -111,10 +111,17 @@ class Responder:
         self._leaving: Leaving[Action] | None = None
         if action is not None:
             self._leaving = Leaving(
-                channel.store, channel.keys, site.rank, monitor=site.monitor, policy=action,
-                interval_s=site.interval_s, publish=publish_abort, errors=site.errors,
-                keep=self.keep, forget=forget,
-            )  # fmt: skip
+                channel.store,
+                channel.keys,
+                site.rank,
+                monitor=site.monitor,
+                policy=action,
+                interval_s=site.interval_s,
+                publish=publish_abort,
+                errors=site.errors,
+                keep=self.keep,
+                forget=forget,
+            )
 
     def start(self) -> None:
         """Publish this rank's first report and ack (the monitor waits for every rank's)."""
@@ -152,8 +159,10 @@ class Responder:
         """Publish this rank's report (``tick``: the watcher's, so a live report changes)."""
         states = self._inflight.read()
         self.last_states = states
-        pgs = tuple(PgReport(s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s,
-                             s.last_completed) for s in states)  # fmt: skip
+        pgs = tuple(
+            PgReport(s.pg, s.last_enqueued, s.inflight_age_s, s.timeout_s, s.last_completed)
+            for s in states
+        )
         # Inside a declared section within its deadline (or just out of one, while the ranks
         # it held up finish their collective): excused, not hung.
         section = self._sections.busy(grace_s=2 * self._site.interval_s) is not None
@@ -176,8 +185,9 @@ class Responder:
         if request.episode != episode:
             return  # a newer request replaced it; the next check answers that one
         summary = self.dump(episode, request)
-        self._channel.put_ack(self._site.rank, Ack(episode, self._site.node, summary,
-                                                   self._address))  # fmt: skip
+        self._channel.put_ack(
+            self._site.rank, Ack(episode, self._site.node, summary, self._address)
+        )
 
     def dump(self, episode: int, request: DumpRequest) -> Summary:
         """Write this rank's dump for ``episode``; return its summary (the ack).
@@ -190,8 +200,18 @@ class Responder:
         base = os.path.join(folder, f"rank-{site.rank}")
         state = self._capture_guarded(base, episode)
         summary = summary_of(site.rank, state)
-        data = RankDump(state, episode, site.run, site.rank, site.world_size,
-                        socket.gethostname(), site.node, os.getpid(), request, summary)  # fmt: skip
+        data = RankDump(
+            state,
+            episode,
+            site.run,
+            site.rank,
+            site.world_size,
+            socket.gethostname(),
+            site.node,
+            os.getpid(),
+            request,
+            summary,
+        )
         try:
             write_private(base + ".json", codec.dump_json(data))
             write_private(base + ".txt", render_dump(site.rank, data))

@@ -189,8 +189,16 @@ def verdict(
         if len(ops) > 1:
             parts = ", ".join(f"rank {_ranks(rs)} in {o}" for o, rs in sorted(ops.items()))
             v.mismatches.append(f"collective #{mseq} (pg {mpg}): {parts}")
-    _waiting(v, answered, pg, f"{op} {spans.stuck(stalled - 1, seq)}", behind,
-             set(req.waiting), group, bool(crossed))  # fmt: skip
+    _waiting(
+        v,
+        answered,
+        pg,
+        f"{op} {spans.stuck(stalled - 1, seq)}",
+        behind,
+        set(req.waiting),
+        group,
+        bool(crossed),
+    )
     v.groups = _groups(answered)
     return v
 
@@ -207,8 +215,13 @@ def _oldest_of(s: Summary, pg: str) -> tuple[float, float] | None:
 
 def _stalled(answered: Mapping[int, Summary], pg: str, seq: float, behind: list[int]) -> float:
     """Return the collective the waiting ranks are stuck in: the oldest any has in flight."""
-    found = [got[0] for r, s in answered.items() if r not in behind
-             for got in [_oldest_of(s, pg)] if got is not None and got[0] <= seq]  # fmt: skip
+    found = [
+        got[0]
+        for r, s in answered.items()
+        if r not in behind
+        for got in [_oldest_of(s, pg)]
+        if got is not None and got[0] <= seq
+    ]
     return min(found, default=float(seq))
 
 
@@ -236,15 +249,21 @@ def _crossed(answered: Mapping[int, Summary], group: Callable[[str], str]) -> li
             where.setdefault((pg, f"{op} {spans.number(first)}"), []).append(r)
     if len({p for p, _ in where}) < 2:
         return []
-    return [f"rank {_ranks(rs)} {'waits' if len(rs) == 1 else 'wait'} in {what} ({group(p)})"
-            for (p, what), rs in sorted(where.items())]  # fmt: skip
+    return [
+        f"rank {_ranks(rs)} {'waits' if len(rs) == 1 else 'wait'} in {what} ({group(p)})"
+        for (p, what), rs in sorted(where.items())
+    ]
 
 
 def _device(answered: Mapping[int, Summary], pg: str, stalled: float) -> list[int]:
     """Return the ranks whose stuck collective never started on the device while the others'
     did (the Flight Recorder's states, NCCL): their device, or its stream, is suspect."""
-    states = {r: e.state for r, s in answered.items() for e in s.inflight
-              if str(e.pg) == pg and float(e.seq) == stalled and e.state}  # fmt: skip
+    states = {
+        r: e.state
+        for r, s in answered.items()
+        for e in s.inflight
+        if str(e.pg) == pg and float(e.seq) == stalled and e.state
+    }
     if "started" not in states.values():
         return []
     return sorted(r for r, state in states.items() if state == "scheduled")
@@ -256,9 +275,11 @@ def _symmetric(
     """Add what a hang with nobody behind is: a broken link or node, a deadlock across process
     groups, or every rank in one collective that the network can (or cannot) be blamed for."""
     if network is not None and network.faulty:
-        v.culprits += [f"{line}; every rank is stuck in {inside}"
-                       for line in networks.lines(network)
-                       if not line.startswith("NCCL RAS")]  # fmt: skip
+        v.culprits += [
+            f"{line}; every rank is stuck in {inside}"
+            for line in networks.lines(network)
+            if not line.startswith("NCCL RAS")
+        ]
         return
     if crossed:
         v.culprits.append(
@@ -269,8 +290,9 @@ def _symmetric(
     else:
         v.culprits.append(f"no rank is behind: every rank is stuck in {inside} and none completes")
     if network is None:
-        v.culprits.append("the network was not probed (network or NCCL trouble, or mismatched "
-                          "collectives below)")  # fmt: skip
+        v.culprits.append(
+            "the network was not probed (network or NCCL trouble, or mismatched collectives below)"
+        )
         return
     suspect = (
         f"suspect the device of rank {_ranks(device)}: its collective never started while the "
@@ -402,8 +424,9 @@ def load_episode(folder: str) -> tuple[Episode, dict[int, Summary | None]]:
         # The full dump beats the store's summary.
         summaries[dump.rank] = summary_of(dump.rank, dump.state)
         if episode is None:
-            episode = Episode(dump.request, run=dump.run, world_size=dump.world_size,
-                              local_only=True)  # fmt: skip
+            episode = Episode(
+                dump.request, run=dump.run, world_size=dump.world_size, local_only=True
+            )
     if episode is None:
         raise FileNotFoundError(f"{folder} holds no episode.json and no rank-*.json")
     world = int(episode.world_size or (max(summaries) + 1 if summaries else 0))

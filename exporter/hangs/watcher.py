@@ -102,8 +102,13 @@ def _listener(backend: str, errors: ErrorCounter) -> Listener | None:
         return Listener(host, errors)
     except OSError as exc:
         errors.record("forensics", exc)
-        log.warning("ddp-exporter: no hang probe listener on %s (%s): %r; a hang with nobody "
-                    "behind is judged without it", host, why, exc)  # fmt: skip
+        log.warning(
+            "ddp-exporter: no hang probe listener on %s (%s): %r; a hang with nobody "
+            "behind is judged without it",
+            host,
+            why,
+            exc,
+        )
         return None
 
 
@@ -138,26 +143,51 @@ class HangWatcher:
         self.policy = policy
         self._errors = errors
         self._action = action
-        site = Site(identity.run, identity.attempt, identity.rank, identity.world_size,
-                    identity.local_rank, identity.node or socket.gethostname(), monitor,
-                    interval_s, dump_dir, policy, errors)  # fmt: skip
-        channel = Channel(store, storekeys.for_run(identity.run, identity.attempt),
-                          identity.world_size)  # fmt: skip
+        site = Site(
+            identity.run,
+            identity.attempt,
+            identity.rank,
+            identity.world_size,
+            identity.local_rank,
+            identity.node or socket.gethostname(),
+            monitor,
+            interval_s,
+            dump_dir,
+            policy,
+            errors,
+        )
+        channel = Channel(
+            store, storekeys.for_run(identity.run, identity.attempt), identity.world_size
+        )
         probing = settings.hang_probe() if probe is None else probe
         backend = _backend() if probing else ""
         listener = _listener(backend, errors) if probing else None
         answering = Answering(site, channel, listener) if probing else None
-        self._rank = Responder(site, channel, inflight=inflight, recorder=recorder,
-                               sections=sections, action=action, publish_abort=publish_abort,
-                               forget=forget if forget is not None else _forgetting(store),
-                               probe=answering)  # fmt: skip
+        self._rank = Responder(
+            site,
+            channel,
+            inflight=inflight,
+            recorder=recorder,
+            sections=sections,
+            action=action,
+            publish_abort=publish_abort,
+            forget=forget if forget is not None else _forgetting(store),
+            probe=answering,
+        )
         self._monitor: Monitor | None = None
         if monitor:
             rounds = Rounds(site, channel, enabled=probing, backend=backend)
-            self._monitor = Monitor(site, channel, action=action, restart=restart,
-                                    start_step=start_step, answer=self._rank.check_request,
-                                    leave=self._rank.leave, keep=self._rank.keep,
-                                    rounds=rounds)  # fmt: skip
+            self._monitor = Monitor(
+                site,
+                channel,
+                action=action,
+                restart=restart,
+                start_step=start_step,
+                answer=self._rank.check_request,
+                leave=self._rank.leave,
+                keep=self._rank.keep,
+                rounds=rounds,
+            )
         self._loop = BackgroundLoop(
             "ddp-exporter-forensics",
             self._tick_once,

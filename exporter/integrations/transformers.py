@@ -61,11 +61,15 @@ class ExporterCallback(TrainerCallback):
         self._trainer = trainer
         self._kwargs = instrument_kwargs
         self._sections = [
-            MethodSection(trainer, "evaluate", section(EVALUATION, evaluation_seconds,
-                                                       "evaluation_seconds")),
-            MethodSection(trainer, "_save_checkpoint", section(CHECKPOINT, checkpoint_seconds,
-                                                               "checkpoint_seconds")),
-        ]  # fmt: skip
+            MethodSection(
+                trainer, "evaluate", section(EVALUATION, evaluation_seconds, "evaluation_seconds")
+            ),
+            MethodSection(
+                trainer,
+                "_save_checkpoint",
+                section(CHECKPOINT, checkpoint_seconds, "checkpoint_seconds"),
+            ),
+        ]
         self.observer: Observer | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

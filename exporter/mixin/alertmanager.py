@@ -81,18 +81,25 @@ def integrations(cfg: MixinConfig, severity: str) -> dict[str, list[dict[str, An
     if cfg.webhook_url:
         out["webhook_configs"] = [{"url": cfg.webhook_url, "send_resolved": True}]
     if cfg.slack_webhook_url:
-        out["slack_configs"] = [{
-            "api_url": cfg.slack_webhook_url, "send_resolved": True,
-            "title": _SLACK_TITLE, "text": _SLACK_TEXT,
-        }]  # fmt: skip
+        out["slack_configs"] = [
+            {
+                "api_url": cfg.slack_webhook_url,
+                "send_resolved": True,
+                "title": _SLACK_TITLE,
+                "text": _SLACK_TEXT,
+            }
+        ]
     if cfg.email_to and severity in ("critical", "warning"):
         out["email_configs"] = [{"to": cfg.email_to, "send_resolved": True}]
     if cfg.pagerduty_routing_key and severity == "critical":
-        out["pagerduty_configs"] = [{
-            "routing_key": cfg.pagerduty_routing_key, "severity": "critical",
-            "description": "{{ .CommonLabels.alertname }} run {{ .CommonLabels.run }}: "
-            "{{ .CommonAnnotations.summary }}",
-        }]  # fmt: skip
+        out["pagerduty_configs"] = [
+            {
+                "routing_key": cfg.pagerduty_routing_key,
+                "severity": "critical",
+                "description": "{{ .CommonLabels.alertname }} run {{ .CommonLabels.run }}: "
+                "{{ .CommonAnnotations.summary }}",
+            }
+        ]
     return out
 
 

@@ -169,8 +169,10 @@ def _function(node: ast.FunctionDef, shown: str, level: int) -> str:
 def _class(node: ast.ClassDef, shown: str, level: int, members: tuple[str, ...] | None) -> str:
     """Render a class: with ``members`` None its constructor, else those methods in turn."""
     bases = ", ".join(ast.unparse(b) for b in node.bases)
-    out = [f"{'#' * level} `{shown}`\n\n```python\nclass {shown.rsplit('.', 1)[-1]}"
-           f"{f'({bases})' if bases else ''}\n```\n\n{_doc(node)}\n"]  # fmt: skip
+    out = [
+        f"{'#' * level} `{shown}`\n\n```python\nclass {shown.rsplit('.', 1)[-1]}"
+        f"{f'({bases})' if bases else ''}\n```\n\n{_doc(node)}\n"
+    ]
     methods = {item.name: item for item in node.body if isinstance(item, ast.FunctionDef)}
     if members is None:
         out.append(f"```python\n{_signature(methods['__init__'], shown.rsplit('.', 1)[-1])}\n```\n")

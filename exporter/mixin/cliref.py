@@ -76,8 +76,12 @@ def _section(parser: argparse.ArgumentParser, level: int) -> str:
     if parser.description:
         parts += [md_text(parser.description), ""]
     if subs:
-        parts += [table(("command", "what it does"),
-                        ((f"[{code(n)}](#{_anchor(s.prog)})", md_text(h)) for n, h, s in subs))]  # fmt: skip
+        parts += [
+            table(
+                ("command", "what it does"),
+                ((f"[{code(n)}](#{_anchor(s.prog)})", md_text(h)) for n, h, s in subs),
+            )
+        ]
     options = _options(parser)
     if options:
         parts += [options]

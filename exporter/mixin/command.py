@@ -117,16 +117,28 @@ def apply_overrides(cfg: MixinConfig, pairs: Sequence[str]) -> MixinConfig:
 
 
 def _config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None,
-                   help="start from this JSON config (a mixin.json the generator wrote)")  # fmt: skip
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override one setting, e.g. --set webhook_url=https://... (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="start from this JSON config (a mixin.json the generator wrote)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override one setting, e.g. --set webhook_url=https://... (repeatable)",
+    )
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``mixin`` (``generate`` and ``check``) to the ``ddp-exporter`` subcommands."""
-    m = sub.add_parser("mixin", help="write the alert rules, dashboards and stack files",
-                       description=__doc__.split("\n\n")[1])  # fmt: skip
+    m = sub.add_parser(
+        "mixin",
+        help="write the alert rules, dashboards and stack files",
+        description=__doc__.split("\n\n")[1],
+    )
     _actions(m)
     return m
 
@@ -139,10 +151,14 @@ def _actions(m: argparse.ArgumentParser) -> None:
         description="Write the monitoring files for one configuration into --out. Exit 2 "
         "without the mixin extra.",
     )
-    gen.add_argument("--out", type=Path, default=None,
-                     help="output folder (default: the current directory)")  # fmt: skip
-    gen.add_argument("--fast", action="store_true",
-                     help="render the FAST variant (short windows, for tests and drills)")  # fmt: skip
+    gen.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: the current directory)"
+    )
+    gen.add_argument(
+        "--fast",
+        action="store_true",
+        help="render the FAST variant (short windows, for tests and drills)",
+    )
     _config_arguments(gen)
     gen.set_defaults(tool=run, parser=gen)
     chk = actions.add_parser(
@@ -151,8 +167,12 @@ def _actions(m: argparse.ArgumentParser) -> None:
         description="Regenerate and compare with the files under --root; exit 1 with a diff "
         "where they differ.",
     )
-    chk.add_argument("--root", type=Path, default=None,
-                     help="folder of the generated files (default: this checkout's root)")  # fmt: skip
+    chk.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="folder of the generated files (default: this checkout's root)",
+    )
     _config_arguments(chk)
     chk.set_defaults(tool=run, parser=chk)
 

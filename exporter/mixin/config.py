@@ -299,8 +299,12 @@ class MixinConfig:
             raise ValueError(f"k8s_pod_selector must be key=value: {self.k8s_pod_selector!r}")
 
     def _check_goodput(self) -> None:
-        windows = ("goodput_window", "goodput_long_window", "goodput_node_window",
-                   "goodput_interval")  # fmt: skip
+        windows = (
+            "goodput_window",
+            "goodput_long_window",
+            "goodput_node_window",
+            "goodput_interval",
+        )
         for name in windows:
             if duration_seconds(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -327,8 +331,12 @@ class MixinConfig:
     @property
     def receivers_set(self) -> bool:
         """Say whether any receiver of one's own is configured (else the stack's printer)."""
-        return bool(self.webhook_url or self.slack_webhook_url or self.pagerduty_routing_key
-                    or self.email_to)  # fmt: skip
+        return bool(
+            self.webhook_url
+            or self.slack_webhook_url
+            or self.pagerduty_routing_key
+            or self.email_to
+        )
 
     @property
     def hang_policy(self) -> HangPolicy:

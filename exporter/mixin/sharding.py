@@ -62,10 +62,14 @@ def shard_relabel(index: int, shards: int) -> list[dict[str, Any]]:
     if not 0 <= index < shards:
         raise ValueError(f"shard {index} is not in 0..{shards - 1}")
     return [
-        {"source_labels": ["run"], "modulus": shards, "target_label": _HASH_LABEL,
-         "action": "hashmod"},
+        {
+            "source_labels": ["run"],
+            "modulus": shards,
+            "target_label": _HASH_LABEL,
+            "action": "hashmod",
+        },
         {"source_labels": [_HASH_LABEL], "regex": str(index), "action": "keep"},
-    ]  # fmt: skip
+    ]
 
 
 def shard_rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:

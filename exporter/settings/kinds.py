@@ -103,8 +103,16 @@ def lower(raw: str) -> str:
     return raw.strip().lower()
 
 
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
-           "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+_SWITCH = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
 
 
 def parse_switch(raw: str) -> bool:

@@ -120,8 +120,9 @@ class CollectiveTiming:
     ) -> None:
         self._rec = recorder
         self._errors = errors
-        self._thread = training_thread if training_thread is not None else (
-            threading.main_thread().ident)  # fmt: skip
+        self._thread = (
+            training_thread if training_thread is not None else (threading.main_thread().ident)
+        )
         self._timed = timed
         self._ns = namespace
         self._work = work_class if work_class is not None else getattr(dist, "Work", None)

@@ -141,8 +141,9 @@ def start_comm_timing(
         recorder.time_comm_by_waits()
         return CommTiming(Parts(wrappers, functional), mode)
     pg = model.process_group
-    stats = recorder.collective_stats("allreduce", getattr(pg, "group_name", "0") or "0",
-                                      pg_timeout_seconds(pg))  # fmt: skip
+    stats = recorder.collective_stats(
+        "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)
+    )
     mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
     if mode == "events":
         marks = IterationEvents(model, recorder, errors, stats)
@@ -150,8 +151,11 @@ def start_comm_timing(
         return CommTiming(Parts(marks, functional), mode, resolver=marks)
     hooked = mode == "hook"
     resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
-    hook = CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg,
-                           resolver) if hooked else None  # fmt: skip
+    hook = (
+        CommHookWrapper(recorder, errors, stats, allreduce_mean_hook, pg, resolver)
+        if hooked
+        else None
+    )
     # hook is None exactly when not hooked; the tests below tell the type checker which part.
     part = CommHookInstrumentor(model, hook) if hook is not None else ReducerTiming(model, errors)
     if not part.instrument():

@@ -401,8 +401,10 @@ class InFlight:
                 seen = book.read()
                 if seen:
                     self._probation = False
-                    log.info("ddp-exporter: the Flight Recorder records no collective (off?); "
-                             "in-flight state comes from the exporter's own bookkeeping")  # fmt: skip
+                    log.info(
+                        "ddp-exporter: the Flight Recorder records no collective (off?); "
+                        "in-flight state comes from the exporter's own bookkeeping"
+                    )
                     self.source = book
                     return seen
         return states

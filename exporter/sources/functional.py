@@ -158,8 +158,9 @@ class FunctionalCollectiveTiming:
     ) -> None:
         self._rec = recorder
         self._errors = errors
-        self._thread = training_thread if training_thread is not None else (
-            threading.main_thread().ident)  # fmt: skip
+        self._thread = (
+            training_thread if training_thread is not None else (threading.main_thread().ident)
+        )
         self._timed = timed
         self._ns = namespace
         self._patched: dict[str, tuple[Any, _Op]] = {}  # op name -> (original, stand-in)
@@ -186,8 +187,11 @@ class FunctionalCollectiveTiming:
             return True
         ns = self._ns if self._ns is not None else functional_namespace()
         if ns is None or not callable(getattr(ns, _WAIT, None)):
-            log.info("ddp-exporter: torch %s has no functional collectives to time (DTensor, "
-                     "tensor parallelism)", torch.__version__)  # fmt: skip
+            log.info(
+                "ddp-exporter: torch %s has no functional collectives to time (DTensor, "
+                "tensor parallelism)",
+                torch.__version__,
+            )
             return False
         self._ns = ns
         try:

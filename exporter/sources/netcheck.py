@@ -103,8 +103,9 @@ def connect(
             kind, error = "dropped", str(exc) or "timed out"
         except OSError as exc:
             if exc.errno in _UNREACHABLE:  # no route, or no ARP answer: retrying will not help
-                return None, Reach(host, port, "unreachable", ip, time.monotonic() - start,
-                                   str(exc))  # fmt: skip
+                return None, Reach(
+                    host, port, "unreachable", ip, time.monotonic() - start, str(exc)
+                )
             kind, error = "dropped", str(exc)
         time.sleep(min(retry_s, max(0.0, end - time.monotonic())))
     return None, Reach(host, port, kind, ip, time.monotonic() - start, error)

@@ -22,8 +22,18 @@ DEFAULT_ADDRESS = ("localhost", 28028)
 #: The client protocol version sent (NCCL answers with its own and goes on).
 PROTOCOL = 2
 #: Words of a RAS report line worth a verdict line.
-_WORDS = ("dead", "unresponsive", "not respond", "missing", "error", "mismatch", "incomplete",
-          "timeout", "timed out", "fail")  # fmt: skip
+_WORDS = (
+    "dead",
+    "unresponsive",
+    "not respond",
+    "missing",
+    "error",
+    "mismatch",
+    "incomplete",
+    "timeout",
+    "timed out",
+    "fail",
+)
 #: Lines kept, and characters per line.
 MAX_LINES = 6
 MAX_CHARS = 200
@@ -71,8 +81,9 @@ def _line(sock: socket.socket, end: float) -> str:
     return data.decode(errors="replace")
 
 
-def query(address: tuple[str, int] | None = DEFAULT_ADDRESS, seconds: float = 8.0,
-          peer_timeout_s: int = 3) -> tuple[str, ...]:  # fmt: skip
+def query(
+    address: tuple[str, int] | None = DEFAULT_ADDRESS, seconds: float = 8.0, peer_timeout_s: int = 3
+) -> tuple[str, ...]:
     """Return what RAS reports as wrong, within ``seconds``; none when it does not answer."""
     if address is None:
         return ()

@@ -35,21 +35,36 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Print a run's goodput account (ETTR, seconds by category, the ranks that "
         "cost time, its episodes) from Prometheus or from the run's goodput file; or compare "
         "two runs. Exit 1 when --compare finds a regression or a run cannot be read.",
-    )  # fmt: skip
+    )
     g.add_argument("--prometheus", metavar="URL", help="Prometheus to read the account from")
     g.add_argument("--run", help="the run (its run label)")
     g.add_argument("--file", metavar="PATH", help="read the account from <run>-goodput.json")
-    g.add_argument("--window", metavar="DURATION", default="",
-                   help="only the last DURATION (e.g. 1h, 1d), as the dashboard's records "
-                   "(Prometheus; default: the whole run)")  # fmt: skip
-    g.add_argument("--lookback", metavar="DURATION", default=LOOKBACK,
-                   help=f"how far back the whole run is looked for (default {LOOKBACK})")  # fmt: skip
-    g.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                   help="compare run B with run A (run names with --prometheus, or goodput "
-                   "files); exit 1 when B's ETTR is more than --max-drop below A's")  # fmt: skip
-    g.add_argument("--max-drop", type=float, default=0.02,
-                   help="ETTR points B may lose against A before --compare fails (default "
-                   "0.02)")  # fmt: skip
+    g.add_argument(
+        "--window",
+        metavar="DURATION",
+        default="",
+        help="only the last DURATION (e.g. 1h, 1d), as the dashboard's records "
+        "(Prometheus; default: the whole run)",
+    )
+    g.add_argument(
+        "--lookback",
+        metavar="DURATION",
+        default=LOOKBACK,
+        help=f"how far back the whole run is looked for (default {LOOKBACK})",
+    )
+    g.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare run B with run A (run names with --prometheus, or goodput "
+        "files); exit 1 when B's ETTR is more than --max-drop below A's",
+    )
+    g.add_argument(
+        "--max-drop",
+        type=float,
+        default=0.02,
+        help="ETTR points B may lose against A before --compare fails (default 0.02)",
+    )
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g.set_defaults(tool=run, parser=g)
     return g
@@ -69,21 +84,28 @@ def fetch_account(url: str, run: str, window: str = "", lookback: str = LOOKBACK
     seconds, blamed = catalog.GOODPUT.name, catalog.GOODPUT_BLAME.name
     if window:
         # The dashboard's records: one series per run and category, max over the targets.
-        totals_q = (f"increase((max by (category) ({seconds}{{{sel}}}))[{window}:15s])")  # fmt: skip
-        blame_q = (f"increase((max by (category, culprit_rank, node) ({blamed}{{{sel}}}))"
-                   f"[{window}:15s])")  # fmt: skip
+        totals_q = f"increase((max by (category) ({seconds}{{{sel}}}))[{window}:15s])"
+        blame_q = (
+            f"increase((max by (category, culprit_rank, node) ({blamed}{{{sel}}}))[{window}:15s])"
+        )
     else:
         totals_q = f"max by (category) (last_over_time({seconds}{{{sel}}}[{lookback}]))"
-        blame_q = (f"max by (category, culprit_rank, node) "
-                   f"(last_over_time({blamed}{{{sel}}}[{lookback}]))")  # fmt: skip
+        blame_q = (
+            f"max by (category, culprit_rank, node) (last_over_time({blamed}{{{sel}}}[{lookback}]))"
+        )
     totals = {s["metric"]["category"]: float(s["value"][1]) for s in _q(url, totals_q)}
     if not totals:
         raise LookupError(f"Prometheus at {url} holds no goodput account of run {run!r}")
     blame = [
-        (s["metric"]["category"], int(s["metric"]["culprit_rank"]), s["metric"].get("node", ""),
-         float(s["value"][1]))
-        for s in _q(url, blame_q) if float(s["value"][1]) > 0
-    ]  # fmt: skip
+        (
+            s["metric"]["category"],
+            int(s["metric"]["culprit_rank"]),
+            s["metric"].get("node", ""),
+            float(s["value"][1]),
+        )
+        for s in _q(url, blame_q)
+        if float(s["value"][1]) > 0
+    ]
     started = _q(url, f"max(last_over_time({catalog.GOODPUT_STARTED.name}{{{sel}}}[{lookback}]))")
     state: dict[str, Any] = {"totals": {c: totals.get(c, 0.0) for c in CATEGORIES}}
     if started and not window:
@@ -150,9 +172,11 @@ def render_comparison(found: dict[str, Any]) -> str:
         lines.append(f"{cat:<14} {pair['a']:>12.1%} {pair['b']:>12.1%} {delta * 100:>+7.1f}p")
     lines.append("")
     verdict = "REGRESSED" if found["regressed"] else "ok"
-    lines.append(f"ETTR {found['ettr_a']:.1%} -> {found['ettr_b']:.1%} (drop "
-                 f"{found['drop'] * 100:+.1f} points, allowed {found['max_drop'] * 100:.1f}): "
-                 f"{verdict}")  # fmt: skip
+    lines.append(
+        f"ETTR {found['ettr_a']:.1%} -> {found['ettr_b']:.1%} (drop "
+        f"{found['drop'] * 100:+.1f} points, allowed {found['max_drop'] * 100:.1f}): "
+        f"{verdict}"
+    )
     if found["grew_most"]:
         lines.append(f"grew most: {found['grew_most']}")
     return "\n".join(lines) + "\n"

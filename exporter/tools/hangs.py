@@ -12,10 +12,13 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``hangs`` to the ``ddp-exporter`` subcommands."""
-    h = sub.add_parser("hangs", help="print who is stuck where, from a hang dump folder",
-                       description="Read one hang episode's dumps and print the verdict: who is "
-                       "stuck where, and who waits for whom. Exit 1 when the folder holds no "
-                       "readable episode.")  # fmt: skip
+    h = sub.add_parser(
+        "hangs",
+        help="print who is stuck where, from a hang dump folder",
+        description="Read one hang episode's dumps and print the verdict: who is "
+        "stuck where, and who waits for whom. Exit 1 when the folder holds no "
+        "readable episode.",
+    )
     h.add_argument("dir", help="an episode folder, or the dump folder (its newest episode)")
     h.set_defaults(tool=run, parser=h)
     return h

@@ -278,17 +278,25 @@ class LocalStack:
             self.alertmanager_url = am.url
             (self.workdir / "rules.yml").write_text(render_rules(FAST))
             prom_cfg = {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
-                           "scrape_timeout": "900ms"},
+                "global": {
+                    "scrape_interval": "1s",
+                    "evaluation_interval": "1s",
+                    "scrape_timeout": "900ms",
+                },
                 "rule_files": [str(self.workdir / "rules.yml")],
-                "alerting": {"alertmanagers": [
-                    {"static_configs": [{"targets": [am.url.split("//", 1)[1]]}]}]},
-                "scrape_configs": [{
-                    "job_name": FAST.job, "honor_labels": True,
-                    "file_sd_configs": [{"files": [str(Path(file_sd_dir) / "*.json")],
-                                         "refresh_interval": "1s"}],
-                }],
-            }  # fmt: skip
+                "alerting": {
+                    "alertmanagers": [{"static_configs": [{"targets": [am.url.split("//", 1)[1]]}]}]
+                },
+                "scrape_configs": [
+                    {
+                        "job_name": FAST.job,
+                        "honor_labels": True,
+                        "file_sd_configs": [
+                            {"files": [str(Path(file_sd_dir) / "*.json")], "refresh_interval": "1s"}
+                        ],
+                    }
+                ],
+            }
             prom = start_prometheus(self.workdir, prom_cfg, timeout=ready_timeout)
             self._services.append(prom)
             self.prometheus_url = prom.url

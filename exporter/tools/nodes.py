@@ -76,7 +76,7 @@ def fetch_nodes(
             ("seen", sel(f.runs_seen)),
             ("blamed", sel(f.runs_blamed)),
             ("recent", sel(f.recent_blamed)),
-        )  # fmt: skip
+        )
     )
     for s in instant_query(url, counts, timeout):
         r, n = row(s["metric"]), int(float(s["value"][1]))
@@ -135,14 +135,20 @@ def render_nodes(rows: list[NodeRow], cfg: MixinConfig = DEFAULT, worst: int = 2
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``nodes`` to the ``ddp-exporter`` subcommands."""
-    n = sub.add_parser("nodes", help="rank the fleet's nodes by how often runs blamed them",
-                       description="Rank the fleet's nodes by how often runs blamed them, from "
-                       "the fleet rules' series in Prometheus. Exit 1 when Prometheus cannot "
-                       "be read.")  # fmt: skip
+    n = sub.add_parser(
+        "nodes",
+        help="rank the fleet's nodes by how often runs blamed them",
+        description="Rank the fleet's nodes by how often runs blamed them, from "
+        "the fleet rules' series in Prometheus. Exit 1 when Prometheus cannot "
+        "be read.",
+    )
     n.add_argument("--prometheus", required=True, help="Prometheus URL with the fleet rules")
-    n.add_argument("--config", default=None,
-                   help="the mixin config the rules were generated with (dashboards/mixin.json; "
-                   "default: the DEFAULT config)")  # fmt: skip
+    n.add_argument(
+        "--config",
+        default=None,
+        help="the mixin config the rules were generated with (dashboards/mixin.json; "
+        "default: the DEFAULT config)",
+    )
     n.add_argument("--cluster", default="", help="only the nodes of this cluster")
     n.add_argument("--worst", type=int, default=20, help="show the N nodes with most evidence")
     n.add_argument("--json", action="store_true", help="print the rows as JSON")

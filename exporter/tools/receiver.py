@@ -104,8 +104,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "ALERT, resolved as RESOLVED. Point a webhook_configs url at http://HOST:PORT/ (any "
         "path).",
     )
-    p.add_argument("--listen", default=DEFAULT_LISTEN,
-                   help="HOST:PORT to serve (default %(default)s; :PORT: every interface)")  # fmt: skip
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        help="HOST:PORT to serve (default %(default)s; :PORT: every interface)",
+    )
     p.set_defaults(tool=run, parser=p)
     return p
 

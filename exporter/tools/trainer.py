@@ -77,9 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-after", type=float, default=10.0)
-    p.add_argument("--hang-after", type=float, default=0.0,
-                   help="then --fault-rank hangs after this many seconds (0: never): a straggler "
-                   "that later stops entering collectives")  # fmt: skip
+    p.add_argument(
+        "--hang-after",
+        type=float,
+        default=0.0,
+        help="then --fault-rank hangs after this many seconds (0: never): a straggler "
+        "that later stops entering collectives",
+    )
     p.add_argument("--step-time", type=float, default=0.05, help="emulated compute per step, s")
     p.add_argument("--straggle", type=float, default=0.15, help="extra compute of a straggler, s")
     p.add_argument("--data-delay", type=float, default=0.05, help="per-sample delay of slow-data")
@@ -102,8 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shard-size", type=int, default=2, help="hsdp: ranks per shard group")
     p.add_argument("--tp-size", type=int, default=2, help="tp: ranks per tensor-parallel group")
-    p.add_argument("--clip", type=float, default=0.0,
-                   help="clip the gradients' total norm to this (clip_grad_norm_; 0: no clipping)")  # fmt: skip
+    p.add_argument(
+        "--clip",
+        type=float,
+        default=0.0,
+        help="clip the gradients' total norm to this (clip_grad_norm_; 0: no clipping)",
+    )
     return p.parse_args(argv)
 
 

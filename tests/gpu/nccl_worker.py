@@ -163,7 +163,7 @@ def main() -> None:
             lambda: [
                 train(model, loader, opt, 1) or urllib.request.urlopen(obs.url).read()
                 for _ in range(CHECKED_STEPS)
-            ]  # fmt: skip
+            ]
         ),
     }
 

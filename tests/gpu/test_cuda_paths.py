@@ -50,8 +50,21 @@ WARMUP_HOOK_STEPS = 20
 
 
 def _trainer_args(fault: str, rank: int, after: float, *extra: str) -> list[str]:
-    return ["--device", "cuda", "--fault", fault, "--fault-rank", str(rank),
-            "--fault-after", str(after), "--port", "0", "--addr", "127.0.0.1", *extra]  # fmt: skip
+    return [
+        "--device",
+        "cuda",
+        "--fault",
+        fault,
+        "--fault-rank",
+        str(rank),
+        "--fault-after",
+        str(after),
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        *extra,
+    ]
 
 
 def _one(samples: dict, name: str, **labels: str) -> dict:
@@ -68,8 +81,11 @@ def nccl_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("nccl") / "report.json"
     # The Flight Recorder is on by default from torch 2.11 only; older releases need the size
     # (TORCH_NCCL_TRACE_BUFFER_SIZE before 2.8).
-    env = {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
-           "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # fmt: skip
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    }
     with Job(1, [str(out)], env=env, module=WORKER) as job:
         assert job.wait(timeout=240) == 0, job.output()
     return json.loads(out.read_text())
@@ -128,8 +144,12 @@ def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
     count = r["recorder"]["collectives"][0][4]
     assert value(s, "ddp_collective_duration_seconds_count", op="allreduce") == count
     mem = r["torch_memory"]
-    for series, key in (("allocated", "allocated"), ("reserved", "reserved"),
-                        ("peak", "peak"), ("total", "total")):  # fmt: skip
+    for series, key in (
+        ("allocated", "allocated"),
+        ("reserved", "reserved"),
+        ("peak", "peak"),
+        ("total", "total"),
+    ):
         assert value(s, f"ddp_gpu_memory_{series}_bytes") == mem[key], (series, mem)
     assert 0 < mem["allocated"] <= mem["reserved"] <= mem["total"]
     info = _one(s, "ddp_rank_info")

@@ -48,8 +48,10 @@ class Block(nn.Module):
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        q, k, v = (w(x).view(b, n, HEADS, DIM // HEADS).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))  # fmt: skip
+        q, k, v = (
+            w(x).view(b, n, HEADS, DIM // HEADS).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )
         out = F.scaled_dot_product_attention(q, k, v)
         return self.wo(out.transpose(1, 2).contiguous().view(b, n, DIM))
 

@@ -72,8 +72,9 @@ def main() -> None:
     if rank == 0 and attempt == 0:
         say(f"measure begin {BEGIN}")
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 1)))  # fmt: skip
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     path = os.path.join(args.workdir, "checkpoint.pt")
     step = 0
@@ -83,8 +84,9 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         step = state["step"]
     say(f"rank {rank}: attempt {attempt} resumed at step {step}")
-    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr="127.0.0.1",
-                              start_step=step)  # fmt: skip
+    obs = exporter.instrument(
+        model, optimizer=opt, port=args.port, addr="127.0.0.1", start_step=step
+    )
     say(f"rank {rank}: metrics at {obs.url}")
     first, added, marks = attempt == 0, 0.0, {}
     while step < args.steps:
@@ -94,8 +96,10 @@ def main() -> None:
         if first and rank == 0 and step == CHECKPOINT and not args.no_checkpoint:
             t0 = time.time()
             with exporter.deadline("checkpoint", seconds=600):
-                torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
-                            "step": step}, path + ".tmp")  # fmt: skip
+                torch.save(
+                    {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+                    path + ".tmp",
+                )
                 time.sleep(CHECKPOINT_S)
                 os.replace(path + ".tmp", path)
             say(f"measure checkpoint {time.time() - t0}")

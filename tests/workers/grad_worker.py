@@ -116,8 +116,11 @@ def make_tp() -> torch.nn.Module:
     )
 
     mesh = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
-    plan = {"0": ColwiseParallel(), "2": RowwiseParallel(),
-            "4": ColwiseParallel(output_layouts=Replicate())}  # fmt: skip
+    plan = {
+        "0": ColwiseParallel(),
+        "2": RowwiseParallel(),
+        "4": ColwiseParallel(output_layouts=Replicate()),
+    }
     return parallelize_module(make_net().to(DEVICE), mesh, plan)
 
 

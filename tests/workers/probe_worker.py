@@ -56,8 +56,9 @@ def main() -> None:
     timeout = datetime.timedelta(seconds=args.group_timeout)
     groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 1)))  # fmt: skip
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     obs = exporter.instrument(model, optimizer=opt, port=args.port, addr=args.addr)
     say(f"rank {rank}: metrics at {obs.url}")

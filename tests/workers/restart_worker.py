@@ -136,8 +136,7 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         step = state["step"]
     say(f"rank {rank}: attempt {attempt} resumed at step {step}")
-    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr=args.addr,
-                              start_step=step)  # fmt: skip
+    obs = exporter.instrument(model, optimizer=opt, port=args.port, addr=args.addr, start_step=step)
     say(f"rank {rank}: metrics at {obs.url}")
     if args.slow_build and first:
         if rank == int(args.slow_build[0]):

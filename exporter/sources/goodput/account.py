@@ -190,8 +190,14 @@ class Account:
             self._last = own
             if last is None or self.until is not None or own.steps < last.steps:
                 return
-            chunk = _Chunk(now, last.steps, own.steps, own.data_s - last.data_s,
-                           own.compute_s - last.compute_s, own.comm_s - last.comm_s)  # fmt: skip
+            chunk = _Chunk(
+                now,
+                last.steps,
+                own.steps,
+                own.data_s - last.data_s,
+                own.compute_s - last.compute_s,
+                own.comm_s - last.comm_s,
+            )
             if chunk.steps1 > chunk.steps0 or chunk.comm or chunk.compute or chunk.data:
                 self._chunks.append(chunk)
 
@@ -233,12 +239,18 @@ class Account:
         if how == "recovered":
             # The steps it held up complete with this time inside: take it out of them.
             self._hang_credit += seconds
-        self._add_episode(self.hangs, {
-            "onset_unix": round(episode.onset_unix, 3), "end_unix": round(end, 3),
-            "seconds": round(seconds, 3), "culprit_rank": episode.culprit,
-            "node": self.nodes.get(episode.culprit, "") if episode.culprit is not None else "",
-            "how": how, "attempt": self.attempt,
-        })  # fmt: skip
+        self._add_episode(
+            self.hangs,
+            {
+                "onset_unix": round(episode.onset_unix, 3),
+                "end_unix": round(end, 3),
+                "seconds": round(seconds, 3),
+                "culprit_rank": episode.culprit,
+                "node": self.nodes.get(episode.culprit, "") if episode.culprit is not None else "",
+                "how": how,
+                "attempt": self.attempt,
+            },
+        )
 
     # -- splitting steps -----------------------------------------------------------------------
     def finalize(self, now: float) -> None:
@@ -322,8 +334,7 @@ class Account:
                 # This rank waited for it in the collective: above its usual communication.
                 spare = ch.comm - self._usual_comm(ch)
                 if spare > 0:
-                    self._book(credit, self._take(ch, "comm", min(spare, credit.seconds)),
-                               ch.unix)  # fmt: skip
+                    self._book(credit, self._take(ch, "comm", min(spare, credit.seconds)), ch.unix)
             booked = booked or credit.seconds < before
             if credit.seconds <= 1e-9:
                 self._credits.remove(credit)
@@ -360,11 +371,18 @@ class Account:
             last["end_unix"] = round(unix, 3)
             last["seconds"] = round(float(last["seconds"]) + seconds, 3)  # type: ignore[arg-type]
             return
-        self._add_episode(self.stragglers, {
-            "culprit_rank": credit.culprit, "node": self.nodes.get(credit.culprit, ""),
-            "cause": credit.cause, "start_unix": round(min(credit.unix, unix), 3),
-            "end_unix": round(unix, 3), "seconds": round(seconds, 3), "attempt": self.attempt,
-        })  # fmt: skip
+        self._add_episode(
+            self.stragglers,
+            {
+                "culprit_rank": credit.culprit,
+                "node": self.nodes.get(credit.culprit, ""),
+                "cause": credit.cause,
+                "start_unix": round(min(credit.unix, unix), 3),
+                "end_unix": round(unix, 3),
+                "seconds": round(seconds, 3),
+                "attempt": self.attempt,
+            },
+        )
 
     @staticmethod
     def _add_episode(episodes: list[dict[str, object]], episode: dict[str, object]) -> None:

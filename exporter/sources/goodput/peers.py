@@ -70,8 +70,9 @@ def decode_work(raw: bytes | str) -> Work | None:
         steps, data, compute, ckpt, evaluation, section, finished = fields
         if finished:
             return None
-        return Work(int(steps), float(data), float(compute), float(ckpt), float(evaluation),
-                    float(section))  # fmt: skip
+        return Work(
+            int(steps), float(data), float(compute), float(ckpt), float(evaluation), float(section)
+        )
     except (ValueError, TypeError):
         return None
 
@@ -159,8 +160,10 @@ class PeerTally:
         total = sum(over.values())
         if total <= 0:
             return None
-        per_step = {c: median_low(p[c] for p in parts.values()) / steps if steps else 0.0
-                    for c in ("data", "compute")}  # fmt: skip
+        per_step = {
+            c: median_low(p[c] for p in parts.values()) / steps if steps else 0.0
+            for c in ("data", "compute")
+        }
         return Excess(culprit, {c: excess * s / total for c, s in over.items()}, now, per_step)
 
 

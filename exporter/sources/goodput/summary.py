@@ -49,8 +49,11 @@ def largest_badput(totals: Mapping[str, float], planned: bool = True) -> str | N
 
 def bottleneck(split: Mapping[str, float]) -> str | None:
     """Return what the steps' time went to most: input, compute or communication."""
-    parts = {"input-bound": split.get("input", 0.0), "compute-bound": split.get("compute", 0.0),
-             "communication-bound": split.get("communication", 0.0)}  # fmt: skip
+    parts = {
+        "input-bound": split.get("input", 0.0),
+        "compute-bound": split.get("compute", 0.0),
+        "communication-bound": split.get("communication", 0.0),
+    }
     best = max(parts, key=lambda k: parts[k])
     return best if parts[best] > 0 else None
 
@@ -130,8 +133,10 @@ def render(doc: Mapping[str, Any]) -> str:
     if share is not None:
         unplanned = unplanned_ettr(totals)  # None while every second was planned
         rest = f"{unplanned:.1%}" if unplanned is not None else "-"
-        lines.append(f"ETTR {share:.1%} (productive over the wall clock); without planned time "
-                     f"(startup, declared sections) {rest}")  # fmt: skip
+        lines.append(
+            f"ETTR {share:.1%} (productive over the wall clock); without planned time "
+            f"(startup, declared sections) {rest}"
+        )
     lines += ["", f"{'category':<14} {'seconds':>10} {'share':>7}"]
     for cat in CATEGORIES:
         seconds = totals.get(cat, 0.0)
@@ -153,14 +158,20 @@ def _findings(doc: Mapping[str, Any]) -> list[str]:
         shares = ", ".join(f"{k} {v / steps:.0%}" for k, v in split.items())
         out.append(f"bottleneck: {doc['bottleneck']} (of the steps' time: {shares})")
     for item in doc.get("blame", ()):
-        out.append(f"blamed: {item['category']} {_duration(float(item['seconds']))} on "
-                   f"{_who(item['culprit_rank'], item.get('node'))}")  # fmt: skip
+        out.append(
+            f"blamed: {item['category']} {_duration(float(item['seconds']))} on "
+            f"{_who(item['culprit_rank'], item.get('node'))}"
+        )
     for ep in doc.get("stragglers", ()):
-        out.append(f"straggler episode: {_who(ep['culprit_rank'], ep.get('node'))}, "
-                   f"{ep['cause']}, cost {_duration(float(ep['seconds']))} from "
-                   f"{_when(ep['start_unix'])} to {_when(ep['end_unix'])}")  # fmt: skip
+        out.append(
+            f"straggler episode: {_who(ep['culprit_rank'], ep.get('node'))}, "
+            f"{ep['cause']}, cost {_duration(float(ep['seconds']))} from "
+            f"{_when(ep['start_unix'])} to {_when(ep['end_unix'])}"
+        )
     for ep in doc.get("hangs", ()):
-        out.append(f"hang episode: {_who(ep.get('culprit_rank'), ep.get('node'))}, "
-                   f"{_duration(float(ep['seconds']))} from {_when(ep['onset_unix'])}, "
-                   f"{ep['how']} (attempt {ep.get('attempt', '?')})")  # fmt: skip
+        out.append(
+            f"hang episode: {_who(ep.get('culprit_rank'), ep.get('node'))}, "
+            f"{_duration(float(ep['seconds']))} from {_when(ep['onset_unix'])}, "
+            f"{ep['how']} (attempt {ep.get('attempt', '?')})"
+        )
     return out

@@ -152,8 +152,14 @@ class GoodputTracker:
         if monitor:
             self.account = self._new_account(start_step, start_unix)
             self.account.steps(time.time(), self._own_steps())
-        self._loop = BackgroundLoop("ddp-exporter-goodput", self._tick, self._tick_s,
-                                    errors=errors, where="goodput", first_wait=0.0)  # fmt: skip
+        self._loop = BackgroundLoop(
+            "ddp-exporter-goodput",
+            self._tick,
+            self._tick_s,
+            errors=errors,
+            where="goodput",
+            first_wait=0.0,
+        )
         self._finished = False
         if end is not None:
             # A clean end ends the account before the rank waits for its final scrape.
@@ -172,8 +178,14 @@ class GoodputTracker:
         # A step's explanation arrives within two intervals: every rank's reading after it,
         # and the window it closes.
         hold = 2.5 * self.interval_s + max(self.interval_s / 4.0, 0.05)
-        return Account(rank=ident.rank, attempt=ident.attempt, start_unix=start_unix,
-                       start_step=start_step, carried=carried, hold_s=hold)  # fmt: skip
+        return Account(
+            rank=ident.rank,
+            attempt=ident.attempt,
+            start_unix=start_unix,
+            start_step=start_step,
+            carried=carried,
+            hold_s=hold,
+        )
 
     def start(self) -> GoodputTracker:
         """Start the background thread; return self."""
@@ -256,17 +268,23 @@ class GoodputTracker:
         self._saved = now
         ident = self.identity
         blame = account.blame(now, self._node_of)  # first: it learns the culprits' nodes
-        doc = document(run=ident.run, world_size=ident.world_size, state=account.state(now),
-                       blame=blame)  # fmt: skip
+        doc = document(
+            run=ident.run, world_size=ident.world_size, state=account.state(now), blame=blame
+        )
         save(goodput_path(self._dump_dir, ident.run), json.dumps(doc, indent=1) + "\n")
         if summary:
             path = summary_path(self._dump_dir, ident.run)
             save(path, render(doc))
             ettr = doc["ettr"]
-            log.info("ddp-exporter: run %s ended (%s): ETTR %s, largest badput %s; its goodput "
-                     "account is in %s", ident.run, account.ended,
-                     f"{ettr:.1%}" if ettr is not None else "unknown",
-                     doc["largest_badput"] or "none", path)  # fmt: skip
+            log.info(
+                "ddp-exporter: run %s ended (%s): ETTR %s, largest badput %s; its goodput "
+                "account is in %s",
+                ident.run,
+                account.ended,
+                f"{ettr:.1%}" if ettr is not None else "unknown",
+                doc["largest_badput"] or "none",
+                path,
+            )
 
     # -- what the collector reads ------------------------------------------------------------
     def snapshot(self) -> Snapshot | None:

@@ -18,25 +18,40 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``top`` to the ``ddp-exporter`` subcommands."""
-    t = sub.add_parser("top", help="live table of every rank of a run, from their endpoints",
-                       description="Show every rank of a run in one table, the outlier first "
-                       "with its reason, from the ranks' endpoints or from Prometheus. Exit 1 "
-                       "when the ranks or Prometheus cannot be read.")  # fmt: skip
+    t = sub.add_parser(
+        "top",
+        help="live table of every rank of a run, from their endpoints",
+        description="Show every rank of a run in one table, the outlier first "
+        "with its reason, from the ranks' endpoints or from Prometheus. Exit 1 "
+        "when the ranks or Prometheus cannot be read.",
+    )
     t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
     t.add_argument("--prometheus", help="read from this Prometheus URL instead")
     t.add_argument("--run", help="with --prometheus: the run label to show")
-    t.add_argument("--cluster", default="",
-                   help="with --prometheus: the run's cluster (needed where a run name repeats)")  # fmt: skip
+    t.add_argument(
+        "--cluster",
+        default="",
+        help="with --prometheus: the run's cluster (needed where a run name repeats)",
+    )
     t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
-    t.add_argument("--config", default=None,
-                   help="the mixin config the rules were generated with (dashboards/mixin.json): "
-                   "judge with their thresholds (default: the DEFAULT config)")  # fmt: skip
-    t.add_argument("--window", default=None,
-                   help="with --prometheus: rate window of the per-step figures (default: the "
-                   f"alerts', {DEFAULT.rate_window} or the config's)")  # fmt: skip
+    t.add_argument(
+        "--config",
+        default=None,
+        help="the mixin config the rules were generated with (dashboards/mixin.json): "
+        "judge with their thresholds (default: the DEFAULT config)",
+    )
+    t.add_argument(
+        "--window",
+        default=None,
+        help="with --prometheus: rate window of the per-step figures (default: the "
+        f"alerts', {DEFAULT.rate_window} or the config's)",
+    )
     t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
-    t.add_argument("--once", action="store_true",
-                   help="judge two intervals, --refresh apart, print one table and exit")  # fmt: skip
+    t.add_argument(
+        "--once",
+        action="store_true",
+        help="judge two intervals, --refresh apart, print one table and exit",
+    )
     t.set_defaults(tool=run, parser=t)
     return t
 

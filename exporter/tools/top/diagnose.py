@@ -26,8 +26,12 @@ def _increases(r: RankRow, p: RankRow | None) -> dict[str, float]:
     """Return the counters' increases since ``p`` (or over the source's window)."""
     if r.window is not None:
         return r.window
-    now = {c.STEPS.name: r.steps, COUNTERS[1]: r.step_sum, COUNTERS[3]: r.coll_sum,
-           COUNTERS[4]: r.coll_count}  # fmt: skip
+    now = {
+        c.STEPS.name: r.steps,
+        COUNTERS[1]: r.step_sum,
+        COUNTERS[3]: r.coll_sum,
+        COUNTERS[4]: r.coll_count,
+    }
     for phase, v in r.phase_sum.items():
         now[f"{COUNTERS[2]}:{phase}"] = v
     if p is None or not p.up:

@@ -59,9 +59,10 @@ def restart_line(rows: list[RankRow]) -> str:
     if monitor is not None:
         streak, limit = int(monitor.abort_streak), int(monitor.abort_limit)
         parts.append(
-            f"hang aborts without progress {streak} of {limit}" if limit else
-            f"hang aborts without progress {streak} (no limit)"
-        )  # fmt: skip
+            f"hang aborts without progress {streak} of {limit}"
+            if limit
+            else f"hang aborts without progress {streak} (no limit)"
+        )
         earlier = [
             f"attempt {a}: "
             + (f"rank {cr} on {node or '?'}" if cr else "every rank stuck")
