@@ -62,6 +62,7 @@ from .names import (
     NCCL_SOCKET_IFNAME,
     NODE,
     ON_HANG,
+    ON_HANG_CHOICES,
     OTEL_ENDPOINT,
     OTEL_METRIC_EXPORT_INTERVAL,
     OTEL_METRIC_EXPORT_TIMEOUT,
@@ -264,7 +265,7 @@ SETTINGS: dict[str, Setting] = {
             "'off' or 'abort'",
             "off",
             lower,
-            one_of(("off", "abort")),
+            one_of(ON_HANG_CHOICES),
             "on_hang",
             meaning="What a hang does besides alerts and dumps. ``abort``: every rank of "
             "the run exits with the abort exit code once the hang has lasted "

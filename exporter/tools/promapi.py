@@ -8,7 +8,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["api", "instant_query", "range_query"]
+__all__ = ["api", "instant_query"]
 
 
 def api(
@@ -52,11 +52,3 @@ def instant_query(
     if at is not None:
         params["time"] = f"{at:.3f}"
     return list(api(url, "/api/v1/query", params, timeout=timeout)["result"])
-
-
-def range_query(
-    url: str, expr: str, start: float, end: float, step: float, timeout: float = 30.0
-) -> list[dict[str, Any]]:
-    """Return the result matrix of ``expr`` from ``start`` to ``end`` every ``step`` seconds."""
-    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-    return list(api(url, "/api/v1/query_range", params, timeout=timeout)["result"])
