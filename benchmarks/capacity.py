@@ -160,18 +160,8 @@ def _query(url: str, expr: str) -> float:
     return sum(float(s["value"][1]) for s in instant_query(url, expr, timeout=60))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ranks", type=int, default=2048)
-    p.add_argument("--targets", type=int, default=16, help="HTTP targets the ranks are split over")
-    p.add_argument("--interval", type=float, default=15.0, help="scrape and rule interval, s")
-    p.add_argument("--duration", type=float, default=240.0, help="seconds of scraping")
-    p.add_argument("--no-rules", action="store_true", help="raw series only")
-    args = p.parse_args(argv)
-    if shutil.which("prometheus") is None:
-        print("prometheus not found (apt-get install prometheus)", file=sys.stderr)
-        return 2
-
+def _per_rank_figures() -> tuple[list[tuple[str, str, float, bool]], int]:
+    """Print what one rank costs (series, bytes, samples); return its template and series."""
     template = rank_template()
     per_rank = len(template)
     one = Targets(template, 1, 1)
@@ -185,6 +175,22 @@ def main(argv: list[str] | None = None) -> int:
             f"samples/s per rank at {interval} s: {per_rank / interval:.1f}; "
             f"per 100,000 ranks: {per_rank * 100_000 / interval / 1e6:.2f} M/s"
         )
+    return template, per_rank
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2048)
+    p.add_argument("--targets", type=int, default=16, help="HTTP targets the ranks are split over")
+    p.add_argument("--interval", type=float, default=15.0, help="scrape and rule interval, s")
+    p.add_argument("--duration", type=float, default=240.0, help="seconds of scraping")
+    p.add_argument("--no-rules", action="store_true", help="raw series only")
+    args = p.parse_args(argv)
+    if shutil.which("prometheus") is None:
+        print("prometheus not found (apt-get install prometheus)", file=sys.stderr)
+        return 2
+
+    template, per_rank = _per_rank_figures()
 
     work = tempfile.mkdtemp(prefix="ddp-capacity-")
     targets = Targets(template, args.ranks, args.targets)

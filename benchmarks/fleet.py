@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import yaml
 
@@ -188,6 +189,130 @@ def _fleet_eval_times(url: str) -> tuple[float, str, dict[str, float]]:
     raise RuntimeError("no fleet group loaded")
 
 
+def _write_config(work: str, interval: int, target_port: int, port: int) -> None:
+    """Write the Prometheus configuration: the synthetic exporter and Prometheus itself."""
+    with open(os.path.join(work, "prometheus.yml"), "w") as fh:
+        yaml.safe_dump(
+            {
+                "global": {
+                    "scrape_interval": f"{interval}s",
+                    "evaluation_interval": f"{interval}s",
+                },
+                "rule_files": [os.path.join(work, "rules.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "ddp",
+                        "honor_labels": True,
+                        "scrape_timeout": f"{interval - 1}s",
+                        "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                    },
+                    {"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
+                ],
+            },
+            fh,
+        )
+
+
+def _start_prometheus(work: str, port: int) -> subprocess.Popen:
+    """Start Prometheus on the seeded storage, on loopback."""
+    return subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={work}/prometheus.yml",
+            f"--storage.tsdb.path={work}/data",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            "--query.max-samples=500000000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(work, "prometheus.log"), "w"),  # noqa: SIM115
+        start_new_session=True,
+    )
+
+
+def _measure(
+    url: str, f: Any, nodes: int, interval: int
+) -> tuple[list[float], dict[str, list[float]], dict[str, float], set[int]]:
+    """Wait until the seeded state is carried, then sample the group's evaluations and figures."""
+    times: list[float] = []
+    per_rule: dict[str, list[float]] = {}
+    # The seeded state must be carried: wait for the group's first evaluations.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        try:
+            n = _api(url, "/api/v1/query", query=f"count({f.runs_total})")["result"]
+        except OSError:
+            continue
+        if n and int(float(n[0]["value"][1])) >= 0.99 * nodes:
+            break
+    else:
+        raise RuntimeError("the fleet group never carried the seeded state")
+    # Steady state: the carried records' windows fill up, then sample evaluations.
+    steady = time.monotonic() + interval * (CARRY_EVALUATIONS + 2)
+    seen_eval = ""
+    while time.monotonic() < steady + interval * 8:
+        time.sleep(interval / 3)
+        took, when, rules = _fleet_eval_times(url)
+        if when != seen_eval and time.monotonic() > steady:
+            times.append(took)
+            for name, t in rules.items():
+                per_rule.setdefault(name, []).append(t)
+        seen_eval = when
+    q = {
+        "runs counted (sum over nodes)": f"sum({f.runs_total})",
+        "live (node, run) series": f"count({f.live})",
+        "blamed (node, run, cause)": f"count({f.blamed})",
+        "blamed pairs kept (index, alone)": f"count({f.blamed_index}) + count({f.blamed_alone})",
+        "per-node series": (
+            f"count({f.runs_total}) + count({f.runs_seen}) + count({f.runs_blamed})"
+        ),
+        "head series": "prometheus_tsdb_head_series",
+        "resident memory (GB)": 'process_resident_memory_bytes{job="self"} / 1e9',
+    }
+    figures = {}
+    for name, expr in q.items():
+        res = _api(url, "/api/v1/query", query=expr)["result"]
+        figures[name] = float(res[0]["value"][1]) if res else 0.0
+    suspects = {
+        int(s["metric"]["node"].split("-")[1])
+        for s in _api(
+            url,
+            "/api/v1/query",
+            query='ALERTS{alertname="DDPSuspectNode"}',
+        )["result"]
+    }
+    return times, per_rule, figures, suspects
+
+
+def _report(
+    fleet: Any,
+    cfg: Any,
+    times: list[float],
+    per_rule: dict[str, list[float]],
+    figures: dict[str, float],
+    suspects: set[int],
+) -> None:
+    """Print the evaluation times, the figures and how the alert compares with the definition."""
+    print(
+        f"fleet group evaluation: median {statistics.median(times):.2f} s, max "
+        f"{max(times):.2f} s over {len(times)} evaluations (every {cfg.fleet_interval} here, "
+        f"carry {cfg.fleet_carry} = {CARRY_EVALUATIONS} evaluations)"
+    )
+    for name, ts in sorted(per_rule.items(), key=lambda kv: -statistics.median(kv[1])):
+        print(f"  rule {name}: median {statistics.median(ts):.2f} s")
+    for name, value in figures.items():
+        print(f"  {name}: {value:,.1f}")
+    want = fleet.suspects(int(cfg.fleet_runs), int(cfg.fleet_blamed_runs))
+    print(
+        f"  DDPSuspectNode (pending or firing): {len(suspects)} nodes; the definition applied "
+        f"to the synthetic history names {len(want)} ({len(want & fleet.bad)} of the "
+        f"{len(fleet.bad)} bad ones): {len(suspects & want)} named, {len(want - suspects)} "
+        f"missed, {len(suspects - want)} extra"
+    )
+    print(f"fleet_eval_seconds={statistics.median(times):.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=10000)
@@ -249,88 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         yaml.safe_dump({"groups": [fleet_group(cfg)]}, fh, sort_keys=False)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with open(os.path.join(work, "prometheus.yml"), "w") as fh:
-        yaml.safe_dump(
-            {
-                "global": {
-                    "scrape_interval": f"{args.interval}s",
-                    "evaluation_interval": f"{args.interval}s",
-                },
-                "rule_files": [os.path.join(work, "rules.yml")],
-                "scrape_configs": [
-                    {
-                        "job_name": "ddp",
-                        "honor_labels": True,
-                        "scrape_timeout": f"{args.interval - 1}s",
-                        "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
-                    },
-                    {"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
-                ],
-            },
-            fh,
-        )
-    prom = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={work}/prometheus.yml",
-            f"--storage.tsdb.path={work}/data",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-            "--query.max-samples=500000000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(work, "prometheus.log"), "w"),  # noqa: SIM115
-        start_new_session=True,
-    )
-    times: list[float] = []
-    per_rule: dict[str, list[float]] = {}
+    _write_config(work, args.interval, exporter.port, port)
+    prom = _start_prometheus(work, port)
     try:
-        # The seeded state must be carried: wait for the group's first evaluations.
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            time.sleep(args.interval)
-            try:
-                n = _api(url, "/api/v1/query", query=f"count({f.runs_total})")["result"]
-            except OSError:
-                continue
-            if n and int(float(n[0]["value"][1])) >= 0.99 * args.nodes:
-                break
-        else:
-            raise RuntimeError("the fleet group never carried the seeded state")
-        # Steady state: the carried records' windows fill up, then sample evaluations.
-        steady = time.monotonic() + args.interval * (CARRY_EVALUATIONS + 2)
-        seen_eval = ""
-        while time.monotonic() < steady + args.interval * 8:
-            time.sleep(args.interval / 3)
-            took, when, rules = _fleet_eval_times(url)
-            if when != seen_eval and time.monotonic() > steady:
-                times.append(took)
-                for name, t in rules.items():
-                    per_rule.setdefault(name, []).append(t)
-            seen_eval = when
-        q = {
-            "runs counted (sum over nodes)": f"sum({f.runs_total})",
-            "live (node, run) series": f"count({f.live})",
-            "blamed (node, run, cause)": f"count({f.blamed})",
-            "blamed pairs kept (index, alone)": f"count({f.blamed_index}) + count({f.blamed_alone})",
-            "per-node series": (
-                f"count({f.runs_total}) + count({f.runs_seen}) + count({f.runs_blamed})"
-            ),
-            "head series": "prometheus_tsdb_head_series",
-            "resident memory (GB)": 'process_resident_memory_bytes{job="self"} / 1e9',
-        }
-        figures = {}
-        for name, expr in q.items():
-            res = _api(url, "/api/v1/query", query=expr)["result"]
-            figures[name] = float(res[0]["value"][1]) if res else 0.0
-        suspects = {
-            int(s["metric"]["node"].split("-")[1])
-            for s in _api(
-                url,
-                "/api/v1/query",
-                query='ALERTS{alertname="DDPSuspectNode"}',
-            )["result"]
-        }
+        times, per_rule, figures, suspects = _measure(url, f, args.nodes, args.interval)
     finally:
         exporter.close()
         if prom.poll() is None:
@@ -342,23 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 prom.wait()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"fleet group evaluation: median {statistics.median(times):.2f} s, max "
-        f"{max(times):.2f} s over {len(times)} evaluations (every {cfg.fleet_interval} here, "
-        f"carry {cfg.fleet_carry} = {CARRY_EVALUATIONS} evaluations)"
-    )
-    for name, ts in sorted(per_rule.items(), key=lambda kv: -statistics.median(kv[1])):
-        print(f"  rule {name}: median {statistics.median(ts):.2f} s")
-    for name, value in figures.items():
-        print(f"  {name}: {value:,.1f}")
-    want = fleet.suspects(int(cfg.fleet_runs), int(cfg.fleet_blamed_runs))
-    print(
-        f"  DDPSuspectNode (pending or firing): {len(suspects)} nodes; the definition applied "
-        f"to the synthetic history names {len(want)} ({len(want & fleet.bad)} of the "
-        f"{len(fleet.bad)} bad ones): {len(suspects & want)} named, {len(want - suspects)} "
-        f"missed, {len(suspects - want)} extra"
-    )
-    print(f"fleet_eval_seconds={statistics.median(times):.3f}")
+    _report(fleet, cfg, times, per_rule, figures, suspects)
     return 0
 
 

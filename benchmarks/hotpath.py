@@ -135,15 +135,10 @@ def _grad_bucket() -> tuple[object, DDP]:
     return got[-1], model
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=100_000, help="calls per repeat")
-    p.add_argument("--repeats", type=int, default=9)
-    args = p.parse_args(argv)
-    n, reps = args.n, args.repeats
-    torch.set_num_threads(1)
-    rows = []
-
+def _hook_and_recorder_rows(n: int, reps: int) -> list[tuple]:
+    """Time the comm hook wrapper on a real GradBucket and the recorder's events."""
+    rows: list[tuple] = []
+    errors = ErrorCounter()
     # -- comm hook wrapper with a real GradBucket ----------------------------------------------
     bucket, _model = _grad_bucket()
     buf = bucket.buffer()
@@ -194,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(_pair("recorder.data_begin+end", empty, rec_data, n, reps))
     rows.append(_pair("recorder.optimizer_begin+end", empty, rec_opt, n, reps))
 
+    return rows
+
+
+def _hook_rows_of_loops(n: int, reps: int) -> list[tuple]:
+    """Time the optimizer's step hooks and the DataLoader wrappers."""
+    rows: list[tuple] = []
+    errors = ErrorCounter()
     # -- real optimizer step with and without the hooks ----------------------------------------
     param = torch.nn.Parameter(torch.zeros(1))
     param.grad = torch.zeros(1)
@@ -247,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
 
+    return rows
+
+
+def _per_step(n: int, reps: int) -> tuple[list[float], list[float]]:
+    """Time the stand-in hook's pass over a 25 MB bucket and reading the reducer's timers."""
+    errors = ErrorCounter()
     # -- structural: the stand-in hook's extra pass over a 25 MB bucket ------------------------
     big = torch.ones(25 * 2**20 // 4)
     mul_ns = _time(lambda k: [big.mul_(1.0) for _ in range(k)], 20, reps)
@@ -261,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     read_ns = _time(lambda k: [timing.read() for _ in range(k)], max(n // 100, 100), reps)
     timing.uninstrument()
 
+    return mul_ns, read_ns
+
+
+def _marks_and_collective_rows(n: int, reps: int) -> list[tuple]:
+    """Time the events mode's marks and the collective wrappers (FSDP2, loops, DTensor)."""
+    rows: list[tuple] = []
+    errors = ErrorCounter()
     # -- per iteration: the marks of the events mode (three calls, whatever the buckets) -------
     # A plain module with DDP's flag: the same hook and callbacks, without a 1-rank gloo
     # allreduce whose jitter (tens of us) would hide them.
@@ -345,8 +360,13 @@ def main(argv: list[str] | None = None) -> int:
             ftim.uninstrument,
         )
     )
-    dist.destroy_process_group()
+    return rows
 
+
+def _report(
+    rows: list[tuple], n: int, reps: int, mul_ns: list[float], read_ns: list[float]
+) -> None:
+    """Print the table and the figures the docs quote."""
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {n} calls x {reps} repeats")
     print(f"{'event':<32} {'bare us':>9} {'instr us':>9} {'cost us(min)':>13} {'cost us(med)':>13}")
     worst = 0.0
@@ -368,6 +388,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"worst per-event cost (median) {worst:.3f} us; goal <= {GOAL_US} us")
     print(f"hotpath_worst_us={worst:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=100_000, help="calls per repeat")
+    p.add_argument("--repeats", type=int, default=9)
+    args = p.parse_args(argv)
+    n, reps = args.n, args.repeats
+    torch.set_num_threads(1)
+    rows = _hook_and_recorder_rows(n, reps) + _hook_rows_of_loops(n, reps)
+    mul_ns, read_ns = _per_step(n, reps)
+    rows += _marks_and_collective_rows(n, reps)
+    dist.destroy_process_group()
+    _report(rows, n, reps, mul_ns, read_ns)
     return 0
 
 

@@ -42,6 +42,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from typing import IO, Any
 
 import yaml
 
@@ -125,6 +127,131 @@ def _cum(bounds: tuple[float, ...], value: float, count: int) -> list[int]:
     return out + [count]
 
 
+class _Series:
+    """Write OpenMetrics families and series, every series sampled at the same ``times``."""
+
+    def __init__(self, f: IO[str], times: list[float], labels: list[str]) -> None:
+        self.f, self.times, self.labels = f, times, labels
+        self.count = 0
+
+    def family(self, name: str, typ: str) -> None:
+        self.f.write(f"# TYPE {name} {typ}\n")
+
+    def series(self, name: str, lab: str, values: list) -> None:
+        self.count += 1
+        rows = zip(values, self.times)
+        self.f.write("".join(f"{name}{{{lab}}} {v} {t:.0f}\n" for v, t in rows))
+
+    def per_rank(self, metric: c.MetricDef, fn: Callable[[int, int, float], Any]) -> None:
+        self.family(metric.family, metric.type)
+        for r, lab in enumerate(self.labels):
+            self.series(metric.name, lab, [fn(r, k, t) for k, t in enumerate(self.times)])
+
+
+def _identity(w: _Series, m: Model, steps_at: list[int]) -> None:
+    """Write ``up``, the ranks' info and their steps."""
+    w.family("up", "gauge")
+    for r in range(m.ranks):
+        w.series("up", w.labels[r], [1] * len(w.times))
+    w.family(c.RANK_INFO.family, "info")
+    for r in range(m.ranks):
+        info = (
+            f'backend="nccl",device="cuda",exporter_version="0.1.0",'
+            f'inflight_source="flight_recorder",local_rank="{r % 8}",node="node{r // 8:04d}",'
+            f'torch_version="2.6.0",world_size="{m.ranks}",python_version="3.11.7",'
+            f'cuda_version="12.4",nccl_version="2.21.5"'
+        )
+        w.series(c.RANK_INFO.name, w.labels[r] + "," + info, [1] * len(w.times))
+    w.per_rank(c.STEPS, lambda r, k, t: steps_at[k])
+
+
+def _steps(w: _Series, m: Model, steps_at: list[int]) -> None:
+    """Write the step duration histogram and the step phases."""
+    w.family(c.STEP_DURATION.name, "histogram")
+    les = [repr(float(b)) for b in c.STEP_BUCKETS] + ["+Inf"]
+    for r in range(m.ranks):
+        cums = [_cum(c.STEP_BUCKETS, m.step, n) for n in steps_at]
+        for i, le in enumerate(les):
+            name = c.STEP_DURATION.name + "_bucket"
+            w.series(name, f'{w.labels[r]},le="{le}"', [cu[i] for cu in cums])
+        total = [f"{n * m.step:.3f}" for n in steps_at]
+        w.series(c.STEP_DURATION.name + "_sum", w.labels[r], total)
+        w.series(c.STEP_DURATION.name + "_count", w.labels[r], steps_at)
+    w.family(c.STEP_PHASE.name, "summary")
+    for r in range(m.ranks):
+        for phase, per_step in zip(c.PHASES, m.phases(r)):
+            lab = f'{w.labels[r]},phase="{phase}"'
+            w.series(c.STEP_PHASE.name + "_sum", lab, [f"{n * per_step:.3f}" for n in steps_at])
+            w.series(c.STEP_PHASE.name + "_count", lab, steps_at)
+
+
+def _collectives(w: _Series, m: Model, steps_at: list[int]) -> None:
+    """Write the collectives' latency histogram and bytes."""
+    w.family(c.COLLECTIVE_DURATION.name, "histogram")
+    les = [repr(float(b)) for b in c.COLLECTIVE_BUCKETS] + ["+Inf"]
+    for r in range(m.ranks):
+        lat = m.coll_latency(r)
+        counts = [n * BUCKETS_PER_STEP for n in steps_at]
+        cums = [_cum(c.COLLECTIVE_BUCKETS, lat, n) for n in counts]
+        lab = f'{w.labels[r]},op="allreduce",pg="0"'
+        for i, le in enumerate(les):
+            name = c.COLLECTIVE_DURATION.name + "_bucket"
+            w.series(name, f'{lab},le="{le}"', [cu[i] for cu in cums])
+        w.series(c.COLLECTIVE_DURATION.name + "_sum", lab, [f"{n * lat:.3f}" for n in counts])
+        w.series(c.COLLECTIVE_DURATION.name + "_count", lab, counts)
+    w.family(c.COLLECTIVE_BYTES.family, "counter")
+    for r in range(m.ranks):
+        sent = [n * BUCKETS_PER_STEP * BUCKET_BYTES for n in steps_at]
+        w.series(c.COLLECTIVE_BYTES.name, f'{w.labels[r]},op="allreduce",pg="0"', sent)
+
+
+def _inflight(w: _Series, m: Model, steps_at: list[int]) -> None:
+    """Write the in-flight collectives: every rank but the hung one enqueues one more."""
+    hung_after = [t > m.t_hang for t in w.times]
+
+    def enq(r: int, k: int) -> int:
+        base = steps_at[k] * BUCKETS_PER_STEP
+        return base + 1 if hung_after[k] and r != m.hung else base
+
+    def age(r: int, k: int, t: float) -> str:
+        return f"{t - m.t_hang:.1f}" if hung_after[k] and r != m.hung else "0"
+
+    for metric, fn in (
+        (c.LAST_ENQUEUED_SEQ, lambda r, k, t: enq(r, k)),
+        (c.LAST_COMPLETED_SEQ, lambda r, k, t: steps_at[k] * BUCKETS_PER_STEP),
+        (c.INFLIGHT_AGE, age),
+        (c.COLLECTIVE_TIMEOUT, lambda r, k, t: 1800),
+    ):
+        w.family(metric.family, metric.type)
+        for r in range(m.ranks):
+            values = [fn(r, k, t) for k, t in enumerate(w.times)]
+            w.series(metric.name, w.labels[r] + ',pg="0"', values)
+
+
+def _health(w: _Series, m: Model) -> None:
+    """Write heartbeats, memory, the job's clock and the exporter's errors."""
+    w.per_rank(c.HEARTBEAT, lambda r, k, t: f"{min(t, m.t_hang) - 0.2:.1f}")
+    w.family(c.PEER_HEARTBEAT_AGE.family, "gauge")
+    # Published by the monitoring rank 0 only, at most peer_series of them: here the worst
+    # case, as many as allowed (in a larger job only late peers are published).
+    for p in range(min(m.ranks, DEFAULT_PEER_SERIES)):
+        ages = [f"{(k * 7 + p) % 50 / 10:.1f}" for k in range(len(w.times))]
+        w.series(c.PEER_HEARTBEAT_AGE.name, f'{w.labels[0]},peer_rank="{p}"', ages)
+    w.per_rank(c.GPU_MEM_ALLOCATED, lambda r, k, t: 30_000_000_000 + r * 4096)
+    w.per_rank(c.GPU_MEM_RESERVED, lambda r, k, t: 34_000_000_000)
+    w.per_rank(c.GPU_MEM_PEAK, lambda r, k, t: 36_000_000_000)
+    w.per_rank(c.GPU_MEM_TOTAL, lambda r, k, t: 85_899_345_920)
+    w.per_rank(c.HOST_MEM_RESIDENT, lambda r, k, t: 6_000_000_000 + r * 4096)
+    # The job's wall-clock limit and total work: the ETA rules have data.
+    w.per_rank(c.JOB_DEADLINE, lambda r, k, t: f"{w.times[-1] + 3600:.0f}")
+    w.per_rank(c.JOB_TOTAL_STEPS, lambda r, k, t: 100_000)
+    w.family(c.EXPORTER_ERRORS.family, "counter")
+    for r in range(m.ranks):
+        for where in c.ERROR_WHERE:
+            lab = f'{w.labels[r]},where="{where}"'
+            w.series(c.EXPORTER_ERRORS.name, lab, [0] * len(w.times))
+
+
 def write_openmetrics(path: str, m: Model, interval: float) -> int:
     """Write the run's series to ``path``; return the number of series."""
     times = []
@@ -137,127 +264,15 @@ def write_openmetrics(path: str, m: Model, interval: float) -> int:
         for r in range(m.ranks)
     ]
     steps_at = [m.steps(t) for t in times]
-    n_series = 0
     with open(path, "w", buffering=1 << 22) as f:
-
-        def family(name: str, typ: str) -> None:
-            f.write(f"# TYPE {name} {typ}\n")
-
-        def series(name: str, lab: str, values: list) -> None:
-            nonlocal n_series
-            n_series += 1
-            f.write("".join(f"{name}{{{lab}}} {v} {t:.0f}\n" for v, t in zip(values, times)))
-
-        def per_rank(metric: c.MetricDef, fn) -> None:
-            family(metric.family, metric.type)
-            for r in range(m.ranks):
-                series(metric.name, labels[r], [fn(r, k, t) for k, t in enumerate(times)])
-
-        family("up", "gauge")
-        for r in range(m.ranks):
-            series("up", labels[r], [1] * len(times))
-        family(c.RANK_INFO.family, "info")
-        for r in range(m.ranks):
-            info = (
-                f'backend="nccl",device="cuda",exporter_version="0.1.0",'
-                f'inflight_source="flight_recorder",local_rank="{r % 8}",node="node{r // 8:04d}",'
-                f'torch_version="2.6.0",world_size="{m.ranks}",python_version="3.11.7",'
-                f'cuda_version="12.4",nccl_version="2.21.5"'
-            )
-            series(c.RANK_INFO.name, labels[r] + "," + info, [1] * len(times))
-        per_rank(c.STEPS, lambda r, k, t: steps_at[k])
-
-        family(c.STEP_DURATION.name, "histogram")
-        for r in range(m.ranks):
-            cums = [_cum(c.STEP_BUCKETS, m.step, n) for n in steps_at]
-            les = [repr(float(b)) for b in c.STEP_BUCKETS] + ["+Inf"]
-            for i, le in enumerate(les):
-                series(
-                    c.STEP_DURATION.name + "_bucket",
-                    f'{labels[r]},le="{le}"',
-                    [cu[i] for cu in cums],
-                )
-            series(
-                c.STEP_DURATION.name + "_sum", labels[r], [f"{n * m.step:.3f}" for n in steps_at]
-            )
-            series(c.STEP_DURATION.name + "_count", labels[r], steps_at)
-
-        family(c.STEP_PHASE.name, "summary")
-        for r in range(m.ranks):
-            for phase, per_step in zip(c.PHASES, m.phases(r)):
-                lab = f'{labels[r]},phase="{phase}"'
-                series(c.STEP_PHASE.name + "_sum", lab, [f"{n * per_step:.3f}" for n in steps_at])
-                series(c.STEP_PHASE.name + "_count", lab, steps_at)
-
-        family(c.COLLECTIVE_DURATION.name, "histogram")
-        les = [repr(float(b)) for b in c.COLLECTIVE_BUCKETS] + ["+Inf"]
-        for r in range(m.ranks):
-            lat = m.coll_latency(r)
-            counts = [n * BUCKETS_PER_STEP for n in steps_at]
-            cums = [_cum(c.COLLECTIVE_BUCKETS, lat, n) for n in counts]
-            lab = f'{labels[r]},op="allreduce",pg="0"'
-            for i, le in enumerate(les):
-                series(
-                    c.COLLECTIVE_DURATION.name + "_bucket",
-                    f'{lab},le="{le}"',
-                    [cu[i] for cu in cums],
-                )
-            series(c.COLLECTIVE_DURATION.name + "_sum", lab, [f"{n * lat:.3f}" for n in counts])
-            series(c.COLLECTIVE_DURATION.name + "_count", lab, counts)
-
-        family(c.COLLECTIVE_BYTES.family, "counter")
-        for r in range(m.ranks):
-            series(
-                c.COLLECTIVE_BYTES.name,
-                f'{labels[r]},op="allreduce",pg="0"',
-                [n * BUCKETS_PER_STEP * BUCKET_BYTES for n in steps_at],
-            )
-
-        hung_after = [t > m.t_hang for t in times]
-
-        def enq(r: int, k: int) -> int:
-            base = steps_at[k] * BUCKETS_PER_STEP
-            return base + 1 if hung_after[k] and r != m.hung else base
-
-        def age(r: int, k: int, t: float) -> str:
-            return f"{t - m.t_hang:.1f}" if hung_after[k] and r != m.hung else "0"
-
-        for metric, fn in (
-            (c.LAST_ENQUEUED_SEQ, lambda r, k, t: enq(r, k)),
-            (c.LAST_COMPLETED_SEQ, lambda r, k, t: steps_at[k] * BUCKETS_PER_STEP),
-            (c.INFLIGHT_AGE, lambda r, k, t: age(r, k, t)),
-            (c.COLLECTIVE_TIMEOUT, lambda r, k, t: 1800),
-        ):
-            family(metric.family, metric.type)
-            for r in range(m.ranks):
-                series(
-                    metric.name, labels[r] + ',pg="0"', [fn(r, k, t) for k, t in enumerate(times)]
-                )
-
-        per_rank(c.HEARTBEAT, lambda r, k, t: f"{min(t, m.t_hang) - 0.2:.1f}")
-        family(c.PEER_HEARTBEAT_AGE.family, "gauge")
-        # Published by the monitoring rank 0 only, at most peer_series of them: here the worst
-        # case, as many as allowed (in a larger job only late peers are published).
-        for p in range(min(m.ranks, DEFAULT_PEER_SERIES)):
-            series(
-                c.PEER_HEARTBEAT_AGE.name,
-                f'{labels[0]},peer_rank="{p}"',
-                [f"{(k * 7 + p) % 50 / 10:.1f}" for k in range(len(times))],
-            )
-        per_rank(c.GPU_MEM_ALLOCATED, lambda r, k, t: 30_000_000_000 + r * 4096)
-        per_rank(c.GPU_MEM_RESERVED, lambda r, k, t: 34_000_000_000)
-        per_rank(c.GPU_MEM_PEAK, lambda r, k, t: 36_000_000_000)
-        per_rank(c.GPU_MEM_TOTAL, lambda r, k, t: 85_899_345_920)
-        per_rank(c.HOST_MEM_RESIDENT, lambda r, k, t: 6_000_000_000 + r * 4096)
-        # The job's wall-clock limit and total work (issue 12): the ETA rules have data.
-        per_rank(c.JOB_DEADLINE, lambda r, k, t: f"{times[-1] + 3600:.0f}")
-        per_rank(c.JOB_TOTAL_STEPS, lambda r, k, t: 100_000)
-        family(c.EXPORTER_ERRORS.family, "counter")
-        for r in range(m.ranks):
-            for where in c.ERROR_WHERE:
-                series(c.EXPORTER_ERRORS.name, f'{labels[r]},where="{where}"', [0] * len(times))
+        w = _Series(f, times, labels)
+        _identity(w, m, steps_at)
+        _steps(w, m, steps_at)
+        _collectives(w, m, steps_at)
+        _inflight(w, m, steps_at)
+        _health(w, m)
         f.write("# EOF\n")
-    return n_series
+    return w.count
 
 
 # -- Prometheus -----------------------------------------------------------------------------------
