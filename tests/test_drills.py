@@ -227,7 +227,7 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault):
 
 #: How long the healthy drill watches its jobs once every rank serves: past the longest window
 #: of the FAST rules it would page on (goodput's minute) with room for a dip to show.
-HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "100"))
+HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "80"))
 
 
 def _explain(st: LocalStack, run: str, pending: list[dict]) -> str:

@@ -30,8 +30,8 @@ JOBS = {
     "fleet-d": (["n2", "n3", "n4"], 1, []),  # a different node, slow once
     "fleet-e": (["n4", "n1", "n3"], None, ["--step-time", "0.3"]),  # every rank slower
 }
-#: Long enough for the straggler alert (FAST: 20 s rate window, 30 s for) under load.
-DURATION = 110
+#: Long enough for the straggler alert (FAST: 20 s rate window, 30 s for) with 30 s to spare.
+DURATION = 90
 
 
 def _start(run: str, nodes: list[str], slow: int | None, extra: list[str], sd) -> Ranks:
