@@ -173,6 +173,7 @@ def start_watchers(
                 publish_abort=publish_abort,
                 restart=restart,
                 start_step=cfg.start_step,
+                probe=cfg.hang_probe,
             ).start(),
         )
     if action is not None and hangs is None:

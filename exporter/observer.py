@@ -58,7 +58,7 @@ class Observer:
         self.errors = ErrorCounter()
         self._closed = False
         self.end = ending.End()
-        self._final_scrape_s = cfg.final_scrape_s
+        self._final_scrape_s, self._file_sd_dir = cfg.final_scrape_s, cfg.file_sd_dir
         hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer)
         self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
         self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
@@ -121,6 +121,7 @@ class Observer:
                 monitor=self._monitor,
                 errors=self.errors,
                 store=self._store,
+                file_sd_dir=self._file_sd_dir,
             )
 
     def _forward_pre(self, module: Any, args: Any) -> None:

@@ -8,11 +8,13 @@ variable at once is in ``test_misconfigured_job.py``.
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
+from pathlib import Path
 
 import pytest
-from harness import parse
+from harness import REPO, parse
 
 from exporter import catalog, settings
 from exporter.export.collector import add_invalid_settings, family
@@ -64,6 +66,51 @@ def test_every_variable_of_the_exporter_goes_through_the_validator():
     }
     assert names <= set(settings.SETTINGS), names - set(settings.SETTINGS)
     assert set(settings.SETTINGS) == set(INVALID) | ANY_TEXT
+
+
+def _reads_of_the_environment(tree: ast.AST) -> list[tuple[int, str]]:
+    """Return ``(line, key)`` of every ``X.get(key)``, ``X[key]`` and ``os.getenv(key)``.
+
+    ``key`` is the literal text, or the name of the constant (``settings.FILE_SD``).
+    """
+
+    def key(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Attribute) and node.attr.isupper():
+            return node.attr
+        if isinstance(node, ast.Name) and node.id.isupper():
+            return node.id
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in ("get", "getenv", "pop"):
+                found.append((node.lineno, key(node.args[0])))
+        elif isinstance(node, ast.Subscript) and key(node.value) != "SETTINGS":
+            # The table itself (settings.SETTINGS[name]) is read for a default, not a value.
+            found.append((node.lineno, key(node.slice)))
+    return [(line, k) for line, k in found if k]
+
+
+def test_no_module_reads_a_variable_of_the_exporter_outside_settings():
+    """Every ``DDP_EXPORTER_*`` variable is read through :mod:`exporter.settings`'s table."""
+    ours = {
+        k: v
+        for k, v in vars(settings).items()
+        if k.isupper() and isinstance(v, str) and v.startswith("DDP_EXPORTER_")
+    }
+    package = Path(REPO) / "exporter"
+    readers = []
+    for path in sorted(package.rglob("*.py")):
+        if path.is_relative_to(package / "settings"):
+            continue
+        for line, k in _reads_of_the_environment(ast.parse(path.read_text())):
+            if k in ours or k.startswith("DDP_EXPORTER_"):
+                readers.append(f"{path.relative_to(REPO)}:{line} {k}")
+    assert not readers, readers
 
 
 @pytest.mark.parametrize("name", sorted(INVALID))
@@ -185,6 +232,10 @@ def test_instrument_settings_resolve_in_one_call_with_the_rules_between_them(fre
     assert cfg.on_hang.action == "abort" and cfg.comm_timing == "auto"
     assert (cfg.identity.rank, cfg.identity.world_size) == (1, 4)
     assert cfg.dump_dir == str(tmp_path / "dumps") and (tmp_path / "dumps").is_dir()
+    assert cfg.file_sd_dir is None and cfg.hang_probe  # unset: the defaults
+    found = {settings.FILE_SD: str(tmp_path / "sd"), settings.HANG_PROBE: "off"}
+    cfg = settings.for_instrument(parallelism="ddp", group=(0, 2), environ=found)
+    assert (cfg.file_sd_dir, cfg.hang_probe) == (str(tmp_path / "sd"), False)
     # The hang action from the environment, but no heartbeat: logged, turned off, no raise.
     quiet = settings.for_instrument(parallelism="ddp", group=(0, 2), heartbeat_s=0, environ=env)
     assert quiet.on_hang.action == "off" and quiet.keywords == frozenset()

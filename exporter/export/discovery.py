@@ -361,12 +361,13 @@ def start(
     monitor: bool,
     errors: ErrorCounter,
     store: Any | None,
+    file_sd_dir: str | None = None,
 ) -> Discovery | None:
     """Set up discovery for a rank whose ``server`` (a serving MetricsServer) is up.
 
     Registers the rank in ``store`` (the default c10d store; None without a process group),
-    writes its file_sd file when ``DDP_EXPORTER_FILE_SD`` is set, and mounts ``/sd`` on
-    ``server``. Errors are counted, never raised.
+    writes its file_sd file into ``file_sd_dir`` when one is given (``DDP_EXPORTER_FILE_SD``),
+    and mounts ``/sd`` on ``server``. Errors are counted, never raised.
     """
     if server is None or server.port is None:
         return None
@@ -382,7 +383,7 @@ def start(
             port=server.port,
             monitor=monitor,
             errors=errors,
-            file_sd_dir=os.environ.get(settings.FILE_SD) or None,
+            file_sd_dir=file_sd_dir,
             node=identity.node or None,
         )
         server.route("/sd", found.sd_app)

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 from . import codec
 from .dumps import makedirs_private, replace_private, safe_run
 from .protocol import LedgerEntry
@@ -77,11 +78,11 @@ class RestartPolicy:
     """When the hang action stops restarting a run, and how it says so."""
 
     #: Aborts in a row without progress after which the action stops (0: never).
-    limit: int = 3
+    limit: int = settings.DEFAULT_ABORT_LIMIT
     #: Steps past the furthest step of the earlier attempts that count as progress.
-    progress_steps: int = 50
+    progress_steps: int = settings.DEFAULT_ABORT_PROGRESS_STEPS
     #: Exit code of the last abort ("do not requeue").
-    give_up_exit_code: int = 69
+    give_up_exit_code: int = settings.DEFAULT_GIVE_UP_EXIT_CODE
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import settings, storekeys
+from .. import storekeys
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..log import log
@@ -133,7 +133,7 @@ class HangWatcher:
         restart: RestartPolicy | None = None,
         start_step: int | None = None,
         forget: Callable[[], None] | None = None,
-        probe: bool | None = None,
+        probe: bool = True,
     ) -> None:
         self.rank = identity.rank
         self.world_size = identity.world_size
@@ -159,10 +159,9 @@ class HangWatcher:
         channel = Channel(
             store, storekeys.for_run(identity.run, identity.attempt), identity.world_size
         )
-        probing = settings.hang_probe() if probe is None else probe
-        backend = _backend() if probing else ""
-        listener = _listener(backend, errors) if probing else None
-        answering = Answering(site, channel, listener) if probing else None
+        backend = _backend() if probe else ""
+        listener = _listener(backend, errors) if probe else None
+        answering = Answering(site, channel, listener) if probe else None
         self._rank = Responder(
             site,
             channel,
@@ -176,7 +175,7 @@ class HangWatcher:
         )
         self._monitor: Monitor | None = None
         if monitor:
-            rounds = Rounds(site, channel, enabled=probing, backend=backend)
+            rounds = Rounds(site, channel, enabled=probe, backend=backend)
             self._monitor = Monitor(
                 site,
                 channel,

@@ -25,8 +25,10 @@ from .values import (
     comm_timing,
     dump_dir,
     endpoint,
+    file_sd_dir,
     final_scrape_s,
     flight_recorder,
+    hang_probe,
     on_hang,
     otlp_requested,
     usable_dump_dir,
@@ -50,6 +52,10 @@ class InstrumentSettings:
     #: False, True (the OTEL_* endpoint) or an OTLP/HTTP endpoint URL.
     otlp: bool | str
     final_scrape_s: float
+    #: The folder each rank writes its file_sd target into, None for none.
+    file_sd_dir: str | None
+    #: Whether the hang watcher probes the links in a hang.
+    hang_probe: bool
     #: The step this attempt resumed at, None where unknown.
     start_step: int | None
     #: The settings given as keywords (``comm_timing``, ``on_hang``): one that cannot be honoured
@@ -125,6 +131,8 @@ def for_instrument(
         flight_recorder=flight_recorder(flight_recorder_on, environ),
         otlp=otlp_requested(otlp, environ),
         final_scrape_s=final_scrape_s(environ),
+        file_sd_dir=file_sd_dir(environ),
+        hang_probe=hang_probe(environ),
         start_step=start_step,
         keywords=frozenset(
             name

@@ -29,6 +29,7 @@ from .names import (
     DEFAULT_PORT,
     DOCTOR_FAKE_VERSIONS,
     DUMP_DIR,
+    FILE_SD,
     FINAL_SCRAPE_S,
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
@@ -205,6 +206,11 @@ def otlp_disabled(environ: Mapping[str, str] | None = None) -> bool:
 def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
     """Return ``DDP_EXPORTER_ADVERTISE_ADDR`` (a host), or None when unset or not a host."""
     return cast("str | None", resolve(ADVERTISE_ADDR, environ=environ))
+
+
+def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return the folder every rank writes its file_sd target into (``DDP_EXPORTER_FILE_SD``)."""
+    return cast("str | None", resolve(FILE_SD, environ=environ)) or None
 
 
 def hang_probe(environ: Mapping[str, str] | None = None) -> bool:

@@ -271,7 +271,7 @@ def check_restart(environ: Mapping[str, str], store: Any, torch_version: str) ->
         return Check(NA)
     if not form.shared_store:
         return Check(OK, "every attempt gets a store of its own")
-    abort = environ.get(settings.ON_HANG, "").strip().lower() == "abort"
+    abort = settings.on_hang("doctor", environ=environ).action == "abort"
     blocker = launcher.restart_blocker(form, store, torch_version)
     if abort and blocker is None:
         return Check(OK, "shared store; the hang action clears an aborted attempt's keys")
