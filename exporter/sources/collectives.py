@@ -40,14 +40,14 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from .. import catalog
 from ..errors import ErrorCounter
 from .flight import pg_timeout_seconds
+from .patching import Patcher, payload_bytes
 from .recorder import CollectiveStats, Recorder
 
 __all__ = ["COLLECTIVES", "CollectiveTiming", "MAX_UNWAITED"]
@@ -75,14 +75,6 @@ COLLECTIVES: dict[str, tuple[str, str | None]] = {
 assert {op for op, _ in COLLECTIVES.values()} <= set(catalog.COLLECTIVE_OPS)
 
 
-def _nbytes(payload: Any) -> int:
-    if isinstance(payload, torch.Tensor):
-        return cast(int, payload.numel() * payload.element_size())  # torch reads as untyped
-    if isinstance(payload, (list, tuple)):
-        return sum(_nbytes(t) for t in payload)
-    return 0
-
-
 class _Spec:
     """Where one function's payload and group arguments sit, found once from its signature."""
 
@@ -101,7 +93,7 @@ class _Spec:
         return args[at] if 0 <= at < len(args) else None
 
 
-class CollectiveTiming:
+class CollectiveTiming(Patcher):
     """Wrap the ``torch.distributed`` collectives and ``Work.wait`` for one recorder.
 
     ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
@@ -118,27 +110,16 @@ class CollectiveTiming:
         namespace: Any = dist,
         work_class: Any = None,
     ) -> None:
-        self._rec = recorder
-        self._errors = errors
-        self._thread = (
-            training_thread if training_thread is not None else (threading.main_thread().ident)
+        super().__init__(
+            recorder, errors, training_thread=training_thread, timed=timed, namespace=namespace
         )
-        self._timed = timed
-        self._ns = namespace
         self._work = work_class if work_class is not None else getattr(dist, "Work", None)
-        self._patched: dict[str, tuple[Any, Any]] = {}  # name -> (original, wrapper)
         self._wait: tuple[Any, Any] | None = None
         self._future: tuple[Any, Any] | None = None
         # Process group -> (op -> stats): a group's name is read once, not per call.
         self._stats: dict[Any, dict[str, CollectiveStats]] = {}
-        self._lock = threading.Lock()
         # Asynchronous collectives not waited for yet: id(work) -> (work, stats, call time).
         self._works: OrderedDict[int, tuple[Any, CollectiveStats, float]] = OrderedDict()
-
-    @property
-    def instrumented(self) -> bool:
-        """Say whether the wrappers are in place."""
-        return bool(self._patched)
 
     def instrument(self) -> bool:
         """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
@@ -152,9 +133,7 @@ class CollectiveTiming:
                 spec = _Spec(fn, op, payload)
             except (TypeError, ValueError):
                 continue  # no signature to read: leave it alone
-            wrapper = self._wrap(fn, spec)
-            setattr(self._ns, name, wrapper)
-            self._patched[name] = (fn, wrapper)
+            self._replace(name, fn, self._wrap(fn, spec))
         wait = getattr(self._work, "wait", None) if self._work is not None else None
         if self._patched and callable(wait) and self._work is not None:  # a wait has a Work
             waiter = self._wrap_wait(wait)
@@ -175,10 +154,7 @@ class CollectiveTiming:
 
     def uninstrument(self) -> None:
         """Restore every replaced object that still holds this instance's wrapper; idempotent."""
-        for name, (original, wrapper) in self._patched.items():
-            if getattr(self._ns, name, None) is wrapper:
-                setattr(self._ns, name, original)
-        self._patched.clear()
+        self._restore()
         if self._wait is not None:
             original, waiter = self._wait
             if self._work is not None and self._work.__dict__.get("wait") is waiter:
@@ -218,7 +194,7 @@ class CollectiveTiming:
             try:
                 group = spec.arg(args, kwargs, "group", spec.group_at)
                 stats = self._stats_for(group, spec.op)
-                nbytes = _nbytes(spec.arg(args, kwargs, spec.payload, spec.payload_at))
+                nbytes = payload_bytes(spec.arg(args, kwargs, spec.payload, spec.payload_at))
                 t0 = rec.collective_launched(stats, nbytes)
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -39,6 +39,7 @@ from .. import catalog
 from ..errors import ErrorCounter
 from ..log import log
 from .flight import pg_timeout_seconds
+from .patching import Patcher, payload_bytes
 from .recorder import CollectiveStats, Recorder
 
 __all__ = ["FUNCTIONAL_OPS", "FunctionalCollectiveTiming", "MAX_UNWAITED", "functional_namespace"]
@@ -103,14 +104,6 @@ def _key(t: Any) -> int:
         return id(t)
 
 
-def _nbytes(payload: Any) -> int:
-    if isinstance(payload, torch.Tensor):
-        return cast(int, payload.nbytes)  # torch reads as untyped
-    if isinstance(payload, (list, tuple)):
-        return sum(t.nbytes for t in payload if isinstance(t, torch.Tensor))
-    return 0
-
-
 class _Op:
     """Stand in for one ``_c10d_functional`` op: call it through the timing, delegate the rest.
 
@@ -139,7 +132,7 @@ def _stand_in(packet: Any, call: Any) -> _Op:
     return cls(packet)
 
 
-class FunctionalCollectiveTiming:
+class FunctionalCollectiveTiming(Patcher):
     """Time the ``_c10d_functional`` ops and their ``wait_tensor`` for one recorder.
 
     ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
@@ -156,24 +149,13 @@ class FunctionalCollectiveTiming:
         timed: bool = True,
         namespace: Any = None,
     ) -> None:
-        self._rec = recorder
-        self._errors = errors
-        self._thread = (
-            training_thread if training_thread is not None else (threading.main_thread().ident)
+        super().__init__(
+            recorder, errors, training_thread=training_thread, timed=timed, namespace=namespace
         )
-        self._timed = timed
-        self._ns = namespace
-        self._patched: dict[str, tuple[Any, _Op]] = {}  # op name -> (original, stand-in)
         # (group name as the op got it, op label) -> stats; a group's timeout is looked up once.
         self._stats: dict[tuple[str, str], CollectiveStats] = {}
-        self._lock = threading.Lock()
         # Outputs launched, not waited for yet: storage key -> [stats or None once done, t0].
         self._pending: OrderedDict[int, list[Any]] = OrderedDict()
-
-    @property
-    def instrumented(self) -> bool:
-        """Say whether the stand-ins are in place."""
-        return bool(self._patched)
 
     def instrument(self) -> bool:
         """Put the stand-ins in place (idempotent); return whether the waits are timed.
@@ -195,19 +177,18 @@ class FunctionalCollectiveTiming:
             return False
         self._ns = ns
         try:
-            self._replace(ns)
+            self._replace_all()
         except Exception as exc:  # noqa: BLE001 - a private API: never in the way of training
             self.uninstrument()
             self._errors.record("comm_timing", exc)
             return False
         return True
 
-    def _replace(self, ns: Any) -> None:
+    def _replace_all(self) -> None:
         """Replace the wait, then every launch op this torch has (with a group argument)."""
+        ns = self._ns
         wait = getattr(ns, _WAIT)
-        stand_in = _stand_in(wait, self._wrap_wait(wait))
-        setattr(ns, _WAIT, stand_in)
-        self._patched[_WAIT] = (wait, stand_in)
+        self._replace(_WAIT, wait, _stand_in(wait, self._wrap_wait(wait)))
         for name, op in FUNCTIONAL_OPS.items():
             try:
                 packet = getattr(ns, name)
@@ -216,16 +197,11 @@ class FunctionalCollectiveTiming:
             at = _group_at(packet)
             if at < 0:
                 continue  # another signature: left alone
-            stand_in = _stand_in(packet, self._wrap_launch(packet, name, op, at))
-            setattr(ns, name, stand_in)
-            self._patched[name] = (packet, stand_in)
+            self._replace(name, packet, _stand_in(packet, self._wrap_launch(packet, name, op, at)))
 
     def uninstrument(self) -> None:
         """Restore every op that still holds this instance's stand-in; idempotent."""
-        for name, (original, stand_in) in self._patched.items():
-            if getattr(self._ns, name, None) is stand_in:
-                setattr(self._ns, name, original)
-        self._patched.clear()
+        self._restore()
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _stats_for(self, group_name: Any, op: str) -> CollectiveStats:
@@ -275,7 +251,9 @@ class FunctionalCollectiveTiming:
                 group = args[at] if at < len(args) else kwargs["group_name"]
                 stats = stats_of.get((group, op)) or self._stats_for(group, op)
                 payload = args[0]
-                nbytes = payload.nbytes if isinstance(payload, torch.Tensor) else _nbytes(payload)
+                nbytes = (
+                    payload.nbytes if isinstance(payload, torch.Tensor) else payload_bytes(payload)
+                )
                 t0 = launched(stats, nbytes)
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)
