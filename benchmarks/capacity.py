@@ -37,11 +37,11 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from exporter.deploy.sharding import shard_rule_groups  # noqa: E402
 from exporter.errors import ErrorCounter  # noqa: E402
 from exporter.export.collector import DDPCollector, RankSources  # noqa: E402
 from exporter.mixin.config import DEFAULT  # noqa: E402
 from exporter.mixin.render import dump_yaml  # noqa: E402
-from exporter.mixin.sharding import shard_rule_groups  # noqa: E402
 from exporter.sources.flight import InFlight  # noqa: E402
 from exporter.sources.memory import GPUMemory  # noqa: E402
 from exporter.sources.recorder import Recorder  # noqa: E402

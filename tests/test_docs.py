@@ -19,11 +19,11 @@ import yaml
 from harness import REPO
 
 from exporter.catalog import series_per_rank
-from exporter.mixin.cliref import render_cli
+from exporter.docsite.cliref import render_cli
+from exporter.docsite.reference import SERIES_CASES
+from exporter.generate.files import generated_files
 from exporter.mixin.config import DEFAULT
 from exporter.mixin.dashboards import dashboard_specs
-from exporter.mixin.files import generated_files
-from exporter.mixin.reference import SERIES_CASES
 from exporter.mixin.rules import ALERT_NAMES
 from exporter.tools.cli import build_parser
 

@@ -40,6 +40,9 @@ ROOMS = {
     "exporter.api": "api",
     "exporter.integrations": "integrations",
     "exporter.mixin": "mixin",
+    "exporter.deploy": "deploy",
+    "exporter.docsite": "docsite",
+    "exporter.generate": "generate",
     # python -m exporter.mixin: an alias of the front door, like python -m exporter.doctor.
     "exporter.mixin.__main__": "tools",
     "exporter.tools": "tools",
@@ -56,7 +59,10 @@ ALLOWED = {
     "api": {"base", "sources", "observer", "api"},
     "integrations": {"base", "sources", "observer", "api", "integrations"},
     "mixin": {"base", "hangs", "mixin"},
-    "tools": {"root", *LIBRARY, "mixin", "tools"},
+    "deploy": {"base", "mixin", "deploy"},
+    "docsite": {"base", "mixin", "docsite"},
+    "generate": {"base", "mixin", "deploy", "docsite", "generate"},
+    "tools": {"root", *LIBRARY, "mixin", "deploy", "generate", "tools"},
 }
 
 

@@ -13,7 +13,7 @@ import yaml
 from harness import wait_for
 from promstack import require, run_alertmanager
 
-from exporter.mixin import alertmanager
+from exporter.deploy import alertmanager
 from exporter.mixin.config import DEFAULT
 from exporter.mixin.render import GENERATED_BY
 

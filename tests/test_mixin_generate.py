@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.generate.files import generated_files
 from exporter.mixin import DEFAULT, FAST
 from exporter.mixin.__main__ import REPO_ROOT, apply_overrides, check, main
-from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
 from exporter.tools.cli import build_parser
 

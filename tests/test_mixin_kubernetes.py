@@ -15,11 +15,11 @@ import yaml
 from harness import wait_for
 from promstack import require, run_prometheus, write_file_sd
 
-from exporter.mixin import kubernetes as k8s
+from exporter.deploy import kubernetes as k8s
+from exporter.generate.files import generated_files
 from exporter.mixin.__main__ import apply_overrides
 from exporter.mixin.config import DEFAULT, MixinConfig
 from exporter.mixin.dashboards import dashboard_specs
-from exporter.mixin.files import generated_files
 from exporter.mixin.render import GENERATED_BY
 from exporter.settings import DEFAULT_PORT
 

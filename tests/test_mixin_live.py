@@ -18,7 +18,8 @@ import pytest
 from harness import Job, wait_for
 from promstack import Prometheus, require, run_prometheus, write_file_sd
 
-from exporter.mixin import dashboards, rules, stack
+from exporter.deploy import stack
+from exporter.mixin import dashboards, rules
 from exporter.mixin.config import DEFAULT, duration_seconds
 
 pytestmark = pytest.mark.stack

@@ -12,7 +12,8 @@ import yaml
 from promstack import require
 
 from exporter import catalog
-from exporter.mixin import rules, sharding
+from exporter.deploy import sharding
+from exporter.mixin import rules
 from exporter.mixin.config import DEFAULT, FAST, MixinConfig
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"

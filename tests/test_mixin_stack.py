@@ -18,9 +18,9 @@ import pytest
 import yaml
 from promstack import require
 
-from exporter.mixin import stack
+from exporter.deploy import stack
+from exporter.generate.files import generated_files, write_files
 from exporter.mixin.config import DEFAULT
-from exporter.mixin.files import generated_files, write_files
 from exporter.mixin.render import GENERATED_BY
 
 ROOT = Path(__file__).resolve().parents[1]

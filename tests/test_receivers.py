@@ -19,7 +19,7 @@ import yaml
 from harness import wait_for
 from promstack import require
 
-from exporter.mixin import alertmanager, stack
+from exporter.deploy import alertmanager, stack
 from exporter.mixin.__main__ import main as mixin_main
 from exporter.mixin.config import DEFAULT
 from exporter.tools.receiver import AlertReceiver, alert_line

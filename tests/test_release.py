@@ -76,7 +76,7 @@ def test_build_and_twine_check(tmp_path: Path) -> None:
         names = whl.namelist()
         meta = whl.read(f"ddp_exporter-{__version__}.dist-info/METADATA").decode()
     assert f"ddp_exporter-{__version__}.dist-info/licenses/LICENSE" in names
-    assert "exporter/tools/cli.py" in names and "exporter/mixin/command.py" in names
+    assert "exporter/tools/cli.py" in names and "exporter/generate/command.py" in names
     assert not [n for n in names if n.startswith(("tests/", "examples/", "dashboards/"))]
     assert "License-Expression: Apache-2.0" in meta and f"Version: {__version__}" in meta
     assert f"Project-URL: Source, {PROJECT_URL}" in meta

@@ -22,7 +22,7 @@ import yaml
 from harness import Ranks, child_env, wait_for
 from promstack import file_sd_scrape, require, run_prometheus
 
-from exporter.mixin import sharding
+from exporter.deploy import sharding
 from exporter.mixin.config import DEFAULT, FAST, config_json
 from exporter.mixin.fleet import FLEET_INPUT_ALERTS
 from exporter.mixin.render import dump_yaml

@@ -1,7 +1,7 @@
 """Run ``python -m exporter.mixin generate|check``: the same as ``ddp-exporter mixin``.
 
 An alias of the front door (:mod:`exporter.tools.cli`), which hands the generator its own
-parser for the command-line reference page. See :mod:`exporter.mixin.command`.
+parser for the command-line reference page. See :mod:`exporter.generate.command`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..generate import command
+from ..generate.command import REPO_ROOT, apply_overrides
 from ..tools.cli import build_parser
 from ..tools.cli import main as cli_main
-from . import command
-from .command import REPO_ROOT, apply_overrides
 from .config import DEFAULT, MixinConfig
 
 __all__ = ["REPO_ROOT", "apply_overrides", "check", "main"]

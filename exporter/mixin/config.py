@@ -135,7 +135,7 @@ class MixinConfig:
     #: writes one, docs/runbook.md) where people on call read it.
     runbook_base_url: str = RUNBOOK_URL
 
-    # --- who gets the alerts (exporter.mixin.alertmanager); none set: the stack's printer ----
+    # --- who gets the alerts (exporter.deploy.alertmanager); none set: the stack's printer ----
     #: A webhook of your own that gets every alert (Alertmanager's webhook JSON).
     webhook_url: str = ""
     #: A Slack incoming-webhook URL: every alert, to the channel the webhook posts to.
@@ -222,7 +222,7 @@ class MixinConfig:
     #: ... over ``goodput_window``, for this long.
     goodput_for: str = "15m"
 
-    # --- past one Prometheus: shards under a global server (exporter.mixin.sharding) ---------
+    # --- past one Prometheus: shards under a global server (exporter.deploy.sharding) ---------
     #: Prometheus shards the generated sharded deployment (deploy/sharded/) splits runs over.
     shards: int = 2
     #: Job name of the global server's federation scrape of the shards.

@@ -236,7 +236,7 @@ def fleet_group(cfg: MixinConfig) -> dict[str, Any]:
 
 
 #: What the fleet group reads of each run, and nothing else: the global server of a sharded
-#: setup federates exactly these from its shards (exporter.mixin.sharding).
+#: setup federates exactly these from its shards (exporter.deploy.sharding).
 FLEET_INPUT_ALERTS: tuple[str, ...] = (
     "DDPRankStraggler",
     "DDPCollectiveStalled",
@@ -260,7 +260,7 @@ def shard_down_alert(cfg: MixinConfig) -> Alert:
             f"{cfg.shard_down_for}: its runs' accusations and rank-to-node facts do not reach "
             "the fleet rules, so no node is blamed for them (and none falsely) until it is back."
         ),
-        "In a sharded setup (deploy/sharded/, `exporter.mixin.sharding`) each shard evaluates the "
+        "In a sharded setup (deploy/sharded/, `exporter.deploy.sharding`) each shard evaluates the "
         "per-run rules of the runs it scrapes and pages for them itself; the global server "
         "federates only the firing accusations and `ddp_rank_info` to judge nodes across runs. "
         "A shard it cannot read drops out of that judgement: nodes blamed only there are not "

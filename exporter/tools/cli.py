@@ -17,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..mixin import command as mixin
+from ..generate import command as mixin
 from ..version import __version__
 from . import demo, doctor, goodput, hangs, nodes, receiver, top
 

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from ..mixin.command import MIXIN_EXTRA
+from ..generate.command import MIXIN_EXTRA
 from ..mixin.config import FAST
 from ..settings import DEFAULT_PORT
 from . import top as topmod

@@ -258,7 +258,7 @@ class LocalStack:
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         ready_timeout: float = 30.0,
     ) -> None:
-        from ..mixin.alertmanager import alertmanager_config
+        from ..deploy.alertmanager import alertmanager_config
         from ..mixin.config import FAST
         from ..mixin.rules import render_rules
 

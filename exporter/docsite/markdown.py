@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from .render import GENERATED_BY
+from ..mixin.render import GENERATED_BY
 
 __all__ = ["cell", "code", "md_text", "page", "table"]
 

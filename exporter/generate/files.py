@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .alertmanager import render_alertmanager
-from .apiref import render_api
-from .cliref import render_cli
-from .config import CONFIG_FILE, DEFAULT, MixinConfig, config_json
-from .dashboards import render_dashboards
-from .kubernetes import render_kubernetes
-from .reference import PAGES, reference_pages
-from .rules import render_rules
-from .runbook import render_runbook
-from .sharding import render_sharded
-from .stack import render_stack
+from ..deploy.alertmanager import render_alertmanager
+from ..deploy.kubernetes import render_kubernetes
+from ..deploy.sharding import render_sharded
+from ..deploy.stack import render_stack
+from ..docsite.apiref import render_api
+from ..docsite.cliref import render_cli
+from ..docsite.reference import PAGES, reference_pages
+from ..mixin.config import CONFIG_FILE, DEFAULT, MixinConfig, config_json
+from ..mixin.dashboards import render_dashboards
+from ..mixin.rules import render_rules
+from ..mixin.runbook import render_runbook
 
 __all__ = ["generated_files", "write_files"]
 

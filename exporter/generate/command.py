@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT, FAST, MixinConfig, load_config
+from ..mixin.config import DEFAULT, FAST, MixinConfig, load_config
 
 __all__ = ["REPO_ROOT", "add_parser", "apply_overrides", "check", "run"]
 

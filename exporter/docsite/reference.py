@@ -13,10 +13,10 @@ import inspect
 import re
 
 from .. import catalog, settings
-from .config import DEFAULT, FAST, MixinConfig
-from .dashboards import dashboard_specs
+from ..mixin.config import DEFAULT, FAST, MixinConfig
+from ..mixin.dashboards import dashboard_specs
+from ..mixin.rules import ALERT_NAMES, every_alert
 from .markdown import code, md_text, page, table
-from .rules import ALERT_NAMES, every_alert
 
 __all__ = [
     "SERIES_CASES",

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.render import dump_json, dump_yaml
 from ..version import __version__
 from .alertmanager import PRINTING_RECEIVER_URL
-from .config import DEFAULT, MixinConfig
-from .render import dump_json, dump_yaml
 
 __all__ = [
     "IMAGES",

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import catalog
-from .config import DEFAULT, MixinConfig
-from .fleet import FLEET_INPUT_ALERTS, fleet_group
-from .render import dump_yaml
-from .rules import rule_groups
+from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.fleet import FLEET_INPUT_ALERTS, fleet_group
+from ..mixin.render import dump_yaml
+from ..mixin.rules import rule_groups
 from .stack import prometheus_config
 
 __all__ = [

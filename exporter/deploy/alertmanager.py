@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import DEFAULT, MixinConfig
-from .render import dump_yaml
-from .rules import FLEET_ALERTS
+from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.render import dump_yaml
+from ..mixin.rules import FLEET_ALERTS
 
 __all__ = [
     "GROUP_BY",

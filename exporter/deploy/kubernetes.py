@@ -25,11 +25,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..mixin.config import DEFAULT, MixinConfig
+from ..mixin.dashboards import dashboard_specs, render_dashboards
+from ..mixin.render import dump_yaml, header
+from ..mixin.rules import rule_groups
 from .alertmanager import alertmanager_config
-from .config import DEFAULT, MixinConfig
-from .dashboards import dashboard_specs, render_dashboards
-from .render import dump_yaml, header
-from .rules import rule_groups
 
 __all__ = [
     "DEPLOY_DIR",
