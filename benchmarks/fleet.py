@@ -46,7 +46,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from exporter.mixin.config import DEFAULT  # noqa: E402
-from exporter.mixin.fleet import fleet_group, fleet_recorded  # noqa: E402
+from exporter.mixin.fleet import fleet_recorded  # noqa: E402
+from exporter.mixin.rules import fleet_group  # noqa: E402
 from exporter.tools.localstack import free_port  # noqa: E402
 from exporter.tools.promapi import api  # noqa: E402
 from exporter.tools.reaper import raise_on_signals  # noqa: E402

@@ -28,9 +28,9 @@ from typing import Any
 
 from .. import catalog
 from ..mixin.config import DEFAULT, MixinConfig
-from ..mixin.fleet import FLEET_INPUT_ALERTS, fleet_group
+from ..mixin.fleet import FLEET_INPUT_ALERTS
 from ..mixin.render import dump_yaml
-from ..mixin.rules import rule_groups
+from ..mixin.rules import fleet_group, rule_groups
 from .stack import prometheus_config
 
 __all__ = [

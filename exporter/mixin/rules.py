@@ -1,9 +1,10 @@
 """Put the Prometheus rules in order and write the rule file: records, alerts, the fleet.
 
 The recording rules are built by :mod:`exporter.mixin.recording`, the alerts by one module per
-domain (:mod:`exporter.mixin.alerts`), the fleet's records and alerts by
+domain (:mod:`exporter.mixin.alerts`, the fleet's too), the fleet's records by
 :mod:`exporter.mixin.fleet`; each reads one :class:`~exporter.mixin.config.MixinConfig`. This
-module names every alert and the kinds they come in, and assembles the groups.
+module takes every alert's name from the domains, says which are one per run, and assembles
+the groups.
 
 Two design truths shape the alerts. A straggler shows the SHORTEST collective latency because
 its peers wait for it inside the allreduce, so stragglers are blamed by compute and data time per
@@ -23,6 +24,7 @@ from typing import Any
 
 from .alert import Alert, selector
 from .alerts.collectives import collective_alerts
+from .alerts.fleet import FLEET_ALERTS, MONITORING_ALERTS, fleet_alerts
 from .alerts.goodput import goodput_alerts
 from .alerts.hang_action import hang_action_alerts, restart_history
 from .alerts.liveness import liveness_alerts
@@ -31,7 +33,7 @@ from .alerts.outside_loop import outside_loop_alerts
 from .alerts.performance import performance_alerts
 from .alerts.shared import hang_location
 from .config import DEFAULT, MixinConfig
-from .fleet import fleet_group, shard_down_alert, suspect_node_alert
+from .fleet import fleet_records
 from .recording import (
     BLAME_PHASES,
     RECORDING_GROUPS,
@@ -46,6 +48,7 @@ __all__ = [
     "ALERT_NAMES",
     "BLAME_PHASES",
     "FLEET_ALERTS",
+    "fleet_group",
     "MONITORING_ALERTS",
     "RUN_ALERTS",
     "Alert",
@@ -61,36 +64,6 @@ __all__ = [
     "rule_groups",
     "selector",
 ]
-
-#: Every alert the mixin defines, in the order of the runbook.
-ALERT_NAMES: tuple[str, ...] = (
-    "DDPRankDown",
-    "DDPJobKilled",
-    "DDPTrainingStalled",
-    "DDPCollectiveTimeoutImminent",
-    "DDPCollectiveStalled",
-    "DDPHangNetworkFault",
-    "DDPHangAborted",
-    "DDPRestartLoop",
-    "DDPRankStraggler",
-    "DDPInputBound",
-    "DDPThroughputDrop",
-    "DDPGPUMemoryNearLimit",
-    "DDPInitStuck",
-    "DDPVersionSkew",
-    "DDPSectionOverdue",
-    "DDPJobWillMissDeadline",
-    "DDPExporterMisconfigured",
-    "DDPGoodputLow",
-    "DDPSuspectNode",
-    "DDPShardDown",
-)
-
-#: Alerts about a node across runs (exporter.mixin.fleet): a ``node`` label, no run, no rank.
-FLEET_ALERTS: tuple[str, ...] = ("DDPSuspectNode",)
-
-#: Alerts about the monitoring itself (a Prometheus shard): an ``instance`` label, no run.
-MONITORING_ALERTS: tuple[str, ...] = ("DDPShardDown",)
 
 #: Alerts that are one per run (a condition of the whole run: no ``rank`` label). The collective
 #: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
@@ -122,7 +95,17 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
 
 def every_alert(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     """Return the per-run alerts, then the fleet group's (the runbook's order, :data:`ALERT_NAMES`)."""
-    return [*alerts(cfg), suspect_node_alert(cfg), shard_down_alert(cfg)]
+    return [*alerts(cfg), *fleet_alerts(cfg)]
+
+
+#: Every alert the mixin defines, in the order of the runbook: as each domain registers them.
+ALERT_NAMES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in every_alert()))
+
+
+def fleet_group(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
+    """Return the fleet's rule group (its own evaluation interval): its records, then its alerts."""
+    rules: list[dict[str, Any]] = [*fleet_records(cfg), *(a.rule(cfg) for a in fleet_alerts(cfg))]
+    return {"name": "ddp-exporter.fleet", "interval": cfg.fleet_interval, "rules": rules}
 
 
 def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:

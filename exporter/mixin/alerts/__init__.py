@@ -6,12 +6,13 @@
 - :mod:`.performance`: stragglers, input-bound ranks, throughput drops, GPU memory;
 - :mod:`.outside_loop`: init stuck, version skew, sections overdue, a deadline missed;
 - :mod:`.misconfigured`: a variable of the exporter the ranks cannot use;
-- :mod:`.goodput`: a run that turns too little of its time into training, and what it lost.
+- :mod:`.goodput`: a run that turns too little of its time into training, and what it lost;
+- :mod:`.fleet`: a node blamed run after run, a shard the global server cannot read (the
+  fleet's own rule group, after its records: :mod:`exporter.mixin.fleet`).
 
 What several domains read (the ranks that ended cleanly, the runs the hang action ended, where
-a hung rank is stuck) is in :mod:`.shared`. The fleet's alerts (a node across runs, a shard the
-global server cannot read) belong to the fleet's own rule group: :mod:`exporter.mixin.fleet`.
-:mod:`exporter.mixin.rules` puts them all in order and writes the rule file.
+a hung rank is stuck) is in :mod:`.shared`. :mod:`exporter.mixin.rules` puts them all in order,
+takes the alert names from them, and writes the rule file.
 """
 
 from __future__ import annotations
