@@ -18,17 +18,20 @@ import torch.distributed as dist
 from . import settings, storekeys
 from .errors import ErrorCounter
 from .hangs.action import policies
+from .hangs.episodes import EpisodeFeed
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources.commtiming import CommTiming, start_comm_timing
+from .sources.ending import End
 from .sources.flight import InFlight
+from .sources.goodput import GoodputTracker
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.parallelism import kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
 
-__all__ = ["StepHooks", "Watchers", "hook_steps", "start_watchers", "started"]
+__all__ = ["StepHooks", "Watchers", "hook_steps", "start_goodput", "start_watchers", "started"]
 
 _T = TypeVar("_T")
 
@@ -182,3 +185,46 @@ def start_watchers(
             "(no c10d store, or its start failed): a hang will not end the run"
         )
     return Watchers(heartbeat, hangs)
+
+
+def start_goodput(
+    cfg: settings.InstrumentSettings,
+    store: Any,
+    watchers: Watchers,
+    recorder: Recorder,
+    errors: ErrorCounter,
+    end: End,
+) -> GoodputTracker | None:
+    """Start the rank's goodput account beside its heartbeat (None without one); never raises.
+
+    Every rank publishes its work; the monitoring rank keeps the account, reading the hang
+    watcher's episodes when it runs one. A clean end (``end`` marked) ends the account, and so
+    does the hang action's abort, before the rank exits.
+    """
+    if watchers.heartbeat is None or store is None:
+        return None
+    identity, endpoint = cfg.identity, cfg.endpoint
+    monitor = identity.rank == endpoint.monitor_rank
+    watcher = watchers.hangs if monitor else None
+
+    def start() -> GoodputTracker:
+        tracker = GoodputTracker(
+            identity,
+            store,
+            recorder=recorder,
+            sections=SECTIONS,
+            interval_s=endpoint.heartbeat_s,
+            monitor=monitor,
+            dump_dir=cfg.dump_dir,
+            errors=errors,
+            start_step=cfg.start_step,
+            hangs=EpisodeFeed(store, identity, watcher) if watcher is not None else None,
+            end=end,
+        )
+        if watcher is not None:
+            # The account ends at the abort and is on disk before the exit (the next attempt
+            # carries it on); the final scrapes the abort waits for read its last totals.
+            watcher.when_aborting(lambda: tracker.finish(clean=False))
+        return tracker.start()
+
+    return started(errors, "goodput", start)

@@ -15,12 +15,11 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from . import settings
-from .assembly import hook_steps, start_watchers, started
+from .assembly import hook_steps, start_goodput, start_watchers, started
 from .errors import ErrorCounter
 from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
-from .hangs.episodes import start_goodput
 from .sources import ending, launcher
 from .sources.memory import MemorySource, cuda_memory_source
 from .sources.sections import REGISTRY as SECTIONS
@@ -78,7 +77,7 @@ class Observer:
         self._monitor = self.rank == endpoint.monitor_rank
         watchers = start_watchers(cfg, store, hooks, self.errors, self._publish_abort)
         self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
-        self.goodput = start_goodput(self, identity, endpoint, store, cfg.dump_dir, cfg.start_step)
+        self.goodput = start_goodput(cfg, store, watchers, self.recorder, self.errors, self.end)
         peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
         self.collector = DDPCollector(
             RankSources(

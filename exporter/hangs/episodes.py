@@ -1,7 +1,7 @@
 """Tell the goodput account of the run's hang episodes: their onset, culprit and the abort.
 
-:func:`start_goodput` starts a rank's goodput account (:mod:`exporter.sources.goodput`) beside its
-heartbeat, its monitoring rank reading the episodes through an :class:`EpisodeFeed`.
+The goodput account (:mod:`exporter.sources.goodput`, started by :mod:`exporter.assembly`)
+reads the episodes on its monitoring rank through an :class:`EpisodeFeed`.
 
 The monitoring rank's hang watcher opens an episode by bumping a counter in the store and
 setting its request (:mod:`exporter.hangs.monitor`); the account (:mod:`exporter.sources.goodput`)
@@ -15,16 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ..errors import ErrorCounter
-from ..settings import Endpoint, Identity
-from ..sources.ending import End
-from ..sources.goodput import Episode, GoodputTracker
-from ..sources.recorder import Recorder
-from ..sources.sections import REGISTRY
+from ..settings import Identity
+from ..sources.goodput import Episode
 from ..storekeys import for_run
 from .channel import Channel, Store
 
-__all__ = ["EpisodeFeed", "start_goodput"]
+__all__ = ["EpisodeFeed"]
 
 
 class _Aborted(Protocol):
@@ -77,64 +73,3 @@ class EpisodeFeed:
                 return ""
             self._nodes[rank] = ack.node
         return self._nodes[rank]
-
-
-class _Rank(Protocol):
-    """What :func:`start_goodput` reads of the instrumented rank (the observer)."""
-
-    @property
-    def heartbeat(self) -> object | None:
-        """Return the rank's store heartbeat, None when it has none."""
-        ...
-
-    @property
-    def hangs(self) -> _Aborted | None:
-        """Return the rank's hang watcher, None when it has none."""
-        ...
-
-    recorder: Recorder
-    errors: ErrorCounter
-    end: End
-
-
-def start_goodput(
-    rank: _Rank,
-    identity: Identity,
-    endpoint: Endpoint,
-    store: Store | None,
-    dump_dir: str,
-    start_step: int | None,
-) -> GoodputTracker | None:
-    """Start the rank's goodput account beside its heartbeat (None without one); never raises.
-
-    Every rank publishes its work; the monitoring rank keeps the account, reading the hang
-    watcher's episodes when it runs one. A clean end (``rank.end`` marked) ends the account, and
-    so does the hang action's abort, before the rank exits.
-    """
-    if rank.heartbeat is None or store is None:
-        return None
-    monitor = identity.rank == endpoint.monitor_rank
-    try:
-        watcher = rank.hangs
-        feed = EpisodeFeed(store, identity, watcher) if watcher is not None and monitor else None
-        tracker = GoodputTracker(
-            identity,
-            store,
-            recorder=rank.recorder,
-            sections=REGISTRY,
-            interval_s=endpoint.heartbeat_s,
-            monitor=monitor,
-            dump_dir=dump_dir,
-            errors=rank.errors,
-            start_step=start_step,
-            hangs=feed,
-            end=rank.end,
-        )
-        if watcher is not None and monitor:
-            # The account ends at the abort and is on disk before the exit (the next attempt
-            # carries it on); the final scrapes the abort waits for read its last totals.
-            watcher.when_aborting(lambda: tracker.finish(clean=False))
-        return tracker.start()
-    except Exception as exc:  # noqa: BLE001 - the account must never stop training
-        rank.errors.record("goodput", exc)
-        return None
