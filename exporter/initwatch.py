@@ -20,7 +20,7 @@ a rank that never arrived; which peers are published follows the heartbeat's bou
 the store inside ``init_process_group``) the watch says so once in the log and publishes this
 rank's phase only.
 
-Before it connects, the watch tries a plain TCP connection (:mod:`exporter.sources.netcheck`):
+Before it connects, the watch tries a plain TCP connection (:mod:`exporter.network.netcheck`):
 to the launcher's store, or, without one, on every rank but 0, to ``MASTER_ADDR:MASTER_PORT``,
 where rank 0 will host the store. A dropped port, an address nobody answers or a name that does
 not resolve is said once in the log within :data:`STORE_PROBE_S`, with the node it is seen
@@ -53,7 +53,7 @@ from .errors import ErrorCounter
 from .export.collector import add_invalid_settings, family
 from .export.server import MetricsServer
 from .log import log
-from .sources import netcheck
+from .network import netcheck
 from .sources.heartbeat import Heartbeat
 
 __all__ = ["STORE_CONNECT_TIMEOUT_S", "STORE_PROBE_S", "InitWatch"]

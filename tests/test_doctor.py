@@ -10,7 +10,7 @@ import torch
 from harness import Job, Ranks, free_port
 
 from exporter import settings
-from exporter.sources import netcheck
+from exporter.network import netcheck
 from exporter.tools import doctor
 from exporter.tools.doctor import Check, Report
 
@@ -283,7 +283,7 @@ def test_reach_blames_the_rank_most_others_cannot_connect_to():
 
 @pytest.mark.unit
 def test_links_schedule_pairs_every_node_once_per_round_and_judge_by_best_link():
-    from exporter.tools import links
+    from exporter.network import links
 
     for n in range(2, 9):
         rounds = links.rounds(n)

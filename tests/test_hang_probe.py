@@ -21,12 +21,11 @@ from harness import wait_for
 from test_hang_protocol import _Recorder, _Sections, _Store
 
 from exporter.errors import ErrorCounter
-from exporter.hangs import codec, network, probing, spans
+from exporter.hangs import codec, probing, spans
 from exporter.hangs import verdict as verdicts
 from exporter.hangs.action import ActionPolicy
 from exporter.hangs.definition import HangFinding, HangPolicy, SeqState, find_hangs
 from exporter.hangs.dumps import render_dump
-from exporter.hangs.probe import Listener, reach, reach_all
 from exporter.hangs.protocol import (
     DumpRequest,
     PeerReach,
@@ -37,6 +36,8 @@ from exporter.hangs.protocol import (
     RankState,
 )
 from exporter.hangs.watcher import HangWatcher
+from exporter.network import judge as network
+from exporter.network.probe import Listener, reach, reach_all
 from exporter.settings import Identity
 from exporter.sources import ras
 from exporter.sources.flight import PGState

@@ -31,6 +31,7 @@ ROOMS = {
     "exporter.background": "base",
     "exporter.ranklist": "base",
     "exporter.procfs": "base",
+    "exporter.network": "network",
     "exporter.sources": "sources",
     "exporter.export": "export",
     "exporter.hangs": "hangs",
@@ -48,14 +49,15 @@ ROOMS = {
     "exporter.tools": "tools",
     "exporter.doctor": "tools",
 }
-LIBRARY = ("base", "sources", "export", "hangs", "observer", "api")
+LIBRARY = ("base", "network", "sources", "export", "hangs", "observer", "api")
 ALLOWED = {
     "root": {"base"},
     "base": {"base"},
     "sources": {"base", "sources"},
     "export": {"base", "sources", "export"},
-    "hangs": {"base", "sources", "hangs"},
-    "observer": {"base", "sources", "export", "hangs", "observer"},
+    "network": {"base", "network"},
+    "hangs": {"base", "network", "sources", "hangs"},
+    "observer": {"base", "network", "sources", "export", "hangs", "observer"},
     "api": {"base", "sources", "observer", "api"},
     "integrations": {"base", "sources", "observer", "api", "integrations"},
     "mixin": {"base", "hangs", "mixin"},

@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..log import log
+from ..network import judge as networks
 from . import action as actions
 from . import codec
-from . import network as networks
 from . import restarts as ledger
 from . import verdict as verdicts
 from .action import ActionPolicy

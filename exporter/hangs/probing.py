@@ -3,7 +3,7 @@
 The monitoring rank starts a round (:class:`Rounds`) once every live rank has sat inside a
 collective past the stall threshold with nobody behind (:func:`all_stuck`): a hang with nobody
 behind is on its way, well before it is called symmetric. It reads every rank's start ack (its
-node and probe address), plans one rank per node (:func:`exporter.hangs.network.plan`) and
+node and probe address), plans one rank per node (:func:`exporter.network.judge.plan`) and
 publishes a probe request, as it publishes a dump request: the request first, then the round
 counter. Every rank that sits in a collective looks at that counter each quarter interval (a
 rank that does not is no part of such a hang, and never asks); a rank the plan names tries its
@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..log import log
+from ..network import judge as networks
+from ..network.probe import CONNECT_S, MOVE_S, Listener, reach_all
 from ..sources import ras
-from . import network as networks
 from .channel import Channel, Site
 from .definition import HangFinding, SeqState
-from .probe import CONNECT_S, MOVE_S, Listener, reach_all
 from .protocol import Network, ProbeRequest, ProbeResult
 
 __all__ = ["Answering", "Rounds", "all_stuck"]

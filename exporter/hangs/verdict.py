@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..network import judge as networks
 from ..ranklist import format_ranks
 from . import codec, spans
-from . import network as networks
 from .capture import summary_of
 from .dumps import EPISODE_GLOB
 from .protocol import Action, Episode, Frame, Located, Network, Summary

@@ -50,8 +50,10 @@ from .. import storekeys
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..log import log
+from ..network import netcheck
+from ..network.probe import Listener
 from ..settings import Identity
-from ..sources import launcher, netcheck
+from ..sources import launcher
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
@@ -60,7 +62,6 @@ from .action import ActionPolicy
 from .channel import Channel, Site, Store
 from .definition import DEFAULT_POLICY, HangPolicy
 from .monitor import Monitor
-from .probe import Listener
 from .probing import Answering, Rounds
 from .protocol import DumpRequest
 from .responder import FAULTHANDLER_S, Responder

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ... import settings
+from ...network import netcheck, reach
 from ...ranklist import format_ranks
-from ...sources import netcheck, reach
 
 __all__ = [
     "ABANDONED",

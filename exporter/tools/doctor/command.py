@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .. import links
+from ...network import links
 from .checks import ABANDONED, DEFAULT_STEP_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from .exchange import Exchange
 

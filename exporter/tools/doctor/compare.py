@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from ...sources import netcheck, reach
+from ...network import netcheck, reach
 from .checks import (
     FAIL,
     FIX_GLOO,
@@ -100,7 +100,7 @@ def judge_reach(
     ``failed`` maps each rank that tried to ``{peer: how it failed}``. A rank is to blame when
     more than half of the ranks that tried it failed: a firewall that drops gloo's ports on
     its node, or a GLOO_SOCKET_IFNAME the other nodes have no route to. The judgement is the
-    run-time probe's too (:func:`exporter.sources.reach.unreachable`): the worst-reached rank
+    run-time probe's too (:func:`exporter.network.reach.unreachable`): the worst-reached rank
     is blamed first and its own attempts then no longer count (a node that drops everything
     fails towards everyone), so a rank whose attempts failed only towards ranks to blame is
     fine.

@@ -18,8 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ... import settings, storekeys
-from ...sources import netcheck
-from .. import links
+from ...network import links, netcheck
 from .checks import (
     CHECKS,
     FAIL,

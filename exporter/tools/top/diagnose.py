@@ -14,8 +14,8 @@ import time
 from ... import catalog as c
 from ...hangs import spans
 from ...hangs.definition import SeqState, find_hangs
-from ...hangs.network import series_text
 from ...mixin.config import DEFAULT, MixinConfig
+from ...network.judge import series_text
 from ...ranklist import format_ranks
 from .rows import COUNTERS, RankRow
 

@@ -1,10 +1,10 @@
 """Judge the run-time probe: which link or which node does not carry traffic, and say so.
 
-The probe (:mod:`exporter.hangs.probe`) is planned per node: failures live between machines,
+The probe (:mod:`exporter.network.probe`) is planned per node: failures live between machines,
 and every rank of a node talks to its peers through the same interface, so one rank per node
 (the lowest that has a listener) tries one rank of every other node (ring neighbours beyond
-:data:`exporter.sources.reach.REACH_ALL_MAX` nodes). Who failed against whom is judged as the
-doctor judges it (:func:`exporter.sources.reach.unreachable`): a node that more than half of
+:data:`exporter.network.reach.REACH_ALL_MAX` nodes). Who failed against whom is judged as the
+doctor judges it (:func:`exporter.network.reach.unreachable`): a node that more than half of
 its triers, and at least two, cannot reach is *down* (its firewall, its NIC, its cable), and
 its own failed attempts are its, not its peers'; what fails between two nodes that both reach
 the others is their *link*. With two nodes there is no third to tell which end is broken:
@@ -21,9 +21,9 @@ import statistics
 import time
 from collections.abc import Mapping
 
-from ..sources import reach as reaching
+from . import reach as reaching
+from .findings import LinkFault, Network, NodeFault, ProbeRequest, ProbeResult
 from .probe import MOVE_S, PAYLOAD_BYTES
-from .protocol import LinkFault, Network, NodeFault, ProbeRequest, ProbeResult
 
 __all__ = [
     "MAX_LINKS",

@@ -2,7 +2,7 @@
 
 One judgement for two callers: ``ddp-exporter doctor`` (ranks, before a job) and the hang
 watcher's run-time probe (nodes, while every rank waits in a collective,
-:mod:`exporter.hangs.probe`). A member is anything that listens and tries its peers: a rank, or a
+:mod:`exporter.network.probe`). A member is anything that listens and tries its peers: a rank, or a
 node. Failures live between machines, and a member that drops everything fails towards every
 peer as well as from them; so the worst-reached member is blamed first, and its own attempts
 then no longer count: its victims are not confused with it.

@@ -3,10 +3,10 @@
 In a hang where every rank waits inside a collective, every rank is alive and reaches the store,
 but the collective cannot move bytes between some pair of peers. This probe tests exactly that,
 beside the stuck collective and never through it: every rank listens on a side port at the
-address its backend uses (:func:`exporter.sources.netcheck.backend_address`), and the ranks the
+address its backend uses (:func:`exporter.network.netcheck.backend_address`), and the ranks the
 monitoring rank names try their peers' listeners: connect, send a few KiB, read them back. A
 pair that cannot connect, or connects but cannot move the bytes in time, is the broken link
-(:mod:`exporter.hangs.network` judges who failed against whom).
+(:mod:`exporter.network.judge` judges who failed against whom).
 
 Cost: one listening socket per rank from the start (no thread, no traffic); its echo thread
 starts only once the rank itself sits in a collective past half the stall threshold, and the
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ErrorCounter
 from ..log import log
-from ..sources import netcheck
-from .protocol import PeerReach
+from . import netcheck
+from .findings import PeerReach
 
 __all__ = [
     "CONNECT_S",
