@@ -55,7 +55,7 @@ def test_fake_versions_override_is_validated():
 
 
 def _report(rank, world=3, host="n1", local=None, **versions):
-    checks = {name: Check("ok") for name in doctor.CHECKS}
+    checks = doctor.Checks(**{name: Check("ok") for name in doctor.CHECKS})
     base = {"python": "3.11", "torch": "2.13", "cuda": "none", "nccl": "none"}
     return Report(
         rank,
@@ -73,8 +73,8 @@ def test_compare_names_duplicate_ranks_other_world_size_and_skew():
     reps = [_report(0), _report(1), _report(1, host="n2"), _report(2, world=4, host="n3")]
     rows, notes = doctor.compare(reps, 3)
     assert [r.rank for r in rows] == [0, 1, 1, 2]
-    assert "claimed by 2 processes" in reps[1].checks["env"].detail
-    assert "WORLD_SIZE=4 here, 3 on rank 0" in reps[3].checks["env"].detail
+    assert "claimed by 2 processes" in reps[1].checks.env.detail
+    assert "WORLD_SIZE=4 here, 3 on rank 0" in reps[3].checks.env.detail
     assert not reps[0].failures() and not notes
     skew = [_report(0), _report(1, cuda="12.1"), _report(2, cuda="12.4", host="n2")]
     rows, notes = doctor.compare(skew, 4)

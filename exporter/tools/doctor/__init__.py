@@ -22,7 +22,7 @@ doctor always ends: exit status 0 when everything passed on every rank, 1 otherw
 usage. Under torchrun the agent already hosts the store on ``MASTER_PORT`` and every rank is a
 client; with one process per rank (srun, mpirun) rank 0 hosts it, like ``init_process_group``.
 
-The package: :mod:`.checks` (what a rank checks alone; Check, Report), :mod:`.compare` (rank
+The package: :mod:`.checks` (what a rank checks alone; Check, Checks, Report), :mod:`.compare` (rank
 0 compares the reports), :mod:`.report` (the table), :mod:`.exchange` (one rank's run through
 the store), :mod:`.command` (the CLI).
 """
@@ -40,6 +40,7 @@ from .checks import (
     VERSION_KEYS,
     WARN,
     Check,
+    Checks,
     Report,
     check_env,
     check_ifnames,
@@ -61,6 +62,7 @@ __all__ = [
     "VERSION_KEYS",
     "WARN",
     "Check",
+    "Checks",
     "Report",
     "add_parser",
     "build_parser",

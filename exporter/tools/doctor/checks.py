@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ... import settings
@@ -20,6 +20,7 @@ __all__ = [
     "ABANDONED",
     "CHECKS",
     "Check",
+    "Checks",
     "DEFAULT_STEP_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "Deadline",
@@ -46,6 +47,7 @@ __all__ = [
     "check_ifnames",
     "check_master_is_here",
     "check_restart",
+    "failed",
     "local_versions",
     "probe_port",
     "ranks_text",
@@ -53,8 +55,6 @@ __all__ = [
     "round_trip",
 ]
 
-#: The columns of the table, in order.
-CHECKS = ("env", "addr", "port", "ifname", "store", "reach", "gloo", "versions", "restart")
 #: The versions compared across ranks (and the keys the test-only override accepts).
 VERSION_KEYS = settings.VERSION_KEYS
 REQUIRED_ENV = (
@@ -108,6 +108,46 @@ class Check:
 
 
 @dataclass
+class Checks:
+    """One rank's checks, one per column of the table, in its order (None: not made)."""
+
+    env: Check | None = None
+    addr: Check | None = None
+    port: Check | None = None
+    ifname: Check | None = None
+    store: Check | None = None
+    reach: Check | None = None
+    gloo: Check | None = None
+    versions: Check | None = None
+    restart: Check | None = None
+    #: Only with ``--links``.
+    links: Check | None = None
+
+    @classmethod
+    def skipped(cls, columns: tuple[str, ...]) -> Checks:
+        """Return every check of ``columns`` skipped (what a rank that stops early shows)."""
+        return cls(**{name: Check(SKIP) for name in columns})
+
+    def get(self, name: str) -> Check | None:
+        """Return the check of column ``name``, None where it was not made."""
+        found: Check | None = getattr(self, name)
+        return found
+
+    def made(self) -> list[tuple[str, Check]]:
+        """Return ``(column, check)`` of every check made, in column order."""
+        return [(f.name, c) for f in fields(self) if (c := getattr(self, f.name)) is not None]
+
+
+def failed(check: Check | None) -> bool:
+    """Say whether ``check`` was made and failed."""
+    return check is not None and check.failed
+
+
+#: The columns of the table, in order (``links`` is added with ``--links``).
+CHECKS = tuple(f.name for f in fields(Checks) if f.name != "links")
+
+
+@dataclass
 class Report:
     """What one rank publishes: who it is, its versions, and its checks."""
 
@@ -117,7 +157,7 @@ class Report:
     host: str
     pid: int
     versions: dict[str, str]
-    checks: dict[str, Check] = field(default_factory=dict)
+    checks: Checks = field(default_factory=Checks)
     #: ``ip:port`` this rank listens on at the address gloo would advertise, and what chose it.
     reach: str = ""
     reach_why: str = ""
@@ -130,13 +170,13 @@ class Report:
     def from_json(cls, text: str | bytes) -> Report:
         """Parse what :meth:`to_json` wrote."""
         raw = json.loads(text)
-        raw["checks"] = {k: Check(**v) for k, v in raw["checks"].items()}
+        made = {k: Check(**v) for k, v in raw["checks"].items() if v is not None}
+        raw["checks"] = Checks(**made)
         return cls(**raw)
 
     def failures(self) -> list[tuple[str, Check]]:
         """Return the failed checks, in column order."""
-        order = [*CHECKS, *(n for n in self.checks if n not in CHECKS)]
-        return [(n, self.checks[n]) for n in order if n in self.checks and self.checks[n].failed]
+        return [(name, check) for name, check in self.checks.made() if check.failed]
 
 
 class Deadline:

@@ -14,6 +14,7 @@ from .checks import (
     VERSION_KEYS,
     Check,
     Report,
+    failed,
     ranks_text,
 )
 
@@ -35,21 +36,21 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
         if len(reps) > 1:
             who = ", ".join(f"{r.host} pid {r.pid}" for r in reps)
             for rep in reps:
-                rep.checks["env"] = Check(
+                rep.checks.env = Check(
                     FAIL, f"RANK={rank} claimed by {len(reps)} processes ({who})", FIX_LAUNCHER
                 )
     for rep in reports:
         if rep.world_size != world_size:
-            rep.checks["env"] = Check(
+            rep.checks.env = Check(
                 FAIL, f"WORLD_SIZE={rep.world_size} here, {world_size} on rank 0", FIX_LAUNCHER
             )
     locals_ = collections.defaultdict(list)
     for rep in reports:
         locals_[(rep.host, rep.local_rank)].append(rep)
     for (host, local), reps in locals_.items():
-        if len(reps) > 1 and all(not r.checks["env"].failed for r in reps):
+        if len(reps) > 1 and not any(failed(r.checks.env) for r in reps):
             for rep in reps:
-                rep.checks["env"] = Check(
+                rep.checks.env = Check(
                     FAIL,
                     f"LOCAL_RANK={local} shared by ranks "
                     f"{ranks_text([r.rank for r in reps])} on {host}",
@@ -76,10 +77,10 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
         for rep in reports:
             if rep.versions.get(key, "?") != common:
                 detail = f"{key} {rep.versions.get(key, '?')}, not {common} like {ranks_text(rest)}"
-                old = rep.checks["versions"]
-                if old.failed:
+                old = rep.checks.versions
+                if old is not None and old.failed:
                     detail = f"{old.detail}; {detail}"
-                rep.checks["versions"] = Check(FAIL, detail, FIX_VERSIONS)
+                rep.checks.versions = Check(FAIL, detail, FIX_VERSIONS)
     rows: list[Report | int] = []
     for rank in range(world_size):
         rows.extend(by_rank.get(rank) or [rank])

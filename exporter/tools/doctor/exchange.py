@@ -27,9 +27,9 @@ from .checks import (
     OK,
     POLL_S,
     REACH_S,
-    SKIP,
     VERDICT_GRACE_S,
     Check,
+    Checks,
     Deadline,
     Report,
     bounded,
@@ -37,6 +37,7 @@ from .checks import (
     check_ifnames,
     check_master_is_here,
     check_restart,
+    failed,
     local_versions,
     probe_port,
     resolve_master,
@@ -76,15 +77,14 @@ class Exchange:
             pid=os.getpid(),
             versions=local_versions(environ),
         )
-        for name in self.columns:
-            self.report.checks[name] = Check(SKIP)
-        self.report.checks["versions"] = Check(OK)
+        self.report.checks = Checks.skipped(self.columns)
+        self.report.checks.versions = Check(OK)
 
     def run(self) -> int:
         checks = self.report.checks
-        checks["env"] = check_env(self.env)
-        checks["ifname"] = check_ifnames(self.env)
-        if checks["env"].failed and (
+        checks.env = check_env(self.env)
+        checks.ifname = check_ifnames(self.env)
+        if failed(checks.env) and (
             self.rank is None
             or self.world is None
             or settings.int_or_none(self.env, settings.MASTER_PORT) is None
@@ -99,7 +99,7 @@ class Exchange:
             n = self.store.add(self.prefix + "arrived", 1)
             self._publish(f"report/{n}", self.report.to_json())
         except Exception as exc:  # noqa: BLE001 - the store host left after the round trip
-            checks["store"] = Check(FAIL, f"publishing failed: {exc}", "rank 0 left early")
+            checks.store = Check(FAIL, f"publishing failed: {exc}", "rank 0 left early")
             return self._alone()
         return self._rank0() if self.rank == 0 else self._peer()
 
@@ -113,7 +113,7 @@ class Exchange:
             sock.bind((addr, 0))
             sock.listen(64)
         except OSError as exc:
-            self.report.checks["reach"] = Check(
+            self.report.checks.reach = Check(
                 FAIL, f"cannot listen on {addr} ({why}): {exc}", FIX_GLOO
             )
             return
@@ -154,20 +154,20 @@ class Exchange:
 
         checks = self.report.checks
         addr, port = self.env[settings.MASTER_ADDR], int(self.env[settings.MASTER_PORT])
-        checks["addr"], ip = resolve_master(addr, self.dl.step(5.0))
+        checks.addr, ip = resolve_master(addr, self.dl.step(5.0))
         if ip is None:
             return
         timeout = datetime.timedelta(seconds=self.dl.step())
         host = self.rank == 0 and not self.agent_store
         if host:
-            checks["addr"] = check_master_is_here(addr, ip)
-            if checks["addr"].failed:
+            checks.addr = check_master_is_here(addr, ip)
+            if failed(checks.addr):
                 return  # the store's own client would dial MASTER_ADDR: another host
             try:
                 self.store = TCPStore(addr, port, None, True, timeout, wait_for_workers=False)
             except Exception as exc:  # noqa: BLE001 - reported with its fix
                 in_use = "in use" in str(exc).lower()
-                checks["port"] = Check(
+                checks.port = Check(
                     FAIL,
                     f"cannot listen on MASTER_PORT {port}: {str(exc).splitlines()[0]}",
                     "another process holds the port (a leftover job, or a second rank 0): "
@@ -176,16 +176,16 @@ class Exchange:
                     else FIX_LAUNCHER,
                 )
                 return
-            checks["port"] = Check(OK, f"listening on {port}")
+            checks.port = Check(OK, f"listening on {port}")
         else:
-            checks["port"] = probe_port(addr, port, self.dl.step())
-            if checks["port"].failed:
+            checks.port = probe_port(addr, port, self.dl.step())
+            if failed(checks.port):
                 return
             finished, value = bounded(
                 lambda: TCPStore(addr, port, None, False, timeout), self.dl.step() + 1
             )
             if not finished:
-                checks["store"] = Check(
+                checks.store = Check(
                     FAIL,
                     f"cannot connect to the c10d store at {addr}:{port}: {value}",
                     "MASTER_PORT answers but is not a c10d store: another program uses it",
@@ -196,17 +196,17 @@ class Exchange:
             lambda: round_trip(self.store, self.prefix + f"rtt/{self.rank}/{os.getpid()}"),
             self.dl.step(),
         )
-        checks["store"] = (
+        checks.store = (
             value
             if finished
             else Check(FAIL, f"set+get failed: {value}", "the store host is overloaded or gone")
         )
-        if checks["store"].failed:
+        if failed(checks.store):
             self.store = None
             return
         import torch
 
-        checks["restart"] = check_restart(self.env, self.store, torch.__version__)
+        checks.restart = check_restart(self.env, self.store, torch.__version__)
 
     def _publish(self, key: str, value: str) -> None:
         self.store.set(self.prefix + key, value)
@@ -288,16 +288,16 @@ class Exchange:
         )
         for rep in reports:
             if rep.rank in errors:
-                rep.checks["links"] = Check(FAIL, f"links: {errors[rep.rank]}", FIX_GLOO)
+                rep.checks.links = Check(FAIL, f"links: {errors[rep.rank]}", FIX_GLOO)
             elif rep.host in slow and first_on[rep.host] == rep.rank:
-                rep.checks["links"] = Check(
+                rep.checks.links = Check(
                     FAIL,
                     f"{rep.host}: {slow[rep.host]}",
                     f"check {rep.host}'s NIC (negotiated speed, errors: ethtool, ip -s link), its "
                     "cable and switch port, and other traffic on it; drain it until it is fixed",
                 )
             else:
-                rep.checks["links"] = Check(OK)
+                rep.checks.links = Check(OK)
         if pairs:
             notes.extend(links.render(pairs, self.links_mib))
         if len({r.host for r in reports}) == 2:
@@ -379,10 +379,10 @@ class Exchange:
                 failed[rep.rank] = {int(p): k for p, k in json.loads(got).items()}
         checks, more = judge_reach(reports, failed, self.world)
         for rep in reports:
-            if rep.rank in checks and not rep.checks.get("reach", Check(OK)).failed:
-                rep.checks["reach"] = checks[rep.rank]
+            if rep.rank in checks and not failed(rep.checks.reach):
+                rep.checks.reach = checks[rep.rank]
         notes.extend(more)
-        return all(not rep.checks["reach"].failed for rep in reports)
+        return all(not failed(rep.checks.reach) for rep in reports)
 
     def _gloo(self, reports: list[Report], notes: list[str]) -> None:
         """Run the gloo all_reduce with every rank; set each rank's check from its result."""
@@ -391,7 +391,7 @@ class Exchange:
         self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
         for rep in reports:
             got = self._wait_key(f"gloo/{rep.rank}", self.dl.end)
-            rep.checks["gloo"] = (
+            rep.checks.gloo = (
                 Check(**json.loads(got))
                 if got
                 else Check(FAIL, f"no all_reduce result within {self.timeout:.0f} s", FIX_GLOO)
@@ -422,7 +422,7 @@ class Exchange:
             self._reach()
             if self._wait_key("gloo", self.dl.end) == "go":
                 mine = self._collective(self.world)
-                self.report.checks["gloo"] = mine
+                self.report.checks.gloo = mine
                 self._publish(f"gloo/{self.rank}", json.dumps(asdict(mine)))
         own = own_failures(self.report)
         if own:

@@ -27,7 +27,7 @@ def render(
             problems.append(f"rank {row} missing: {missing_fix}")
             continue
         cells = [str(row.rank), row.host]
-        cells += [row.checks.get(n, Check(NA)).status for n in columns]
+        cells += [(row.checks.get(n) or Check(NA)).status for n in columns]
         table.append(cells)
         for name, check in row.failures():
             problems.append(f"rank {row.rank} {name}: {check.detail}. Fix: {check.fix}")
