@@ -22,6 +22,7 @@ from conftest import train_epoch
 from harness import REPO, Job, Ranks, parse, scrape_text, value, wait_for
 
 import exporter
+from exporter.hangs import codec
 from exporter.hangs.capture import capture, innermost_user_frame, summarize
 from exporter.tools import cli
 
@@ -204,24 +205,24 @@ def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
         model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=tmp_path / "d"
     )
     train_epoch(model, loader, opt)
-    summary = obs.hangs.dump(7, {"episode": 7, "behind": [0], "pg": "0", "seq": 1})
+    asked = {"episode": 7, "behind": [0], "pg": "0", "seq": 1}
+    summary = obs.hangs.dump(7, codec.request_from_dict(asked))
     folder = glob.glob(os.path.join(root, "*-hang-7"))[0]
     with open(os.path.join(folder, "rank-0.json")) as f:
         dump = json.load(f)
     assert dump["flight_recorder"]["available"] and dump["step"] == 8
-    assert (
-        summary["where"]["function"] == "test_dump_in_process_files_metrics_and_flight_recorder_off"
-    )
+    assert summary.where is not None
+    assert summary.where.function == "test_dump_in_process_files_metrics_and_flight_recorder_off"
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     s = parse(scrape_text(f"http://127.0.0.1:{obs.port}/metrics"))
     (labels, _), *_ = s["ddp_hang_location_info"]
-    assert labels["function"] == summary["where"]["function"]
+    assert labels["function"] == summary.where.function
     assert value(s, "ddp_hang_dumps_total") == 1
     # The location goes once the rank progresses (the episode is over for it).
     train_epoch(model, loader, opt)
     wait_for(lambda: obs.hangs.location is None, 10, "the location to be withdrawn")
 
     obs.inflight.fail(RuntimeError("FR broke"))  # from now on: comm-hook bookkeeping only
-    obs.hangs.dump(8, {"episode": 8})
+    obs.hangs.dump(8, codec.request_from_dict({"episode": 8}))
     with open(glob.glob(os.path.join(root, "*-hang-8", "rank-0.json"))[0]) as f:
         assert not json.load(f)["flight_recorder"]["available"]

@@ -19,6 +19,7 @@ import re
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,9 @@ from promstack import fast_config, require, run_prometheus, static_scrape
 import exporter
 from exporter import settings, storekeys
 from exporter.errors import ErrorCounter
-from exporter.hangs import action
+from exporter.hangs import action, codec
 from exporter.hangs.definition import HangFinding
+from exporter.hangs.protocol import Episode
 from exporter.settings import validate
 from exporter.tools.localstack import free_port
 
@@ -65,7 +67,8 @@ def _line_of(marker: str) -> int:
 
 
 # -- the decision, on its own -------------------------------------------------------------------
-REQUEST = {
+#: The monitoring rank's dump request, as it travels (the episode's first fields too).
+ASKED = {
     "episode": 1,
     "pg": "0",
     "kind": "behind",
@@ -74,7 +77,13 @@ REQUEST = {
     "behind": [1],
     "run": "r",
 }
+REQUEST = codec.request_from_dict(ASKED)
 STEPS = {0: 30, 1: 30, 2: 30}
+
+
+def _opened(**change) -> Episode:
+    """Return the episode of the request (with ``change``) as the monitoring rank opens it."""
+    return codec.episode_from_dict({**ASKED, **change})
 
 
 def _finding(kind: str = "behind", seq: float = 36.0, age: float = 31.0) -> HangFinding:
@@ -107,7 +116,7 @@ def _summary(rank: int, phase: str = "collective", inflight: bool = True, where=
     }
 
 
-def _episode(**change) -> tuple[dict, object]:
+def _episode(**change) -> tuple[Episode, object]:
     from exporter.hangs import verdict
 
     summaries = {"0": _summary(0), "1": _summary(1, "compute", False, 42), "2": _summary(2)}
@@ -126,8 +135,9 @@ def _episode(**change) -> tuple[dict, object]:
         "summaries": summaries,
         **change,
     }
-    found = verdict.verdict(episode, {int(r): s for r, s in summaries.items()})
-    return episode, found
+    typed = codec.episode_from_dict(episode)
+    answered = {int(r): s and codec.summary_from_dict(s) for r, s in summaries.items()}
+    return typed, verdict.verdict(typed, answered)
 
 
 @pytest.mark.unit
@@ -183,21 +193,28 @@ def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
 @pytest.mark.unit
 def test_a_symmetric_hang_acts_on_its_own_threshold():
     policy = action.ActionPolicy()
-    request = dict(REQUEST, kind="symmetric", threshold=60.0, behind=[])
+    symmetric = {"kind": "symmetric", "threshold": 60.0, "behind": []}
+    request = codec.request_from_dict({**ASKED, **symmetric})
     finding = _finding("symmetric", age=100.0)
     assert not action.due(policy, request, finding, reported_age=100.0, steps=STEPS, timeout=None)
     assert action.due(policy, request, finding, reported_age=121.0, steps=STEPS, timeout=None)
-    line = action.describe(action.plan(policy, request, [], "/d/r-hang-1", 121.0, None))
+    line = action.describe(
+        action.decide(policy, _opened(**symmetric), [], "/d/r-hang-1", 121.0, None)
+    )
     assert "every rank is stuck inside collective #36 (pg 0)" in line, line
 
 
 @pytest.mark.unit
 def test_the_line_names_culprit_place_folder_and_code():
-    located = [{"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}]
-    plan = action.plan(
-        action.ActionPolicy(exit_code=76), REQUEST, located, "/d/r-hang-1", 31.4, 1800.0
+    located = [
+        codec.located_from_dict(
+            {"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}
+        )
+    ]
+    plan = action.decide(
+        action.ActionPolicy(exit_code=76), _opened(), located, "/d/r-hang-1", 31.4, 1800.0
     )
-    assert json.loads(json.dumps(plan)) == plan  # it travels through the store as JSON
+    assert codec.decode_action(codec.encode_action(plan)) == plan  # it travels as JSON
     line = action.describe(plan)
     assert line == (
         "ddp-exporter: aborting run r on hang episode 1: rank 1 never entered collective #36 "
@@ -205,9 +222,9 @@ def test_the_line_names_culprit_place_folder_and_code():
         "verdict in /d/r-hang-1; every rank exits with code 76 so that the launcher restarts "
         "the job from its last checkpoint"
     )
-    plan = action.plan(
+    plan = action.decide(
         action.ActionPolicy(),
-        REQUEST,
+        _opened(),
         located,
         "/d/r-hang-1",
         21.0,
@@ -225,7 +242,7 @@ def test_the_line_names_culprit_place_folder_and_code():
         "dumps and verdict in /d/r-hang-1; every rank exits with code 69 and this is the last "
         "abort: 3 in a row without progress (limit 3), do not requeue; the hang action stops here"
     )
-    plan = dict(plan, decision="decline", streak=4)
+    plan = replace(plan, decision="decline", streak=4)
     assert action.describe(plan).startswith(
         "ddp-exporter: NOT aborting run r on hang episode 1: rank 1 (node gpu-7) never entered "
     ), plan
@@ -320,7 +337,7 @@ def test_ranks_leave_together_the_monitoring_rank_last():
     keys = storekeys.for_run("leave-test")
     events: list[tuple[str, int, float]] = []
     policy = action.ActionPolicy(publish_s=1.0)
-    plan = action.plan(policy, REQUEST, [], "/d/r-hang-1", 31.0, None)
+    plan = action.decide(policy, _opened(), [], "/d/r-hang-1", 31.0, None)
 
     def rank(r: int) -> None:
         store = TCPStore("127.0.0.1", server.port, None, False, timeout=timeout)
@@ -335,7 +352,7 @@ def test_ranks_leave_together_the_monitoring_rank_last():
             publish=lambda: events.append(("published", r, time.monotonic())),
             exit=lambda code: events.append(("exit", r, time.monotonic(), code)),
             quiet=lambda: None,
-            keep=lambda plan: events.append(("kept", r, time.monotonic(), plan["episode"])),
+            keep=lambda plan: events.append(("kept", r, time.monotonic(), plan.episode)),
             forget=lambda: events.append(
                 ("forgot", r, time.monotonic(), server.check([keys.leave()]))
             ),

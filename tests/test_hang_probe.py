@@ -34,6 +34,7 @@ from exporter.hangs.protocol import (
     ProbeResult,
     RankDump,
     RankState,
+    Summary,
 )
 from exporter.hangs.watcher import HangWatcher
 from exporter.network import judge as network
@@ -311,17 +312,19 @@ def test_a_deadlock_across_two_groups_is_not_the_network(tmp_path, monkeypatch):
 
 
 # -- the first collective a rank missed: verdict, top and the dump agree -------------------------
-def _summary(rank: int, last_enqueued: int, last_completed: int, inflight: list[int]) -> dict:
+def _summary(rank: int, last_enqueued: int, last_completed: int, inflight: list[int]) -> Summary:
     frames = [{"file": "/job/train.py", "line": 40, "function": "train_step"}]
-    return {
-        "rank": rank,
-        "step": 9,
-        "phase": "collective",
-        "frames": frames,
-        "where": frames[0],
-        "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
-        "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}},
-    }
+    return codec.summary_from_dict(
+        {
+            "rank": rank,
+            "step": 9,
+            "phase": "collective",
+            "frames": frames,
+            "where": frames[0],
+            "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
+            "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}},
+        }
+    )
 
 
 def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
@@ -332,19 +335,21 @@ def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
         1: _summary(1, 698, 698, []),
         2: _summary(2, 700, 698, [699, 700]),
     }
-    episode = {
-        "episode": 1,
-        "run": "r",
-        "pg": "0",
-        "kind": "behind",
-        "seq": 700,
-        "behind": [1],
-        "waiting": [0, 2],
-        "age": 12.0,
-        "threshold": 10.0,
-        "world_size": 3,
-        "last_enqueued": {"0": 700, "1": 698, "2": 700},
-    }
+    episode = codec.episode_from_dict(
+        {
+            "episode": 1,
+            "run": "r",
+            "pg": "0",
+            "kind": "behind",
+            "seq": 700,
+            "behind": [1],
+            "waiting": [0, 2],
+            "age": 12.0,
+            "threshold": 10.0,
+            "world_size": 3,
+            "last_enqueued": {"0": 700, "1": 698, "2": 700},
+        }
+    )
     text = verdicts.render(verdicts.verdict(episode, summaries))
     assert "a rank is behind in pg 0 at all_reduce #699 (#700 queued behind it)" in text, text
     assert "rank 1 never entered all_reduce #699–#700 (pg 0)" in text, text
@@ -381,18 +386,20 @@ def test_two_buckets_in_flight_name_the_first_collective_missed_everywhere():
 
 def test_a_symmetric_hang_names_the_collective_stuck_and_what_is_queued_behind_it():
     summaries = {r: _summary(r, 838, 836, [837, 838]) for r in range(4)}
-    episode = {
-        "episode": 1,
-        "run": "r",
-        "pg": "0",
-        "kind": "symmetric",
-        "seq": 838,
-        "behind": [],
-        "waiting": [0, 1, 2, 3],
-        "age": 70.0,
-        "threshold": 60.0,
-        "world_size": 4,
-    }
+    episode = codec.episode_from_dict(
+        {
+            "episode": 1,
+            "run": "r",
+            "pg": "0",
+            "kind": "symmetric",
+            "seq": 838,
+            "behind": [],
+            "waiting": [0, 1, 2, 3],
+            "age": 70.0,
+            "threshold": 60.0,
+            "world_size": 4,
+        }
+    )
     v = verdicts.verdict(episode, summaries)
     assert "symmetric hang in pg 0 at all_reduce #837 (#838 queued behind it)" in v.header
     assert v.culprits[0] == (

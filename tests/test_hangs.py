@@ -7,6 +7,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from exporter.hangs import codec
 from exporter.hangs import verdict as hangs
 from exporter.ranklist import format_ranks
 from exporter.tools import cli
@@ -61,14 +62,14 @@ def _six_ranks() -> dict:
 
 
 def test_culprits_first_then_waiting_then_groups():
-    v = hangs.verdict(_episode(), _six_ranks())
+    v = _verdict(_episode(), _six_ranks())
     assert v.culprits[0] == (
         "rank 2 never entered all_reduce #41 (pg 0); it is at train.py:57 in load_batch "
         "(step 7, phase data)"
     )
     assert v.culprits[1].startswith("rank 6 did not answer the dump request")
     # With the silent rank's node known (from its start ack), the verdict names it.
-    named = hangs.verdict({**_episode(), "nodes": {"6": "n6"}}, _six_ranks())
+    named = _verdict({**_episode(), "nodes": {"6": "n6"}}, _six_ranks())
     assert named.culprits[1].startswith("rank 6 (node n6) did not answer the dump request")
     assert "cut off from the store's (network, firewall)" in named.culprits[1]
     assert v.missing == [6]
@@ -94,6 +95,12 @@ def test_culprits_first_then_waiting_then_groups():
     assert "6/7 ranks answered" in v.header
 
 
+def _verdict(episode: dict, summaries: dict) -> hangs.Verdict:
+    """Return the verdict of an episode and summaries written as the files hold them."""
+    typed = {r: None if s is None else codec.summary_from_dict(s) for r, s in summaries.items()}
+    return hangs.verdict(codec.episode_from_dict(episode), typed)
+
+
 def test_mismatch_names_both_ops():
     frames = _frames((10, "main"))
     summaries = {
@@ -101,7 +108,7 @@ def test_mismatch_names_both_ops():
         1: _summary(1, frames, [{"op": "broadcast", "seq": 12, "pg": "0"}]),
     }
     ep = _episode(kind="symmetric", seq=12, behind=[], waiting=[0, 1], world_size=2)
-    v = hangs.verdict(ep, summaries)
+    v = _verdict(ep, summaries)
     assert v.mismatches == ["collective #12 (pg 0): rank 0 in all_reduce, rank 1 in broadcast"]
     assert "no rank is behind" in v.culprits[0]
     assert v.header.startswith(

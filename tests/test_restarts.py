@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from promstack import fast_config, require, run_prometheus, static_scrape
 import exporter.tools.top as top
 from exporter import settings
 from exporter.hangs import restarts
+from exporter.hangs.protocol import LedgerEntry
 from exporter.hangs.restarts import RestartPolicy
 from exporter.tools.localstack import free_port
 
@@ -30,16 +32,23 @@ HOST = socket.gethostname()
 POLICY = RestartPolicy(limit=3, progress_steps=50, give_up_exit_code=69)
 
 
-def _entry(attempt: int, furthest: int, streak: int, decision: str = "abort") -> dict:
-    return {
-        "run": "r",
-        "attempt": attempt,
-        "furthest": furthest,
-        "streak": streak,
-        "decision": decision,
-        "culprits": [1],
-        "nodes": ["bad"],
-    }
+def _entry(attempt: int, furthest: int, streak: int, decision: str = "abort") -> LedgerEntry:
+    return LedgerEntry(
+        run="r",
+        attempt=attempt,
+        episode=1,
+        decision=decision,
+        exit_code=None,
+        progress=False,
+        streak=streak,
+        furthest=furthest,
+        steps=0,
+        start_step=None,
+        culprits=(1,),
+        nodes=("bad",),
+        folder="",
+        decided_unix=0.0,
+    )
 
 
 # -- the ledger's judgement ---------------------------------------------------------------------
@@ -87,33 +96,33 @@ def test_a_limit_of_zero_never_stops():
 @pytest.mark.unit
 def test_the_ledger_chains_only_to_the_attempt_before(tmp_path: Path):
     d = str(tmp_path)
-    assert restarts.load_chain(d, "r", "1") == []  # no ledger yet
-    chain = []
+    assert restarts.load_entries(d, "r", "1") == []  # no ledger yet
+    chain: list[LedgerEntry] = []
     for attempt in range(3):
-        entry = dict(_entry(attempt, 110, attempt + 1), decided_unix=1.0)
+        entry = replace(_entry(attempt, 110, attempt + 1), decided_unix=1.0)
         restarts.record(d, "r", chain, entry)
-        chain = restarts.load_chain(d, "r", str(attempt + 1))
-        assert [e["attempt"] for e in chain] == list(range(attempt + 1))
+        chain = restarts.load_entries(d, "r", str(attempt + 1))
+        assert [e.attempt for e in chain] == list(range(attempt + 1))
     assert oct(os.stat(restarts.ledger_path(d, "r")).st_mode & 0o777) == "0o600"
-    assert restarts.load_chain(d, "r", "0") == []  # a new job reusing the name starts afresh
-    assert restarts.load_chain(d, "r", "5") == []  # attempts 3 and 4 ended otherwise
-    assert restarts.load_chain(d, "other", "3") == []
+    assert restarts.load_entries(d, "r", "0") == []  # a new job reusing the name starts afresh
+    assert restarts.load_entries(d, "r", "5") == []  # attempts 3 and 4 ended otherwise
+    assert restarts.load_entries(d, "other", "3") == []
     # A new job's first abort replaces the old run's ledger whole.
     restarts.record(d, "r", [], _entry(0, 20, 1))
-    assert [e["furthest"] for e in restarts.load_chain(d, "r", "1")] == [20]
+    assert [e.furthest for e in restarts.load_entries(d, "r", "1")] == [20]
     (tmp_path / "bad-restarts.json").write_text("{not json")
     with pytest.raises(ValueError):
-        restarts.load_chain(d, "bad", "1")
+        restarts.load_entries(d, "bad", "1")
 
 
 @pytest.mark.unit
 def test_the_launcher_line_says_whether_to_requeue_and_where_the_culprit_is():
-    entry = dict(_entry(2, 110, 3, "give_up"), exit_code=69, folder="d/r-attempt-2-hang-1")
+    entry = replace(_entry(2, 110, 3, "give_up"), exit_code=69, folder="d/r-attempt-2-hang-1")
     assert restarts.launcher_line(entry, 3) == (
         "requeue=no exit_code=69 attempt=2 aborts_without_progress=3 limit=3 culprit_ranks=1 "
         "culprit_nodes=bad folder=d/r-attempt-2-hang-1\n"
     )
-    entry = dict(entry, decision="abort", exit_code=75, culprits=[], nodes=[])
+    entry = replace(entry, decision="abort", exit_code=75, culprits=(), nodes=())
     line = restarts.launcher_line(entry, 3)
     assert line.startswith("requeue=yes exit_code=75 ") and "culprit_ranks=none " in line
 
@@ -230,8 +239,8 @@ def test_a_resubmitting_script_continues_the_ledger_with_the_attempt_offset(tmp_
         seen.append((codes, line.split()[0]))
         attempt = int(line.split(" attempt=")[1].split()[0]) + 1
     assert seen == [({0: 75, 1: 75, 2: 75}, "requeue=yes"), ({0: 69, 1: 69, 2: 69}, "requeue=no")]
-    ledger = restarts.load_chain(str(tmp_path / "dumps"), run, "2")
-    assert [(e["attempt"], e["decision"], e["nodes"]) for e in ledger] == [
-        (0, "abort", [HOST]),
-        (1, "give_up", [HOST]),
+    ledger = restarts.load_entries(str(tmp_path / "dumps"), run, "2")
+    assert [(e.attempt, e.decision, e.nodes) for e in ledger] == [
+        (0, "abort", (HOST,)),
+        (1, "give_up", (HOST,)),
     ]

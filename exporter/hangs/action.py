@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from .. import settings
 from ..errors import ErrorCounter
@@ -91,7 +91,6 @@ __all__ = [
     "describe",
     "due",
     "exit_now",
-    "plan",
     "policies",
     "record",
 ]
@@ -135,7 +134,7 @@ class ActionPolicy:
         return due
 
 
-def certain(episode: Episode | Mapping[str, Any], found: Verdict) -> bool:
+def certain(episode: Episode, found: Verdict) -> bool:
     """Say whether an episode's dumps leave no doubt who hangs the run, and where.
 
     Complete evidence: a rank is behind (not a symmetric hang), every rank answered, no
@@ -143,7 +142,7 @@ def certain(episode: Episode | Mapping[str, Any], found: Verdict) -> bool:
     collective, and every other rank waits in the stalled collective (the trigger saw it
     waiting, or its Flight Recorder shows that collective in flight).
     """
-    ep = codec.as_episode(episode)
+    ep = episode
     req = ep.request
     if req.kind != "behind" or ep.missing or found.mismatches:
         return False
@@ -180,7 +179,7 @@ def policies(
 
 def due(
     policy: ActionPolicy,
-    request: DumpRequest | Mapping[str, Any],
+    request: DumpRequest,
     finding: HangFinding | None,
     *,
     reported_age: float,
@@ -199,7 +198,7 @@ def due(
     probe found a broken link or node, so a symmetric episode was opened before its threshold:
     the collective still stalled with nobody behind (``waiting``) keeps it going.
     """
-    req = codec.as_request(request)
+    req = request
     if finding is None or finding.seq != req.seq:
         return False
     kinds = ("symmetric", "waiting") if evidence and req.kind == "symmetric" else (req.kind,)
@@ -262,39 +261,6 @@ def decide(
     )
 
 
-def plan(
-    policy: ActionPolicy,
-    episode: Episode | Mapping[str, Any],
-    located: Sequence[Located | Mapping[str, Any]],
-    folder: str,
-    age: float,
-    timeout: float | None,
-    *,
-    sure: bool = False,
-    nodes: Sequence[str] | None = None,
-    decision: str = "abort",
-    exit_code: int | None = None,
-    streak: int = 1,
-    limit: int = 0,
-) -> dict[str, Any]:
-    """Return :func:`decide` as the JSON-ready dict that travels (episode and places as dicts)."""
-    action = decide(
-        policy,
-        codec.as_episode(episode),
-        [codec.as_located(x) for x in located],
-        folder,
-        age,
-        timeout,
-        sure=sure,
-        nodes=nodes,
-        decision=decision,
-        exit_code=exit_code,
-        streak=streak,
-        limit=limit,
-    )
-    return codec.action_to_dict(action)
-
-
 def _seq(seq: float) -> str:
     return str(int(seq)) if float(seq).is_integer() else f"{seq:g}"
 
@@ -314,9 +280,9 @@ def _who(action: Action) -> str:
     return who
 
 
-def describe(action: Action | Mapping[str, Any]) -> str:
+def describe(action: Action) -> str:
     """Return the one line every rank prints before it exits (or the monitor, on declining)."""
-    a = codec.as_action(action)
+    a = action
     head = f"run {a.run} on hang episode {a.episode}: {_who(a)}, "
     head += f"for {a.age_s:.0f} s (abort after {a.due_s:.0f} s)"
     streak, limit = a.streak, a.limit
@@ -410,11 +376,7 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-#: The action as a :class:`Leaving` is handed it: typed, or as it travels (tests, tools).
-_A = TypeVar("_A", Action, Mapping[str, Any])
-
-
-class Leaving(Generic[_A]):
+class Leaving:
     """Take one rank out of a run whose hang action was decided, together with the others.
 
     ``exit`` and ``quiet`` are the process-wide steps (``os._exit``, silencing the training
@@ -437,7 +399,7 @@ class Leaving(Generic[_A]):
         errors: ErrorCounter,
         exit: Callable[[int], Any] = exit_now,
         quiet: Callable[[], None] = _quiet_training_thread,
-        keep: Callable[[_A], None] = lambda action: None,
+        keep: Callable[[Action], None] = lambda action: None,
         forget: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
@@ -449,16 +411,16 @@ class Leaving(Generic[_A]):
         self._errors = errors
         self._exit = exit
         self._quiet = quiet
-        self._keep: Callable[[_A], None] = keep
+        self._keep: Callable[[Action], None] = keep
         self._forget = forget
         # Ranks see the action up to a watch apart, then each publishes for up to publish_s.
         self.deadline_s = policy.publish_s + interval_s + 2.0
 
-    def leave(self, action: _A, answered: list[int] | None = None) -> None:
+    def leave(self, action: Action, answered: list[int] | None = None) -> None:
         """Print the line, publish, leave with the others and exit (``answered``: monitor only)."""
         code = self._policy.exit_code
         try:
-            code = codec.as_action(action).exit_code
+            code = action.exit_code
             log.warning("%s", describe(action))
             steps: tuple[Callable[[], None], ...] = (lambda: self._keep(action), self._publish)
             for step in steps:

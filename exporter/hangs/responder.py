@@ -108,7 +108,7 @@ class Responder:
         self.when_aborting: list[Callable[[], None]] = []
         #: The episode this rank answered while it may be told to leave (action on).
         self.in_episode: Answered | None = None
-        self._leaving: Leaving[Action] | None = None
+        self._leaving: Leaving | None = None
         if action is not None:
             self._leaving = Leaving(
                 channel.store,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,6 @@ __all__ = [
     "judge",
     "launcher_line",
     "ledger_path",
-    "load_chain",
     "load_entries",
     "record",
 ]
@@ -131,20 +130,15 @@ def load_entries(dump_dir: str, run: str, attempt: str) -> list[LedgerEntry]:
     return chain[::-1]
 
 
-def load_chain(dump_dir: str, run: str, attempt: str) -> list[dict[str, Any]]:
-    """Return :func:`load_entries` as JSON-ready dicts, as the ledger file holds them."""
-    return [codec.entry_to_dict(e) for e in load_entries(dump_dir, run, attempt)]
-
-
 def judge(
-    chain: Sequence[LedgerEntry | Mapping[str, Any]],
+    chain: Sequence[LedgerEntry],
     policy: RestartPolicy,
     *,
     start_step: int | None,
     steps: int,
 ) -> Judgement:
     """Judge an attempt due for the action: its progress, the streak, what to do."""
-    entries = [codec.as_entry(e) for e in chain]
+    entries = list(chain)
     best = max((e.furthest for e in entries), default=None)
     start = start_step if start_step is not None else (best or 0)
     furthest = start + steps
@@ -165,12 +159,12 @@ def judge(
 def record(
     dump_dir: str,
     run: str,
-    chain: Sequence[LedgerEntry | Mapping[str, Any]],
-    entry: LedgerEntry | Mapping[str, Any],
+    chain: Sequence[LedgerEntry],
+    entry: LedgerEntry,
 ) -> None:
     """Write the ledger: ``chain`` then ``entry`` (a new chain replaces an old ledger whole)."""
     makedirs_private(os.path.join(dump_dir, "."))
-    entries = [codec.as_entry(e) for e in [*chain, entry]][-_KEEP:]
+    entries = [*chain, entry][-_KEEP:]
     replace_private(ledger_path(dump_dir, run), codec.ledger_json(entries))
 
 
@@ -178,9 +172,9 @@ def _items(values: Sequence[Any]) -> str:
     return ",".join(str(v) for v in values if v not in (None, "")) or "none"
 
 
-def launcher_line(entry: LedgerEntry | Mapping[str, Any], limit: int) -> str:
+def launcher_line(entry: LedgerEntry, limit: int) -> str:
     """Return the one line of ``<run>-abort.txt`` for ``entry`` (an abort or the last one)."""
-    e = codec.as_entry(entry)
+    e = entry
     return (
         f"requeue={'no' if e.decision == 'give_up' else 'yes'} "
         f"exit_code={e.exit_code} attempt={e.attempt} "
@@ -200,11 +194,11 @@ class RestartState:
     def __init__(
         self,
         policy: RestartPolicy,
-        chain: Sequence[LedgerEntry | Mapping[str, Any]],
+        chain: Sequence[LedgerEntry],
         start_step: int | None = None,
     ) -> None:
         self.policy = policy
-        self.chain: list[LedgerEntry] = [codec.as_entry(e) for e in chain]
+        self.chain: list[LedgerEntry] = list(chain)
         self.start_step = start_step
         #: Aborts in a row without progress so far (the last entry's, or this attempt's).
         self.streak = self.chain[-1].streak if self.chain else 0

@@ -98,19 +98,16 @@ _SILENT = (
 )
 
 
-def verdict(
-    episode: Episode | Mapping[str, Any],
-    summaries: Mapping[int, Summary | Mapping[str, Any] | None],
-) -> Verdict:
+def verdict(episode: Episode, summaries: Mapping[int, Summary | None]) -> Verdict:
     """Build the verdict of ``episode`` (the monitoring rank's request) from rank summaries.
 
-    ``summaries`` maps every rank to its summary, or None when it did not answer. Either may be
-    given in its JSON form (``episode.json``, tests).
+    ``summaries`` maps every rank to its summary, or None when it did not answer (read from
+    the files: :func:`load_episode`).
     """
-    ep = codec.as_episode(episode)
+    ep = episode
     req = ep.request
     pg, seq, kind = str(req.pg), req.seq, req.kind
-    answered = {r: codec.as_summary(s) for r, s in summaries.items() if s is not None}
+    answered = {r: s for r, s in summaries.items() if s is not None}
     missing = sorted(r for r, s in summaries.items() if s is None)
     # Read from one node's files without the monitoring rank's episode.json: a rank without a
     # file here may have answered on its own node, so it is not called silent.

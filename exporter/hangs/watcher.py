@@ -43,8 +43,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from .. import storekeys
 from ..background import BackgroundLoop
@@ -57,13 +56,12 @@ from ..sources import launcher
 from ..sources.flight import InFlight
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
-from . import codec
 from .action import ActionPolicy
 from .channel import Channel, Site, Store
 from .definition import DEFAULT_POLICY, HangPolicy
 from .monitor import Monitor
 from .probing import Answering, Rounds
-from .protocol import DumpRequest
+from .protocol import DumpRequest, Summary
 from .responder import FAULTHANDLER_S, Responder
 from .restarts import RestartPolicy, RestartState
 
@@ -247,9 +245,9 @@ class HangWatcher:
         self._loop.close()
         self._rank.close()
 
-    def dump(self, episode: int, request: DumpRequest | Mapping[str, Any]) -> dict[str, Any]:
+    def dump(self, episode: int, request: DumpRequest) -> Summary:
         """Write this rank's dump for ``episode`` now; return its summary as the ack carries it."""
-        return codec.summary_to_dict(self._rank.dump(episode, codec.as_request(request)))
+        return self._rank.dump(episode, request)
 
     # -- the loop ----------------------------------------------------------------------------
     def _tick_once(self) -> float | None:

@@ -12,8 +12,8 @@ files give partial dicts), while a value of the wrong type raises ``ValueError``
 ``TypeError``, and an absent field that has no default raises ``KeyError``. Numbers keep the type
 they were read with (a sequence number read as ``36`` is written back as ``36``, not ``36.0``).
 
-``*_to_dict`` / ``*_from_dict`` give the JSON-ready forms (for the files, and for the entry
-points that tools and tests call with dicts); ``encode_*`` / ``decode_*`` the store's strings.
+``*_to_dict`` / ``*_from_dict`` give the JSON-ready forms (the files); ``encode_*`` /
+``decode_*`` the store's strings. Everything past them takes the typed values only.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from __future__ import annotations
 from .decisions import (
     action_from_dict,
     action_to_dict,
-    as_action,
-    as_entry,
-    as_episode,
-    as_located,
     decode_action,
     encode_action,
     entry_from_dict,
@@ -46,8 +42,6 @@ from .probe import (
     network_to_dict,
 )
 from .state import (
-    as_request,
-    as_summary,
     decode_ack,
     decode_report,
     decode_request,
@@ -73,12 +67,6 @@ from .state import (
 __all__ = [
     "action_from_dict",
     "action_to_dict",
-    "as_action",
-    "as_entry",
-    "as_episode",
-    "as_located",
-    "as_request",
-    "as_summary",
     "decode_ack",
     "decode_action",
     "decode_probe_request",

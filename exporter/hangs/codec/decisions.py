@@ -7,17 +7,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..protocol import Action, Episode, LedgerEntry, Located
-from .fields import JSON, Raw, as_typed, ints, load, num, opt_int, opt_num, opt_str
+from .fields import JSON, Raw, ints, load, num, opt_int, opt_num, opt_str
 from .probe import network_from_dict, network_to_dict
 from .state import request_from_dict, request_to_dict, summary_from_dict, summary_to_dict
 
 __all__ = [
     "action_from_dict",
     "action_to_dict",
-    "as_action",
-    "as_entry",
-    "as_episode",
-    "as_located",
     "decode_action",
     "encode_action",
     "entry_from_dict",
@@ -71,11 +67,6 @@ def entry_from_dict(m: Mapping[str, Any]) -> LedgerEntry:
         str(m.get("folder", "")),
         num(m.get("decided_unix", 0.0)),
     )
-
-
-def as_entry(e: LedgerEntry | Mapping[str, Any]) -> LedgerEntry:
-    """Return ``e`` as a ledger entry (read from its JSON form where it is one)."""
-    return as_typed(e, LedgerEntry, entry_from_dict)
 
 
 def ledger_json(entries: Iterable[LedgerEntry]) -> str:
@@ -150,11 +141,6 @@ def action_from_dict(m: Mapping[str, Any]) -> Action:
     )
 
 
-def as_action(a: Action | Mapping[str, Any]) -> Action:
-    """Return ``a`` as an action (read from its JSON form where it is one)."""
-    return as_typed(a, Action, action_from_dict)
-
-
 def encode_action(a: Action) -> str:
     """Return an action as it travels."""
     return json.dumps(action_to_dict(a))
@@ -190,11 +176,6 @@ def located_from_dict(m: Mapping[str, Any]) -> Located:
         opt_int(m["line"]),
         str(m["function"]),
     )
-
-
-def as_located(loc: Located | Mapping[str, Any]) -> Located:
-    """Return ``loc`` as a located culprit (read from its JSON form where it is one)."""
-    return as_typed(loc, Located, located_from_dict)
 
 
 # -- episodes -------------------------------------------------------------------------------------------
@@ -245,11 +226,6 @@ def episode_from_dict(m: Mapping[str, Any]) -> Episode:
         bool(m.get("local_only")),
         network_from_dict(m["network"]) if m.get("network") else None,
     )
-
-
-def as_episode(e: Episode | Mapping[str, Any]) -> Episode:
-    """Return ``e`` as an episode (read from its JSON form where it is one)."""
-    return as_typed(e, Episode, episode_from_dict)
 
 
 def episode_json(e: Episode) -> str:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 __all__ = [
     "JSON",
     "Raw",
-    "as_typed",
     "ints",
     "line",
     "load",
@@ -60,11 +59,3 @@ def load(raw: Raw) -> JSON:
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def as_typed(
-    value: _T | Mapping[str, Any], cls: type[_T], read: Callable[[Mapping[str, Any]], _T]
-) -> _T:
-    if isinstance(value, cls):
-        return value
-    return read(cast(Mapping[str, Any], value))

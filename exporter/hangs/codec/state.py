@@ -20,11 +20,9 @@ from ..protocol import (
     Summary,
     ThreadStack,
 )
-from .fields import JSON, Raw, as_typed, ints, line, load, num, opt_int, opt_num, opt_str
+from .fields import JSON, Raw, ints, line, load, num, opt_int, opt_num, opt_str
 
 __all__ = [
-    "as_request",
-    "as_summary",
     "decode_ack",
     "decode_report",
     "decode_request",
@@ -295,11 +293,6 @@ def decode_request(raw: Raw) -> DumpRequest:
     return request_from_dict(load(raw))
 
 
-def as_request(r: DumpRequest | Mapping[str, Any]) -> DumpRequest:
-    """Return ``r`` as a request (read from its JSON form where it is one)."""
-    return as_typed(r, DumpRequest, request_from_dict)
-
-
 # -- summaries and acks ----------------------------------------------------------------------------
 def _op_to_dict(e: InflightOp) -> JSON:
     out: JSON = {"op": e.op, "seq": e.seq, "pg": e.pg, "pg_desc": e.pg_desc}
@@ -345,11 +338,6 @@ def summary_from_dict(m: Mapping[str, Any]) -> Summary:
         _seqs_from_dict(m.get("seqs") or {}),
         tuple(str(e) for e in m.get("errors") or ()),
     )
-
-
-def as_summary(s: Summary | Mapping[str, Any]) -> Summary:
-    """Return ``s`` as a summary (read from its JSON form where it is one)."""
-    return as_typed(s, Summary, summary_from_dict)
 
 
 def encode_ack(a: Ack) -> str:
