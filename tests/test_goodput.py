@@ -163,6 +163,30 @@ def test_collectives_slowed_by_a_busy_host_are_the_healthy_pace(seed: int) -> No
     assert totals["communication"] < 0.01 * _wall(sim), totals
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_busy_host_slows_compute_and_collectives_alike_and_loses_nothing(seed: int) -> None:
+    """Other processes take the cores for a while: every rank computes and communicates slower."""
+    rng = random.Random(seed)
+    sim = Sim(comm=0.03)
+    for i in range(900):
+        # Twice as slow for 300 steps (a checkpoint writer, another job), jitter throughout.
+        busy = 1.0 if 300 <= i < 600 else 0.0
+        extra = 0.1 * busy + rng.uniform(0.0, 0.01)
+        sim.one_step(
+            compute=dict.fromkeys(range(3), extra), comm=0.03 * (1 + busy) * rng.uniform(0.9, 1.1)
+        )
+    totals = sim.end()
+    # Held to the baseline alone, the collectives' slowdown would count 1-2 % of the wall clock.
+    assert totals["communication"] < 0.002 * _wall(sim), totals
+    assert totals["straggler"] < 0.05, totals
+    # Collectives three times slower for 100 steps, compute at its pace: the network, counted.
+    sim = Sim(comm=0.03)
+    for i in range(900):
+        sim.one_step(comm=0.09 if 300 <= i < 400 else 0.03)
+    totals = sim.end()
+    assert totals["communication"] > 0.5 * 100 * 0.06, totals
+
+
 @pytest.mark.parametrize("rank", [0, 2])
 def test_a_declared_checkpoint_is_checkpoint_whoever_writes_it(rank: int) -> None:
     sim = Sim()

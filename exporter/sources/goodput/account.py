@@ -43,6 +43,14 @@ _EPISODES = 100
 _EPISODE_MIN_S = 0.5
 
 
+def _clipped_mean(samples: deque[float]) -> float:
+    """Return the mean of ``samples``, each counted at most :data:`BASELINE_CLIP` x the median."""
+    if len(samples) < 2:
+        return samples[0] if samples else 0.0
+    cap = BASELINE_CLIP * median(samples)
+    return fmean(min(s, cap) for s in samples)
+
+
 @dataclass(frozen=True)
 class StepTotals:
     """The monitoring rank's own steps so far in this attempt, split by phase (seconds)."""
@@ -151,6 +159,8 @@ class Account:
         self._credits: deque[_Credit] = deque()
         self._last: StepTotals | None = None
         self._samples: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
+        #: This rank's own compute per step in the same healthy chunks: the host's pace.
+        self._compute: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
         #: Baseline communication that faster chunks left unused, which a slower one may spend.
         self._comm_slack = 0.0
         if carried is not None and carried.baseline_s is not None:
@@ -285,10 +295,12 @@ class Account:
         cats["data"] += ch.data
         base = ch.comm
         if n > 0:
+            host = self._host_slowdown(ch.compute / n)
             if len(self._samples) >= _BASELINE_MIN:
-                base = self._within_baseline(ch.comm, n)
+                base = self._within_baseline(ch.comm, n, host)
             if healthy:  # the baseline is what steps nobody held up needed
                 self._samples.append(ch.comm / n)
+                self._compute.append(ch.compute / n)
         cats["communication"] += ch.comm - base
         clean = ch.compute + base
         redone = self._redone(ch)
@@ -299,14 +311,28 @@ class Account:
         self.split["compute"] += ch.compute
         self.split["communication"] += ch.comm
 
-    def _within_baseline(self, comm: float, steps: int) -> float:
+    def _host_slowdown(self, compute: float) -> float:
+        """Return how much slower than usual this rank's own compute ran (1: not slower).
+
+        A busy host (other processes on the cores, a checkpoint writer) slows the rank's compute
+        and the CPU side of its collectives alike, where a slower network slows the collectives
+        alone: communication is held to its baseline scaled by the host's pace, both baselines
+        taken over the same healthy chunks.
+        """
+        if len(self._compute) < _BASELINE_MIN or compute <= 0:
+            return 1.0
+        usual = _clipped_mean(self._compute)
+        return max(1.0, compute / usual) if usual > 0 else 1.0
+
+    def _within_baseline(self, comm: float, steps: int, host: float = 1.0) -> float:
         """Return the part of ``steps`` steps' communication ``comm`` that is the healthy pace.
 
-        Steps jitter around their baseline, and up to :data:`COMM_NOISE_SHARE` above it is
-        still the pace; what faster steps left unused pays for slower ones (up to
-        :data:`COMM_SLACK_STEPS` steps' worth), so only a lasting slowdown is excess.
+        Steps jitter around their baseline (scaled by the host's pace, ``host``), and up to
+        :data:`COMM_NOISE_SHARE` above it is still the pace; what faster steps left unused pays
+        for slower ones (up to :data:`COMM_SLACK_STEPS` steps' worth), so only a lasting
+        slowdown is excess.
         """
-        usual = self.baseline() * (1 + COMM_NOISE_SHARE)
+        usual = self.baseline() * host * (1 + COMM_NOISE_SHARE)
         within = min(comm, usual * steps + self._comm_slack)
         self._comm_slack = min(usual * COMM_SLACK_STEPS, self._comm_slack + usual * steps - within)
         return within
@@ -398,11 +424,7 @@ class Account:
 
     def baseline(self) -> float:
         """Return the healthy exposed communication per step: the mean of recent samples."""
-        samples = list(self._samples)
-        if len(samples) < 2:
-            return samples[0] if samples else 0.0
-        cap = BASELINE_CLIP * median(samples)
-        return fmean(min(s, cap) for s in samples)
+        return _clipped_mean(self._samples)
 
     @property
     def furthest_step(self) -> int | None:

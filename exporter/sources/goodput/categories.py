@@ -9,9 +9,10 @@ exactly one category; they add up to the wall clock.
 - ``productive``: each step counted once, at the healthy pace: the step's compute and optimizer
   time, plus its exposed communication up to the run's healthy baseline (the mean of the recent
   steps' exposed communication once every wait for a slower rank is taken out, a hiccup counted
-  at most :data:`BASELINE_CLIP` times their median, and :data:`COMM_NOISE_SHARE` above it still
-  the pace; what faster steps left of it pays for slower ones, up to :data:`COMM_SLACK_STEPS`
-  steps' worth, so jitter is the healthy pace). Steps redone after a restart are ``lost_work``
+  at most :data:`BASELINE_CLIP` times their median, scaled by how much slower than usual the
+  rank's own compute ran (a busy host slows both alike), and :data:`COMM_NOISE_SHARE` above it
+  still the pace; what faster steps left of it pays for slower ones, up to
+  :data:`COMM_SLACK_STEPS` steps' worth, so jitter is the healthy pace). Steps redone after a restart are ``lost_work``
   instead.
 - ``startup``: from the process start to the first step (imports, rendezvous, the process group,
   building the model, loading a checkpoint), in the run's first attempt. Declared sections in it
