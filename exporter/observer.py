@@ -73,7 +73,7 @@ class Observer:
         if memory_source is None and self.device.type == "cuda":
             memory_source = cuda_memory_source(self.device)
         self.memory_source = memory_source
-        store = self._started("heartbeat", launcher.job_store)
+        store = started(self.errors, "heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
         watchers = start_watchers(cfg, store, hooks, self.errors, self._publish_abort)
         self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
@@ -108,10 +108,6 @@ class Observer:
         self.otlp = push.start(cfg.otlp, identity, self.registry, self.errors)
 
     # -- setup -------------------------------------------------------------------------------
-    def _started(self, where: str, start: Any) -> Any:
-        """Return what ``start()`` built and started, or None after counting its error."""
-        return started(self.errors, where, start)
-
     def _start_discovery(self) -> None:
         if self.discovery is None and self._server is not None:
             self.discovery = discovery.start(
@@ -237,7 +233,8 @@ class Observer:
         self.end.mark()
         for part in (self.heartbeat, self.hangs):
             if part is not None:
-                self._started("heartbeat" if part is self.heartbeat else "forensics", part.finish)
+                where = "heartbeat" if part is self.heartbeat else "forensics"
+                started(self.errors, where, part.finish)
         self._wait_scrapers(since)
 
     def _publish_abort(self) -> None:
