@@ -175,10 +175,12 @@ LONG_FUNCTIONS: dict[str, str] = {}
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
     """Return the line counts of every module and every function (``path:qualified name``).
 
-    The package's and the benchmarks': a benchmark is read and changed like the code it measures.
+    The package's, the benchmarks' and the scripts': they are read and changed like the code.
     """
     modules, functions = {}, {}
-    paths = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "benchmarks").rglob("*.py")]
+    root = PACKAGE.parent
+    paths = [*PACKAGE.rglob("*.py"), *(root / "benchmarks").rglob("*.py")]
+    paths += (root / "scripts").rglob("*.py")
     for path in sorted(paths):
         rel = str(path.relative_to(PACKAGE.parent))
         text = path.read_text()
