@@ -1,6 +1,6 @@
 """The typed packages type-check: mypy, strict, over the settings, the /proc reader, the network
-(exporter/network/), the hang protocol (exporter/hangs/) and the sources (exporter/sources/)
-([tool.mypy] in pyproject).
+(exporter/network/), the hang protocol (exporter/hangs/), the sources (exporter/sources/) and
+the doctor (exporter/tools/doctor/) ([tool.mypy] in pyproject).
 
 A drift between what one rank writes and another reads (a renamed field, a number read as a
 string, a summary where an ack was meant) is a type error before it is a silent mis-diagnosis;

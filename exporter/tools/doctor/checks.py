@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -47,7 +47,7 @@ __all__ = [
     "check_ifnames",
     "check_master_is_here",
     "check_restart",
-    "failed",
+    "made_and_failed",
     "local_versions",
     "probe_port",
     "ranks_text",
@@ -138,7 +138,7 @@ class Checks:
         return [(f.name, c) for f in fields(self) if (c := getattr(self, f.name)) is not None]
 
 
-def failed(check: Check | None) -> bool:
+def made_and_failed(check: Check | None) -> bool:
     """Say whether ``check`` was made and failed."""
     return check is not None and check.failed
 
@@ -313,9 +313,9 @@ def check_restart(environ: Mapping[str, str], store: Any, torch_version: str) ->
         return Check(OK, "every attempt gets a store of its own")
     abort = settings.on_hang("doctor", environ=environ).action == "abort"
     blocker = launcher.restart_blocker(form, store, torch_version)
-    if abort and blocker is None:
-        return Check(OK, "shared store; the hang action clears an aborted attempt's keys")
     if abort:
+        if blocker is None:
+            return Check(OK, "shared store; the hang action clears an aborted attempt's keys")
         return Check(FAIL, blocker.split("; ")[0], blocker.split("; ", 1)[1])
     return Check(
         WARN,
@@ -390,5 +390,5 @@ def round_trip(store: Any, key: str) -> Check:
     return Check(OK, f"set+get {ms:.1f} ms")
 
 
-def ranks_text(ranks: list[int | None]) -> str:
+def ranks_text(ranks: Sequence[int | None]) -> str:
     return format_ranks(ranks, noun=True)

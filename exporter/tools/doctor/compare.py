@@ -14,7 +14,7 @@ from .checks import (
     VERSION_KEYS,
     Check,
     Report,
-    failed,
+    made_and_failed,
     ranks_text,
 )
 
@@ -48,7 +48,7 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
     for rep in reports:
         locals_[(rep.host, rep.local_rank)].append(rep)
     for (host, local), reps in locals_.items():
-        if len(reps) > 1 and not any(failed(r.checks.env) for r in reps):
+        if len(reps) > 1 and not any(made_and_failed(r.checks.env) for r in reps):
             for rep in reps:
                 rep.checks.env = Check(
                     FAIL,
@@ -60,7 +60,7 @@ def compare(reports: list[Report], world_size: int) -> tuple[list[Report | int],
         seen = collections.Counter(rep.versions.get(key, "?") for rep in reports)
         if len(seen) < 2:
             continue
-        rank0 = next((r.versions.get(key) for r in reports if r.rank == 0), None)
+        rank0 = next((r.versions.get(key, "?") for r in reports if r.rank == 0), "?")
         top = max(seen.values())
         common = rank0 if seen.get(rank0) == top else seen.most_common(1)[0][0]
         groups: dict[str, list[int | None]] = collections.defaultdict(list)

@@ -37,8 +37,8 @@ from .checks import (
     check_ifnames,
     check_master_is_here,
     check_restart,
-    failed,
     local_versions,
+    made_and_failed,
     probe_port,
     resolve_master,
     round_trip,
@@ -84,7 +84,7 @@ class Exchange:
         checks = self.report.checks
         checks.env = check_env(self.env)
         checks.ifname = check_ifnames(self.env)
-        if failed(checks.env) and (
+        if made_and_failed(checks.env) and (
             self.rank is None
             or self.world is None
             or settings.int_or_none(self.env, settings.MASTER_PORT) is None
@@ -161,7 +161,7 @@ class Exchange:
         host = self.rank == 0 and not self.agent_store
         if host:
             checks.addr = check_master_is_here(addr, ip)
-            if failed(checks.addr):
+            if made_and_failed(checks.addr):
                 return  # the store's own client would dial MASTER_ADDR: another host
             try:
                 self.store = TCPStore(addr, port, None, True, timeout, wait_for_workers=False)
@@ -179,7 +179,7 @@ class Exchange:
             checks.port = Check(OK, f"listening on {port}")
         else:
             checks.port = probe_port(addr, port, self.dl.step())
-            if failed(checks.port):
+            if made_and_failed(checks.port):
                 return
             finished, value = bounded(
                 lambda: TCPStore(addr, port, None, False, timeout), self.dl.step() + 1
@@ -201,7 +201,7 @@ class Exchange:
             if finished
             else Check(FAIL, f"set+get failed: {value}", "the store host is overloaded or gone")
         )
-        if failed(checks.store):
+        if made_and_failed(checks.store):
             self.store = None
             return
         import torch
@@ -217,7 +217,7 @@ class Exchange:
         while True:
             try:
                 if self.store.check([full]):
-                    return self.store.get(full).decode()
+                    return str(self.store.get(full).decode())
             except Exception:  # noqa: BLE001 - the store host left: the key will not come
                 return None
             if time.monotonic() >= until:
@@ -238,6 +238,7 @@ class Exchange:
                 world_size=world,
                 timeout=datetime.timedelta(seconds=seconds),
             )
+            assert self.rank is not None  # a rank without RANK never gets this far (run())
             t = torch.tensor([float(self.rank + 1)])
             dist.all_reduce(t)
             return float(t.item())
@@ -379,10 +380,10 @@ class Exchange:
                 failed[rep.rank] = {int(p): k for p, k in json.loads(got).items()}
         checks, more = judge_reach(reports, failed, self.world)
         for rep in reports:
-            if rep.rank in checks and not failed(rep.checks.reach):
+            if rep.rank in checks and not made_and_failed(rep.checks.reach):
                 rep.checks.reach = checks[rep.rank]
         notes.extend(more)
-        return all(not failed(rep.checks.reach) for rep in reports)
+        return all(not made_and_failed(rep.checks.reach) for rep in reports)
 
     def _gloo(self, reports: list[Report], notes: list[str]) -> None:
         """Run the gloo all_reduce with every rank; set each rank's check from its result."""
@@ -400,6 +401,7 @@ class Exchange:
             self._judge_links(reports, notes)
 
     def _gather(self, until: float) -> list[Report]:
+        assert self.world is not None  # rank 0 without WORLD_SIZE never gets this far (run())
         reports: dict[int, Report] = {}
         while True:
             count = self.store.add(self.prefix + "arrived", 0)

@@ -32,9 +32,9 @@ def render(
         for name, check in row.failures():
             problems.append(f"rank {row.rank} {name}: {check.detail}. Fix: {check.fix}")
         for name in columns:
-            check = row.checks.get(name)
-            if check is not None and check.status == WARN:
-                warned.setdefault((name, check.detail, check.fix), []).append(row.rank)
+            found = row.checks.get(name)
+            if found is not None and found.status == WARN:
+                warned.setdefault((name, found.detail, found.fix), []).append(row.rank)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     present = [r for r in rows if isinstance(r, Report)]
