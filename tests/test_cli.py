@@ -70,9 +70,10 @@ def test_demo_runs_and_the_table_names_the_straggler():
         assert f"rank {r}: metrics at http://127.0.0.1:" in res.stdout
     verdicts = [line for line in res.stdout.splitlines() if "straggler: compute" in line]
     assert verdicts and all(line.split()[0] == "2" for line in verdicts), res.stdout
-    # After the normal end the last table says every rank finished, not that it is down.
+    # After the normal end the last table says every rank finished, not that it is down (a
+    # rank whose endpoint closed before the table's read of its end ended with its peers).
     last = res.stdout.split(" rank  step ms")[-1].splitlines()[1:4]
-    assert all("finished: ended cleanly" in line for line in last), res.stdout[-2000:]
+    assert all("finished: ended" in line for line in last), res.stdout[-2000:]
     assert "DOWN" not in res.stdout.split(" rank  step ms")[-1], res.stdout[-2000:]
 
 

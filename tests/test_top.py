@@ -195,6 +195,26 @@ def test_a_rank_that_ended_cleanly_is_finished_not_down():
     )
 
 
+@pytest.mark.unit
+def test_a_rank_gone_as_its_peers_ended_cleanly_ended_with_them():
+    """Its endpoint closed before a late reader saw its end: not a dead rank."""
+
+    def ended(rank):
+        row = _row(rank, 5)
+        row.finished = time.time()
+        return row
+
+    running = [_row(0, 5), _row(1, 5), _row(2, 5)]
+    gone = lambda: [ended(0), ended(1), top.RankRow("t2", up=False)]  # noqa: E731
+    verdicts = _reads(running, gone(), gone())
+    assert verdicts[1][2].startswith("finished: ended with its peers"), verdicts
+    assert verdicts[2][2].startswith("finished: ended with its peers"), verdicts
+    # A rank already down while its peers ran stays down when they end.
+    down = [_row(0, 5), _row(1, 5), top.RankRow("t2", up=False)]
+    verdicts = _reads(running, down, down, [ended(0), ended(1), top.RankRow("t2", up=False)])
+    assert verdicts[3][2].startswith("DOWN"), verdicts
+
+
 @pytest.mark.tool
 def test_top_judges_with_the_config_the_rules_were_generated_with(tmp_path):
     from exporter.mixin.config import config_json, load_config

@@ -74,9 +74,27 @@ def diagnose(
     top_seq: dict[str, float] = {}
     for s in states:
         top_seq[s.pg] = max(top_seq.get(s.pg, s.last_enqueued), s.last_enqueued)
+    _ended_with_peers(rows, previous)
     for r in rows:
         _verdict(r, previous.get(r.target), top_seq)
     return rows
+
+
+def _ended_with_peers(rows: list[RankRow], previous: dict[str, RankRow]) -> None:
+    """Count a rank whose endpoint closed as its peers ended cleanly as ended with them.
+
+    A rank waits for its readers' final read before it leaves, but a reader that comes late
+    (a slow read of another rank first) finds it gone. Where no rank of the run still runs, at
+    least one ended cleanly and this one was up in the previous read, it ended with them: a
+    job that ended cleanly is not dead. A rank already down before its peers ended stays down.
+    """
+    ended = [r.finished for r in rows if r.finished]
+    if not ended or any(r.up and not r.finished for r in rows):
+        return
+    for r in rows:
+        p = previous.get(r.target)
+        if not r.up and not r.finished and p is not None and p.up and not p.finished:
+            r.finished, r.with_peers = max(ended), True
 
 
 def _figures(r: RankRow, p: RankRow | None) -> None:
@@ -87,6 +105,7 @@ def _figures(r: RankRow, p: RankRow | None) -> None:
         r.node = p.node  # a rank that went down keeps its node
     if not r.finished and p is not None and p.finished:
         r.finished = p.finished  # its clean end was in its last read before it left
+        r.with_peers = p.with_peers
     inc = _increases(r, p)
     steps = inc.get(c.STEPS.name, 0.0)
     if steps > 0:
@@ -212,7 +231,8 @@ def _verdict(r: RankRow, p: RankRow | None, top_seq: dict[str, float]) -> None:
     """Turn a suspicion the previous read held too into the row's verdict."""
     if r.finished:
         r.suspect = ""
-        r.note = time.strftime("ended cleanly at %H:%M:%S", time.localtime(r.finished))
+        at = time.strftime("%H:%M:%S", time.localtime(r.finished))
+        r.note = f"ended with its peers at {at}" if r.with_peers else f"ended cleanly at {at}"
         r.verdict = f"finished: {r.note}"
         return
     if not r.up:

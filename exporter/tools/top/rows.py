@@ -39,6 +39,9 @@ class RankRow:
     section_deadline: dict[str, float] = field(default_factory=dict)
     #: Unix time the rank ended cleanly (0: it has not).
     finished: float = 0.0
+    #: Its endpoint closed in the read where its peers ended cleanly, before its own end was
+    #: read: it ended with them (``finished`` is theirs).
+    with_peers: bool = False
     #: Which attempt of the run the rank is (torchrun's restart, Slurm's requeue count).
     attempt: str = ""
     #: Monitoring rank with on_hang="abort": aborts in a row without progress, their limit
