@@ -22,6 +22,7 @@ from .initwatch import InitWatch
 from .log import log
 from .observer import Observer
 from .sources import launcher, parallelism
+from .sources.gpu.health import HealthSource
 from .sources.memory import MemorySource
 from .sources.walltime import resolve_job_clock
 
@@ -40,12 +41,13 @@ def _group() -> tuple[int, int] | None:
 
 
 def _check_types(
-    model: object, dataloader: object, optimizer: object, memory_source: object
+    model: object, dataloader: object, optimizer: object, sources: dict[str, object]
 ) -> str:
     """Check the arguments' types; return the model's parallelism (raises TypeError)."""
     kind = parallelism.kind_of(model)
-    if memory_source is not None and not callable(memory_source):
-        raise TypeError("exporter.instrument(memory_source=...): expected a callable")
+    for name, source in sources.items():
+        if source is not None and not callable(source):
+            raise TypeError(f"exporter.instrument({name}=...): expected a callable")
     if dataloader is not None and not isinstance(dataloader, torch.utils.data.DataLoader):
         raise TypeError(
             "exporter.instrument(dataloader=...): expected a torch.utils.data.DataLoader, got "
@@ -87,6 +89,7 @@ def instrument(
     monitor_rank: int | None = None,
     flight_recorder: bool | None = None,
     memory_source: MemorySource | None = None,
+    gpu_source: HealthSource | None = None,
     serve: bool = True,
     otlp: bool | str | None = None,
     peer_series: int | None = None,
@@ -127,7 +130,11 @@ def instrument(
     each iteration's communication with DDP's own reducer timers (CPU) or with three marks per
     iteration (``"events"``: CUDA events on a GPU, nothing per gradient bucket); ``"hook"`` wraps
     the allreduce in a timing comm hook (per-bucket detail, a Python call per bucket); see
-    :mod:`exporter.sources.commtiming`.
+    :mod:`exporter.sources.commtiming`. On a CUDA rank the GPU's health (clocks, throttle
+    reasons, power, ECC, Xid) is read through NVML at each scrape (extra ``gpu``;
+    :mod:`exporter.sources.gpu`); ``gpu_source`` (a callable returning a
+    :class:`~exporter.sources.gpu.GPUHealth`) replaces it, as ``memory_source`` replaces the
+    allocator's memory figures.
     Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
@@ -140,7 +147,8 @@ def instrument(
                 stacklevel=2,
             )
             return _active
-        kind = _check_types(model, dataloader, optimizer, memory_source)
+        sources = {"memory_source": memory_source, "gpu_source": gpu_source}
+        kind = _check_types(model, dataloader, optimizer, sources)
         group = _group()
         if group is None:
             raise ValueError(
@@ -180,6 +188,7 @@ def instrument(
             dataloader=dataloader,
             optimizer=optimizer,
             memory_source=memory_source,
+            gpu_source=gpu_source,
             serve=serve and watch is None,
             job_clock=job_clock,
         )

@@ -25,13 +25,23 @@ from .sources.commtiming import CommTiming, start_comm_timing
 from .sources.ending import End
 from .sources.flight import InFlight
 from .sources.goodput import GoodputTracker
+from .sources.gpu.health import HealthSource
+from .sources.gpu.nvml import nvml_source
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.parallelism import kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
 
-__all__ = ["StepHooks", "Watchers", "hook_steps", "start_goodput", "start_watchers", "started"]
+__all__ = [
+    "StepHooks",
+    "Watchers",
+    "hook_steps",
+    "start_goodput",
+    "start_gpu_health",
+    "start_watchers",
+    "started",
+]
 
 _T = TypeVar("_T")
 
@@ -62,6 +72,26 @@ class StepHooks:
     optim: OptimizerInstrumentor | None
     #: Declared sections on the training thread, listened to (no step runs inside one).
     sections: ThreadSections
+
+
+def start_gpu_health(
+    cfg: settings.InstrumentSettings,
+    device: torch.device,
+    errors: ErrorCounter,
+    injected: HealthSource | None,
+) -> tuple[HealthSource | None, list[Callable[[], None]]]:
+    """Return the rank's GPU health source and what closes it: ``injected``, else NVML's on CUDA.
+
+    Off (no NVML call) with ``DDP_EXPORTER_GPU_HEALTH=0`` or on a rank without a GPU.
+    """
+    if injected is not None:
+        return injected, []
+    if not cfg.gpu_health or device.type != "cuda":
+        return None, []
+    found = started(errors, "gpu", lambda: nvml_source(device, errors))
+    source, watch = found if found is not None else (None, None)
+    closers = [part.close for part in (watch, source) if part is not None]
+    return source, closers
 
 
 def _closer(optimizer: Any, dataloader: Any, ddp: bool) -> str:

@@ -43,6 +43,24 @@ __all__ = [
     "GPU_MEM_PEAK",
     "GPU_MEM_TOTAL",
     "HOST_MEM_RESIDENT",
+    "GPU_CLOCK_EVENT_REASONS",
+    "GPU_INFO",
+    "GPU_SM_CLOCK",
+    "GPU_SM_CLOCK_MAX",
+    "GPU_CLOCK_EVENT",
+    "GPU_TEMPERATURE",
+    "GPU_POWER",
+    "GPU_POWER_LIMIT",
+    "GPU_UTILIZATION",
+    "GPU_ECC_ERRORS",
+    "GPU_REMAPPED_ROWS",
+    "GPU_RETIRED_PAGES",
+    "GPU_PCIE_REPLAYS",
+    "GPU_NVLINK_ERRORS",
+    "GPU_XID_ERRORS",
+    "GPU_LAST_XID",
+    "GPU_HEALTH_METRICS",
+    "gpu_health_series",
     "EXPORTER_ERRORS",
     "INVALID_SETTING",
     "HANG_LOCATION",
@@ -111,6 +129,7 @@ ERROR_WHERE: tuple[str, ...] = (
     "forensics",
     "section",
     "goodput",
+    "gpu",
 )
 
 #: Where a run's time went (the ``category`` label of the goodput series): productive first, then
@@ -415,6 +434,145 @@ HOST_MEM_RESIDENT = MetricDef(
     "Resident set size of this rank's process (host memory).",
     unit="bytes",
 )
+# GPU health (exporter.sources.gpu): NVML's readings of the rank's own GPU, at scrape time.
+#: NVML's clock-event (throttle) reasons, in the order of their bits: the ``reason`` label.
+GPU_CLOCK_EVENT_REASONS: tuple[str, ...] = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+)
+GPU_INFO = MetricDef(
+    "ddp_rank_gpu_info",
+    "info",
+    "The GPU this rank runs on, as nvidia-smi and dcgm-exporter name it (join DCGM's series on "
+    "gpu_uuid = UUID); value is always 1. Only with the gpu extra on a CUDA rank.",
+    ("gpu_uuid", "pci_bus_id", "gpu_index", "gpu_name"),
+)
+GPU_SM_CLOCK = MetricDef(
+    "ddp_gpu_sm_clock_hertz",
+    "gauge",
+    "Current SM (graphics) clock of this rank's GPU.",
+    unit="hertz",
+)
+GPU_SM_CLOCK_MAX = MetricDef(
+    "ddp_gpu_sm_clock_max_hertz",
+    "gauge",
+    "Highest SM clock this rank's GPU can run at.",
+    unit="hertz",
+)
+GPU_CLOCK_EVENT = MetricDef(
+    "ddp_gpu_clock_event_active",
+    "gauge",
+    "1 while the clock-event (throttle) reason holds this rank's GPU's clocks down, else 0: "
+    f"NVML's reasons ({', '.join(GPU_CLOCK_EVENT_REASONS)}).",
+    ("reason",),
+)
+GPU_TEMPERATURE = MetricDef(
+    "ddp_gpu_temperature_celsius",
+    "gauge",
+    "Core temperature of this rank's GPU.",
+    unit="celsius",
+)
+GPU_POWER = MetricDef(
+    "ddp_gpu_power_watts",
+    "gauge",
+    "Power drawn by this rank's GPU.",
+    unit="watts",
+)
+GPU_POWER_LIMIT = MetricDef(
+    "ddp_gpu_power_limit_watts",
+    "gauge",
+    "Power limit the driver enforces on this rank's GPU.",
+    unit="watts",
+)
+GPU_UTILIZATION = MetricDef(
+    "ddp_gpu_utilization_ratio",
+    "gauge",
+    "Share of NVML's last sample period in which a kernel ran on this rank's GPU (0 to 1).",
+)
+GPU_ECC_ERRORS = MetricDef(
+    "ddp_gpu_ecc_errors_total",
+    "counter",
+    "Memory ECC errors of this rank's GPU by error_type (corrected, uncorrected) and counter "
+    "(volatile: since the driver loaded; aggregate: over the GPU's life).",
+    ("error_type", "counter"),
+)
+GPU_REMAPPED_ROWS = MetricDef(
+    "ddp_gpu_remapped_rows",
+    "gauge",
+    "Row remapping of this rank's GPU's memory: rows remapped for correctable and "
+    "uncorrectable errors, and the pending (a remap waits for a GPU reset) and failure (a "
+    "remap failed) flags, 0 or 1.",
+    ("kind",),
+)
+GPU_RETIRED_PAGES = MetricDef(
+    "ddp_gpu_retired_pages",
+    "gauge",
+    "Memory pages retired on this rank's GPU by cause (GPUs before row remapping).",
+    ("cause",),
+)
+GPU_PCIE_REPLAYS = MetricDef(
+    "ddp_gpu_pcie_replays_total",
+    "counter",
+    "PCIe replays of this rank's GPU: transfers repeated after link errors.",
+)
+GPU_NVLINK_ERRORS = MetricDef(
+    "ddp_gpu_nvlink_errors_total",
+    "counter",
+    "NVLink data-link errors of this rank's GPU by kind (replay, recovery, crc_flit, "
+    "crc_data), summed over its active links.",
+    ("kind",),
+)
+GPU_XID_ERRORS = MetricDef(
+    "ddp_gpu_xid_errors_total",
+    "counter",
+    "Xid events (critical driver errors) on this rank's GPU since the rank started.",
+)
+GPU_LAST_XID = MetricDef(
+    "ddp_gpu_last_xid_timestamp_seconds",
+    "gauge",
+    "Unix time of the last Xid event on this rank's GPU, labelled with its Xid number.",
+    ("xid",),
+    unit="seconds",
+)
+
+#: The GPU health families, in the order they are served.
+GPU_HEALTH_METRICS: tuple[MetricDef, ...] = (
+    GPU_INFO,
+    GPU_SM_CLOCK,
+    GPU_SM_CLOCK_MAX,
+    GPU_CLOCK_EVENT,
+    GPU_TEMPERATURE,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_UTILIZATION,
+    GPU_ECC_ERRORS,
+    GPU_REMAPPED_ROWS,
+    GPU_RETIRED_PAGES,
+    GPU_PCIE_REPLAYS,
+    GPU_NVLINK_ERRORS,
+    GPU_XID_ERRORS,
+    GPU_LAST_XID,
+)
+
+
+def gpu_health_series(*, retirement: bool = False, nvlink: bool = False) -> int:
+    """Return the most GPU health series one rank serves (every field supported).
+
+    Formula: 1 info + 2 clocks + 9 clock-event reasons + temperature + power + its limit +
+    utilization + 4 ECC counters + 4 row-remapping figures + 1 PCIe replays + 1 Xid count
+    (+ 2 retired-page causes on GPUs before row remapping, + 4 NVLink error kinds with NVLink,
+    + 1 last Xid once one happened). A field the GPU does not support is not served.
+    """
+    return 17 + len(GPU_CLOCK_EVENT_REASONS) + 2 * retirement + 4 * nvlink
+
+
 EXPORTER_ERRORS = MetricDef(
     "ddp_exporter_errors_total",
     "counter",
@@ -582,6 +740,7 @@ METRICS: tuple[MetricDef, ...] = (
     GPU_MEM_PEAK,
     GPU_MEM_TOTAL,
     HOST_MEM_RESIDENT,
+    *GPU_HEALTH_METRICS,
     EXPORTER_ERRORS,
     INVALID_SETTING,
     HANG_LOCATION,

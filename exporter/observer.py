@@ -15,12 +15,13 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from . import settings
-from .assembly import hook_steps, start_goodput, start_watchers, started
+from .assembly import hook_steps, start_goodput, start_gpu_health, start_watchers, started
 from .errors import ErrorCounter
 from .export import discovery, push
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
 from .sources import ending, launcher
+from .sources.gpu.health import HealthSource
 from .sources.memory import MemorySource, cuda_memory_source
 from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
@@ -44,6 +45,7 @@ class Observer:
         dataloader: torch.utils.data.DataLoader | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         memory_source: MemorySource | None = None,
+        gpu_source: HealthSource | None = None,
         serve: bool = True,
         job_clock: JobClock | None = None,
     ) -> None:
@@ -73,6 +75,7 @@ class Observer:
         if memory_source is None and self.device.type == "cuda":
             memory_source = cuda_memory_source(self.device)
         self.memory_source = memory_source
+        gpu, self._gpu_closers = start_gpu_health(cfg, self.device, self.errors, gpu_source)
         store = started(self.errors, "heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
         watchers = start_watchers(cfg, store, hooks, self.errors, self._publish_abort)
@@ -90,6 +93,7 @@ class Observer:
                 job_clock=self.job_clock,
                 peer_ages=peers,
                 memory=memory_source,
+                gpu=gpu,
                 hangs=self.hangs,
                 store_round_trip=(lambda hb=self.heartbeat: hb.round_trip_s)
                 if self.heartbeat
@@ -223,6 +227,8 @@ class Observer:
             self.discovery.close()
         if self._server is not None:
             self._server.close()
+        for close in self._gpu_closers:  # after the last scrape, which reads the GPU
+            started(self.errors, "gpu", close)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: a clean end unless an uncaught exception ended the program."""

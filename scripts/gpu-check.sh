@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prove the exporter's CUDA and NCCL paths on this machine's GPU, in one command (< 10 min):
-#   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo),
+#   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo; GPU health from NVML
+#      against nvidia-smi, recorded in gpu-health.json),
 #   2. benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the host
 #      CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
 #   3. the core CPU tests with this machine's torch (the torch range: it may be older than the pin),
@@ -56,7 +57,7 @@ PY
 # timeout bounds the step (SIGINT: pytest still stops its jobs and writes its report). One
 # process (addopts without -n): one GPU, and whatever pytest-xdist that machine has.
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=--strict-markers)
-timeout -s INT 300 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
+GPU_CHECK_OUT="$OUT" timeout -s INT 300 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
   --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
 # shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
 timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \

@@ -3,7 +3,8 @@
     python scripts/gpu_report.py OUT_DIR [SECONDS] > OUT_DIR/report.md
 
 Reads ``env.json`` (versions), ``gpu-tests.xml`` and ``cpu-tests.xml`` (pytest's JUnit XML) and
-``bench.json`` (benchmarks/gpu.py); a missing file is reported as missing, not skipped over.
+``bench.json`` (benchmarks/gpu.py) and ``gpu-health.json`` (tests/gpu's NVML reading); a missing
+file is reported as missing, not skipped over.
 """
 
 from __future__ import annotations
@@ -106,6 +107,26 @@ def _bench(path: Path) -> list[str]:
     return out
 
 
+def _health(path: Path) -> list[str]:
+    if not path.exists():
+        return ["## GPU health (NVML)", "", "missing: gpu-health.json (see gpu-tests.log)", ""]
+    h = json.loads(path.read_text())
+    r = h["reading"]
+    gpu = r["identity"]
+    return [
+        "## GPU health (NVML)",
+        "",
+        f"{gpu['name']} {gpu['uuid']} at {gpu['pci_bus_id']}: SM "
+        f"{(r['sm_clock_hz'] or 0) / 1e6:.0f} of {(r['sm_clock_max_hz'] or 0) / 1e6:.0f} MHz, "
+        f"{r['temperature_celsius']} °C, {r['power_watts']} of {r['power_limit_watts']} W, "
+        f"clock events {r['clock_events']}, ECC {r['ecc_errors']}, remapped rows "
+        f"{r['remapped_rows']}, PCIe replays {r['pcie_replays']}, NVLink {r['nvlink_errors']}; "
+        f"Xid events watched: {h['xid_watch']}. One reading: {h['read_us']:.0f} µs "
+        "(at scrape time, on the endpoint's thread).",
+        "",
+    ]
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1])
     seconds = argv[2] if len(argv) > 2 else "?"
@@ -120,6 +141,7 @@ def main(argv: list[str]) -> int:
         f"whole check {seconds} s.",
         "",
         *_table("tests/gpu", out / "gpu-tests.xml"),
+        *_health(out / "gpu-health.json"),
         *_bench(out / "bench.json"),
         *_table("core CPU tests with this torch", out / "cpu-tests.xml"),
     ]

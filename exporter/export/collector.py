@@ -26,10 +26,12 @@ from .. import catalog as c
 from .. import settings
 from ..errors import ErrorCounter
 from ..sources.flight import InFlight
+from ..sources.gpu.health import HealthSource
 from ..sources.memory import MemorySource, host_resident_bytes
 from ..sources.recorder import Recorder
 from ..sources.sections import REGISTRY, SectionRegistry
 from ..sources.walltime import JobClock
+from .gpu import add_gpu_health
 
 __all__ = [
     "DDPCollector",
@@ -101,6 +103,8 @@ class RankSources:
     #: Returns the last store heartbeat's round trip in seconds (None before the first).
     store_round_trip: Callable[[], float | None] | None = None
     memory: MemorySource | None = None
+    #: Returns the health of the rank's GPU (exporter.sources.gpu), None without one.
+    gpu: HealthSource | None = None
     hangs: HangStatus | None = None
     sections: SectionRegistry = field(default=REGISTRY)
     #: Returns the Unix time the rank ended cleanly, None while it trains.
@@ -152,6 +156,7 @@ class DDPCollector(Collector):
             self._inflight,
             self._liveness,
             self._memory,
+            self._gpu,
             self._forensics,
             self._sections,
             self._job_clock,
@@ -228,6 +233,18 @@ class DDPCollector(Collector):
         rss = host_resident_bytes()
         if rss is not None:
             fams[c.HOST_MEM_RESIDENT.name].add_metric(base, rss)
+
+    def _gpu(self, fams: dict, base: list[str]) -> None:
+        source = self._src.gpu
+        if source is None:
+            return
+        try:
+            health = source()
+        except Exception as exc:  # noqa: BLE001 - a GPU NVML cannot read is served without
+            self._src.errors.record("gpu", exc)
+            return
+        if health is not None:
+            add_gpu_health(fams, base, health)
 
     def _forensics(self, fams: dict, base: list[str]) -> None:
         fx = self._src.hangs

@@ -28,6 +28,7 @@ from .values import (
     file_sd_dir,
     final_scrape_s,
     flight_recorder,
+    gpu_health,
     hang_probe,
     on_hang,
     otlp_requested,
@@ -56,6 +57,8 @@ class InstrumentSettings:
     file_sd_dir: str | None
     #: Whether the hang watcher probes the links in a hang.
     hang_probe: bool
+    #: Whether a CUDA rank reads its GPU's health from NVML.
+    gpu_health: bool
     #: The step this attempt resumed at, None where unknown.
     start_step: int | None
     #: The settings given as keywords (``comm_timing``, ``on_hang``): one that cannot be honoured
@@ -133,6 +136,7 @@ def for_instrument(
         final_scrape_s=final_scrape_s(environ),
         file_sd_dir=file_sd_dir(environ),
         hang_probe=hang_probe(environ),
+        gpu_health=gpu_health(environ),
         start_step=start_step,
         keywords=frozenset(
             name

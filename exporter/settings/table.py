@@ -52,6 +52,7 @@ from .names import (
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
     GLOO_SOCKET_IFNAME,
+    GPU_HEALTH,
     HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
@@ -285,6 +286,19 @@ SETTINGS: dict[str, Setting] = {
             "side port at its backend's address, one rank per node tries the others, and "
             "the hang's verdict names the link or the node that carries no traffic (or says "
             "it is not the network). ``0``: no listener, no probe.",
+        ),
+        Setting(
+            GPU_HEALTH,
+            "1 or 0 (true/false, yes/no, on/off)",
+            True,
+            parse_switch,
+            bool,
+            "",
+            "1",
+            meaning="On a CUDA rank, read its GPU's health through NVML (the ``gpu`` extra, "
+            "``nvidia-ml-py``) at each scrape: clocks, clock-event (throttle) reasons, "
+            "temperature, power, ECC errors, row remapping, PCIe replays, NVLink errors, "
+            "and Xid events on a background thread. ``0``: none of it, no NVML call.",
         ),
         Setting(
             ABORT_AFTER_S,

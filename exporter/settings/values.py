@@ -33,6 +33,7 @@ from .names import (
     FINAL_SCRAPE_S,
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
+    GPU_HEALTH,
     HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
@@ -216,6 +217,11 @@ def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
 def hang_probe(environ: Mapping[str, str] | None = None) -> bool:
     """Return whether the hang watcher probes the links in a hang (``DDP_EXPORTER_HANG_PROBE``)."""
     return bool(resolve(HANG_PROBE, environ=environ))
+
+
+def gpu_health(environ: Mapping[str, str] | None = None) -> bool:
+    """Return whether a CUDA rank reads its GPU's health from NVML (``DDP_EXPORTER_GPU_HEALTH``)."""
+    return bool(resolve(GPU_HEALTH, environ=environ))
 
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:

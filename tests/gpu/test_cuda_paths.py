@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -156,6 +157,21 @@ def test_nccl_metrics_step_split_and_gpu_memory(nccl_report):
     assert info["backend"] == "nccl" and info["device"] == "cuda", info
     assert info["cuda_version"] != "none" and info["nccl_version"] != "none", info
     assert info["comm_timing"] == r["comm_timing"], info
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return  # the gpu extra is not installed: no GPU health series
+    # The GPU health of this rank's GPU, served by the instrumented rank over HTTP.
+    gpu = _one(s, "ddp_rank_gpu_info")
+    uuid = subprocess.run(
+        ["nvidia-smi", "--id=0", "--query-gpu=uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    assert gpu["gpu_uuid"] == uuid, (gpu, uuid)
+    assert value(s, "ddp_gpu_sm_clock_max_hertz") > 0
+    assert value(s, "ddp_exporter_errors_total", where="gpu") == 0
 
 
 def test_nccl_flight_recorder_is_the_inflight_source(nccl_report):
