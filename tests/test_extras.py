@@ -20,7 +20,11 @@ from harness import REPO
 
 pytestmark = pytest.mark.tool
 
-EXTRA_MODULES = {"mixin": ("yaml", "grafanalib"), "otlp": ("opentelemetry",)}
+EXTRA_MODULES = {
+    "mixin": ("yaml", "grafanalib"),
+    "otlp": ("opentelemetry",),
+    "gpu": ("pynvml",),
+}
 COMMANDS = [
     "",
     "demo",
@@ -154,3 +158,18 @@ def test_otlp_asked_for_without_its_extra_is_one_log_line(blocker: Path) -> None
     lines = [line for line in res.stderr.splitlines() if "OTLP" in line]
     assert len(lines) == 1 and "install ddp-exporter[otlp]" in lines[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+_GPU = """
+import logging
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from exporter.sources.gpu.nvml import load_nvml
+assert load_nvml() is None
+"""
+
+
+def test_gpu_health_without_its_extra_is_one_log_line(blocker: Path) -> None:
+    res = _run(blocker, EXTRA_MODULES["gpu"], "-c", _GPU)
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'ddp-exporter[gpu]'" in lines[0], res.stderr
