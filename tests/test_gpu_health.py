@@ -1,9 +1,10 @@
 """GPU health per rank on CPU: a recorded reading of a real GPU injected, scraped over HTTP.
 
 NVML cannot run here (no driver): its real module is asked and must say so in one line, and
-every other series stays. The readings come from a real GPU (tests/recordings, written by
-scripts/gpu-check.sh); the throttled and the erroring ones are that reading with the fields a
-throttled or failing GPU reports changed.
+every other series stays. The healthy reading is a real H200's, read through NVML by
+scripts/gpu-check.sh (tests/gpu/test_gpu_health.py, which compares it with nvidia-smi); the
+throttled and the erroring ones are that reading with the fields a throttled or failing GPU
+reports changed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from exporter.sources.gpu.nvml import load_nvml, nvml_source
 
 pytestmark = pytest.mark.unit
 
-RECORDING = Path(__file__).parent / "recordings" / "gpu-provisional.json"
+RECORDING = Path(__file__).parent / "recordings" / "gpu-h200.json"
 
 
 def healthy() -> GPUHealth:

@@ -34,7 +34,7 @@ from .health import (
 __all__ = ["NvmlSource", "XidWatch", "load_nvml", "nvml_source"]
 
 #: How long one wait on NVML's event set blocks (ms): bounds how long closing takes.
-_EVENT_WAIT_MS = 500
+_EVENT_WAIT_MS = 250
 
 
 def load_nvml() -> ModuleType | None:
@@ -85,8 +85,8 @@ class NvmlSource:
     """Read one GPU's health through NVML; the callable a collector reads at scrape time."""
 
     def __init__(self, nvml: ModuleType, handle: Any) -> None:
-        self._nvml = nvml
-        self._handle = handle
+        #: NVML's module and this GPU's handle (the Xid watch and the benchmark use them).
+        self.nvml, self.handle = nvml, handle
         self._unsupported: set[str] = set()
         self._lock = threading.Lock()
         pci = nvml.nvmlDeviceGetPciInfo(handle)
@@ -97,6 +97,8 @@ class NvmlSource:
             name=_text(nvml.nvmlDeviceGetName(handle)),
         )
         self._links = self._active_links()
+        # Fixed for the GPU, and the slowest call of a reading (about a millisecond on an H200).
+        self._sm_max = self._get("sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
         #: Xid events ``(count, (xid, Unix time) of the last or None)``, set by :class:`XidWatch`.
         self.xid: tuple[int, tuple[int, float] | None] = (0, None)
 
@@ -104,9 +106,9 @@ class NvmlSource:
         """Return ``call(handle, *args)``; None (and never asked again) where not supported."""
         if key in self._unsupported:
             return None
-        nvml = self._nvml
+        nvml = self.nvml
         try:
-            return call(self._handle, *args)
+            return call(self.handle, *args)
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_NoPermission):
             self._unsupported.add(key)
             return None
@@ -115,17 +117,17 @@ class NvmlSource:
             return None
 
     def _active_links(self) -> list[int]:
-        nvml, active = self._nvml, []
+        nvml, active = self.nvml, []
         for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
-                if nvml.nvmlDeviceGetNvLinkState(self._handle, link):
+                if nvml.nvmlDeviceGetNvLinkState(self.handle, link):
                     active.append(link)
             except nvml.NVMLError:
                 break  # no NVLink, or past the GPU's last link
         return active
 
     def _clock_events(self) -> tuple[str, ...] | None:
-        nvml = self._nvml
+        nvml = self.nvml
         call = (
             getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -134,7 +136,7 @@ class NvmlSource:
         return None if mask is None else reasons_of(int(mask))
 
     def _errors(self) -> dict[str, Any]:
-        nvml, g = self._nvml, self._get
+        nvml, g = self.nvml, self._get
         types = {"corrected": nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED}
         types["uncorrected"] = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         counters = {"volatile": nvml.NVML_VOLATILE_ECC, "aggregate": nvml.NVML_AGGREGATE_ECC}
@@ -173,10 +175,9 @@ class NvmlSource:
 
     def __call__(self) -> GPUHealth:
         """Return the GPU's health now (some tens of NVML calls, no CUDA call)."""
-        nvml, g = self._nvml, self._get
+        nvml, g = self.nvml, self._get
         with self._lock:  # two scrapes at once read one after the other
             sm = g("sm_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM)
-            sm_max = g("sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
             temp = g("temperature", nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU)
             power = g("power", nvml.nvmlDeviceGetPowerUsage)
             limit = g("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit)
@@ -188,7 +189,7 @@ class NvmlSource:
         return GPUHealth(
             identity=self.identity,
             sm_clock_hz=None if sm is None else sm * 1e6,
-            sm_clock_max_hz=None if sm_max is None else sm_max * 1e6,
+            sm_clock_max_hz=None if self._sm_max is None else self._sm_max * 1e6,
             clock_events=events,
             temperature_celsius=None if temp is None else float(temp),
             power_watts=None if power is None else power / 1000.0,
@@ -205,19 +206,19 @@ class NvmlSource:
 
     def close(self) -> None:
         """Release NVML (it counts its users: other libraries keep theirs)."""
-        self._nvml.nvmlShutdown()
+        self.nvml.nvmlShutdown()
 
 
 class XidWatch:
     """Wait for Xid events on one GPU on a daemon thread; count them into the source."""
 
     def __init__(self, source: NvmlSource, errors: ErrorCounter) -> None:
-        nvml = source._nvml
-        self._nvml, self._source = nvml, source
+        nvml = source.nvml
+        self.nvml, self._source = nvml, source
         self._set = nvml.nvmlEventSetCreate()
         try:
             nvml.nvmlDeviceRegisterEvents(
-                source._handle, nvml.nvmlEventTypeXidCriticalError, self._set
+                source.handle, nvml.nvmlEventTypeXidCriticalError, self._set
             )
         except nvml.NVMLError:
             nvml.nvmlEventSetFree(self._set)
@@ -232,7 +233,7 @@ class XidWatch:
         return self
 
     def _wait(self) -> None:
-        nvml = self._nvml
+        nvml = self.nvml
         try:
             data = nvml.nvmlEventSetWait_v2(self._set, _EVENT_WAIT_MS)
         except nvml.NVMLError_Timeout:
@@ -242,7 +243,7 @@ class XidWatch:
             self._source.xid = (count + 1, (int(data.eventData), time.time()))
 
     def _free(self) -> None:
-        self._nvml.nvmlEventSetFree(self._set)
+        self.nvml.nvmlEventSetFree(self._set)
 
     def close(self) -> None:
         """Stop waiting (within one wait) and free the event set."""
