@@ -130,11 +130,9 @@ def instrument(
     each iteration's communication with DDP's own reducer timers (CPU) or with three marks per
     iteration (``"events"``: CUDA events on a GPU, nothing per gradient bucket); ``"hook"`` wraps
     the allreduce in a timing comm hook (per-bucket detail, a Python call per bucket); see
-    :mod:`exporter.sources.commtiming`. On a CUDA rank the GPU's health (clocks, throttle
-    reasons, power, ECC, Xid) is read through NVML at each scrape (extra ``gpu``;
-    :mod:`exporter.sources.gpu`); ``gpu_source`` (a callable returning a
-    :class:`~exporter.sources.gpu.GPUHealth`) replaces it, as ``memory_source`` replaces the
-    allocator's memory figures.
+    :mod:`exporter.sources.commtiming`. A CUDA rank reads its GPU's health through NVML at each
+    scrape (extra ``gpu``); ``gpu_source``, a callable returning a
+    :class:`~exporter.sources.gpu.GPUHealth`, replaces it as ``memory_source`` does memory.
     Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """

@@ -35,10 +35,13 @@ def test_rendered_config_shape() -> None:
     # A run name repeats across clusters: the cluster label is part of every grouping.
     assert cfg["route"]["group_by"] == ["cluster", "alertname", "run"]
     assert cfg["route"]["routes"][0]["group_by"] == ["cluster", "alertname", "node"]
-    (inhibit,) = cfg["inhibit_rules"]
+    inhibit, gpu = cfg["inhibit_rules"]
     assert inhibit["source_matchers"] == ['severity="critical"']
     assert inhibit["target_matchers"] == ['severity="warning"', 'alertname!~"DDPSuspectNode"']
     assert inhibit["equal"] == ["cluster", "run", "rank"]
+    assert gpu["source_matchers"] == ['alertname="DDPGPUThrottledStraggler"']
+    assert gpu["target_matchers"] == ['alertname="DDPRankStraggler"', 'cause="compute"']
+    assert gpu["equal"] == ["cluster", "run", "rank"]
     flat = yaml.safe_load(alertmanager.render_alertmanager(replace(DEFAULT, cluster_label="")))
     assert flat["route"]["group_by"] == ["alertname", "run"]
     assert flat["inhibit_rules"][0]["equal"] == ["run", "rank"]
@@ -107,8 +110,8 @@ def _get(url: str) -> list[dict]:
 def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
     require("prometheus-alertmanager")
 
-    def alert(name: str, severity: str, run: str, rank: str) -> dict:
-        labels = {"alertname": name, "severity": severity, "run": run, "rank": rank}
+    def alert(name: str, severity: str, run: str, rank: str, **more: str) -> dict:
+        labels = {"alertname": name, "severity": severity, "run": run, "rank": rank, **more}
         return {"labels": labels, "annotations": {"summary": name}}
 
     with run_alertmanager(tmp_path, alertmanager.render_alertmanager(DEFAULT)) as am:
@@ -117,7 +120,9 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
             [
                 alert("DDPCollectiveTimeoutImminent", "critical", "r1", "1"),
                 alert("DDPCollectiveTimeoutImminent", "warning", "r1", "1"),
-                alert("DDPRankStraggler", "warning", "r1", "3"),
+                alert("DDPRankStraggler", "warning", "r1", "3", cause="compute"),
+                alert("DDPRankStraggler", "warning", "r1", "4", cause="compute"),
+                alert("DDPGPUThrottledStraggler", "warning", "r1", "4", reason="hw_slowdown"),
                 alert("DDPTrainingStalled", "critical", "r1", "0"),
                 alert("DDPTrainingStalled", "critical", "r1", "2"),
                 alert("DDPTrainingStalled", "critical", "r2", "0"),
@@ -127,9 +132,9 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
         def settled() -> list[dict] | None:
             alerts = _get(f"{am.url}/api/v2/alerts")
             suppressed = [a for a in alerts if a["status"]["state"] == "suppressed"]
-            return alerts if len(alerts) == 6 and suppressed else None
+            return alerts if len(alerts) == 8 and len(suppressed) == 2 else None
 
-        alerts = wait_for(settled, 20, "6 alerts in alertmanager")
+        alerts = wait_for(settled, 20, "8 alerts in alertmanager, 2 of them suppressed")
 
         def state(name: str, severity: str, rank: str) -> dict:
             (a,) = [
@@ -145,6 +150,9 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
         assert state("DDPCollectiveTimeoutImminent", "warning", "1")["inhibitedBy"]
         assert state("DDPCollectiveTimeoutImminent", "critical", "1")["state"] == "active"
         assert state("DDPRankStraggler", "warning", "3")["state"] == "active"
+        # The straggler whose GPU is throttled is named by that alert alone.
+        assert state("DDPRankStraggler", "warning", "4")["state"] == "suppressed"
+        assert state("DDPGPUThrottledStraggler", "warning", "4")["state"] == "active"
 
         groups = _get(f"{am.url}/api/v2/alerts/groups")
         keys = sorted(
@@ -154,5 +162,5 @@ def test_grouping_and_inhibition_in_a_real_alertmanager(tmp_path: Path) -> None:
         # One group per (alertname, run): both ranks of r1's DDPTrainingStalled together.
         assert ("ddp-critical", "DDPTrainingStalled", "r1", 2) in keys
         assert ("ddp-critical", "DDPTrainingStalled", "r2", 1) in keys
-        assert ("ddp-warning", "DDPRankStraggler", "r1", 1) in keys
+        assert ("ddp-warning", "DDPRankStraggler", "r1", 2) in keys
         assert all(set(g["labels"]) == {"alertname", "run"} for g in groups)

@@ -158,7 +158,14 @@ def alertmanager_config(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 # A run's critical page says nothing about a node's history across runs.
                 "target_matchers": ['severity="warning"', f'alertname!~"{fleet}"'],
                 "equal": _clustered(cfg, ("run", "rank")),
-            }
+            },
+            {
+                # The straggler whose GPU is throttled is named with that cause: the plain
+                # compute straggler of the same rank says less.
+                "source_matchers": ['alertname="DDPGPUThrottledStraggler"'],
+                "target_matchers": ['alertname="DDPRankStraggler"', 'cause="compute"'],
+                "equal": _clustered(cfg, ("run", "rank")),
+            },
         ],
         "receivers": [receiver(s) for s in ("critical", "warning", "info")],
     }

@@ -99,6 +99,12 @@ class MixinConfig:
     heartbeat_stale_seconds: float = 60.0
     #: GPU reserved memory as a fraction of total that raises DDPGPUMemoryNearLimit.
     gpu_memory_ratio: float = 0.92
+    #: A straggler's GPU is throttled (DDPGPUThrottledStraggler reason=low_clock) when its SM
+    #: clock runs below this fraction of the run's median.
+    gpu_clock_ratio: float = 0.85
+    #: How long DDPGPUError fires after a GPU's Xid event, uncorrectable ECC error or failed
+    #: row remap (the window its counters are read over).
+    gpu_error_window: str = "15m"
     #: Steps/s below this fraction of the rank's average over ``baseline_window`` is a drop.
     throughput_drop_ratio: float = 0.5
     #: Seconds a rank may spend between exporter.watch_init() and its process group existing
@@ -242,6 +248,7 @@ class MixinConfig:
             "baseline_window",
             "hang_abort_window",
             "restart_loop_window",
+            "gpu_error_window",
             "scrape_interval",
             "evaluation_interval",
         ):
@@ -359,6 +366,7 @@ FAST = MixinConfig(
     baseline_window="5m",
     hang_abort_window="1m",
     restart_loop_window="5m",
+    gpu_error_window="1m",
     heartbeat_stale_seconds=15.0,
     straggler_for="30s",
     input_bound_for="30s",

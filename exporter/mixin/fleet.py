@@ -99,12 +99,14 @@ def _accusations(cfg: MixinConfig) -> str:
         '"rank", "$1", "culprit_rank", "(.+)")'
     )
     down = f'ALERTS{{alertname="DDPRankDown", {firing}}}'
+    gpu = f'ALERTS{{alertname="DDPGPUError", {firing}}}'
     return (
         f"max {clauses(cfg).by('run, rank, cause')} (\n"
         f"  {straggler}\n  or\n"
         f'  label_replace({behind}, "cause", "hang", "", "")\n  or\n'
         f'  label_replace({aborted}, "cause", "abort", "", "")\n  or\n'
-        f'  label_replace({down}, "cause", "down", "", "")\n)'
+        f'  label_replace({down}, "cause", "down", "", "")\n  or\n'
+        f'  label_replace({gpu}, "cause", "gpu", "", "")\n)'
     )
 
 

@@ -79,6 +79,8 @@ class Recorded:
     store_rtt_run: str
     store_rtt_ratio: str
     gpu_reserved_ratio: str
+    #: The run, rank and node of each GPU, by its ``UUID`` as dcgm-exporter labels its series.
+    gpu_rank: str
     errors_rate: str
     in_section: str
     version_sets: str
@@ -136,6 +138,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         store_rtt_run=f"run:{catalog.STORE_ROUND_TRIP.name}:median_median_over_time{w}",
         store_rtt_ratio=f"run_rank:{catalog.STORE_ROUND_TRIP.name}:ratio_median_over_time{w}",
         gpu_reserved_ratio=f"run_rank:{catalog.GPU_MEM_RESERVED.name}:ratio_total",
+        gpu_rank=f"uuid:{catalog.GPU_INFO.name}:rank",
         errors_rate=f"run_rank:{_base(catalog.EXPORTER_ERRORS)}:rate{w}",
         in_section=f"run_rank:{catalog.SECTION_STARTED.name}:within_deadline",
         version_sets=f"run:{catalog.RANK_INFO.name}:version_sets",
@@ -325,6 +328,19 @@ def _health_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
             "expr": (
                 f"max {rank} ({_sel(cfg, catalog.GPU_MEM_RESERVED)})\n/ {c.on('run, rank')}\n"
                 f"(max {rank} ({_sel(cfg, catalog.GPU_MEM_TOTAL)}) > 0)"
+            ),
+        },
+        {
+            # dcgm-exporter's series carry the GPU's UUID and the host, never the rank: this
+            # gives each UUID its run, rank and node, for `* on (UUID) group_left (run, rank,
+            # node)` (docs/guides/gpu.md).
+            "record": r.gpu_rank,
+            "expr": (
+                f"label_replace(\n  max {c.by('run, rank, gpu_uuid, gpu_index')} "
+                f"({_sel(cfg, catalog.GPU_INFO)})\n"
+                f"  * {c.on('run, rank')} group_left (node)\n"
+                f"  max {c.by('run, rank, node')} ({_sel(cfg, catalog.RANK_INFO)}),\n"
+                '  "UUID", "$1", "gpu_uuid", "(.+)"\n)'
             ),
         },
         {

@@ -26,6 +26,7 @@ from .alert import Alert, selector
 from .alerts.collectives import collective_alerts
 from .alerts.fleet import FLEET_ALERTS, MONITORING_ALERTS, fleet_alerts
 from .alerts.goodput import goodput_alerts
+from .alerts.gpu import gpu_alerts
 from .alerts.hang_action import hang_action_alerts, restart_history
 from .alerts.liveness import liveness_alerts
 from .alerts.misconfigured import misconfigured_alert
@@ -87,6 +88,7 @@ def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
         *collective_alerts(cfg),
         *hang_action_alerts(cfg),
         *performance_alerts(cfg),
+        *gpu_alerts(cfg),
         *outside_loop_alerts(cfg),
         misconfigured_alert(cfg),
         *goodput_alerts(cfg),

@@ -4,6 +4,7 @@
 - :mod:`.collectives`: collectives stalled or near their timeout, naming the rank behind;
 - :mod:`.hang_action`: the hang action aborted a run, or stopped after aborts without progress;
 - :mod:`.performance`: stragglers, input-bound ranks, throughput drops, GPU memory;
+- :mod:`.gpu`: a straggler on a throttled GPU, a GPU that reports hardware errors;
 - :mod:`.outside_loop`: init stuck, version skew, sections overdue, a deadline missed;
 - :mod:`.misconfigured`: a variable of the exporter the ranks cannot use;
 - :mod:`.goodput`: a run that turns too little of its time into training, and what it lost;
