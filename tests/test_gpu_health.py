@@ -20,6 +20,7 @@ from conftest import train_epoch
 from harness import parse, scrape_text, value
 
 import exporter
+import exporter.tools.top as top
 from exporter import catalog
 from exporter.errors import ErrorCounter
 from exporter.sources.gpu import GPUHealth, Recorded, load_recording
@@ -84,6 +85,10 @@ def test_every_health_series_is_served_at_scrape_time(ddp):
     assert value(s, "ddp_gpu_sm_clock_hertz") == 1.1e9
     assert value(s, "ddp_gpu_xid_errors_total") == 1
     assert value(s, "ddp_gpu_last_xid_timestamp_seconds", xid="79") == 1_700_000_000.0
+    # `ddp-exporter top` reads the same endpoint: the GPU, its clock and its slowdown reasons.
+    (row,) = top.fetch([f"127.0.0.1:{obs.port}"])
+    assert (row.gpu_index, row.gpu_clock) == (str(gpu.index), 1.1e9), row
+    assert row.gpu_slowdown == ["hw_slowdown", "hw_thermal_slowdown"], row
 
 
 def test_a_failing_reading_is_counted_and_the_rest_served(ddp):

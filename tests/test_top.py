@@ -76,6 +76,31 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     assert verdicts[1].startswith("HUNG") and not verdicts[0] + verdicts[2], verdicts
 
 
+@pytest.mark.unit
+def test_a_straggler_on_a_throttled_gpu_is_named_with_the_gpu_cause():
+    def gpus(rows, clocks, reasons):
+        for r, clock, why in zip(rows, clocks, reasons):
+            r.gpu_index, r.gpu_clock, r.gpu_slowdown = str(r.rank), clock, list(why)
+        return rows
+
+    def read(steps, compute1, clocks, reasons):
+        rows = [_row(0, 5, steps=steps), _row(1, 5, compute=compute1, steps=steps)]
+        return gpus([*rows, _row(2, 5, steps=steps)], clocks, reasons)
+
+    hot = (1.98e9, 1.1e9, 1.98e9), ((), ("hw_slowdown",), ())
+    second = _reads(read(100, 0.2, *hot), read(200, 0.2, *hot))[1]
+    assert second[1] == (
+        "straggler: compute 200 ms vs median 50 ms; GPU 1 throttled: hw_slowdown, SM 1.10 GHz "
+        "vs peers' 1.98 GHz"
+    ), second
+    # The same cap on every GPU is no cause of one rank's pace; a throttled GPU that keeps
+    # pace is no straggler at all.
+    capped = (1.6e9,) * 3, (("sw_power_cap",),) * 3
+    second = _reads(read(100, 0.2, *capped), read(200, 0.2, *capped))[1]
+    assert second[1] == "straggler: compute 200 ms vs median 50 ms", second
+    assert not any(_reads(read(100, 0.05, *hot), read(200, 0.05, *hot))[1].values())
+
+
 def _linked(rank, steps, rtt, comm=0.7, node=""):
     """A rank of a job slowed by a link: every rank waits ``comm`` s per step in the allreduce."""
     r = _row(rank, steps // 10, steps=steps)

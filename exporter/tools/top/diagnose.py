@@ -191,6 +191,32 @@ def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
                 if not r.suspect:
                     r.suspect = f"straggler:{key}"
                     r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+                    if key == "compute":
+                        r.note += _gpu_cause(r, live, config)
+
+
+def _gpu_cause(r: RankRow, live: list[RankRow], config: MixinConfig) -> str:
+    """Return why the straggler's GPU is slow, as DDPGPUThrottledStraggler says it, or ""."""
+    clocks = [x.gpu_clock for x in live if x.gpu_clock > 0]
+    if r.gpu_clock <= 0 or not clocks:
+        return ""
+    med = statistics.median(clocks)
+    # A reason on half of the run's GPUs or more slows every rank alike.
+    lone = [
+        reason
+        for reason in r.gpu_slowdown
+        if 2 * sum(reason in x.gpu_slowdown for x in live) < len(clocks)
+    ]
+    if lone:
+        cause = ", ".join(lone)
+    elif r.gpu_clock < config.gpu_clock_ratio * med:
+        cause = "its clocks are down"
+    else:
+        return ""
+    return (
+        f"; GPU {r.gpu_index or '?'} throttled: {cause}, SM {r.gpu_clock / 1e9:.2f} GHz vs "
+        f"peers' {med / 1e9:.2f} GHz"
+    )
 
 
 def _slow_link(live: list[RankRow], config: MixinConfig) -> None:

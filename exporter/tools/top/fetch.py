@@ -10,6 +10,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from ... import catalog as c
+from ...mixin.alerts.gpu import SLOWDOWN_REASONS
 from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig
 from ..promapi import instant_query
@@ -78,6 +79,14 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
             row.sections[name] = (row.sections[name][0], v)
     elif n == c.FINISHED.name:
         row.finished = v
+    elif n == c.GPU_SM_CLOCK.name:
+        row.gpu_clock = v
+    elif n == c.GPU_CLOCK_EVENT.name:
+        reason = labels.get("reason", "")
+        if v == 1.0 and reason in SLOWDOWN_REASONS and reason not in row.gpu_slowdown:
+            row.gpu_slowdown.append(reason)
+    elif n == c.GPU_INFO.name:
+        row.gpu_index = labels.get("gpu_index", row.gpu_index)
     elif n == c.RANK_INFO.name:
         row.attempt = labels.get("attempt", row.attempt)
         row.node = labels.get("node", row.node)
@@ -111,6 +120,9 @@ _PROM_NAMES = (
     c.HANG_ABORT_LIMIT.name,
     c.HANG_ABORTED_ATTEMPT.name,
     c.HANG_NETWORK.name,
+    c.GPU_SM_CLOCK.name,
+    c.GPU_CLOCK_EVENT.name,
+    c.GPU_INFO.name,
 )
 
 

@@ -34,6 +34,11 @@ class RankRow:
     #: The machine the rank runs on (``ddp_rank_info``'s node).
     node: str = ""
     memory: float = 0.0
+    #: The rank's GPU (``ddp_rank_gpu_info``'s index), its SM clock in Hz (0: not published)
+    #: and the slowdown reasons holding its clocks down.
+    gpu_index: str = ""
+    gpu_clock: float = 0.0
+    gpu_slowdown: list[str] = field(default_factory=list)
     #: Declared sections running on the rank: name -> (Unix start, deadline seconds).
     sections: dict[str, tuple[float, float]] = field(default_factory=dict)
     section_deadline: dict[str, float] = field(default_factory=dict)
