@@ -2,7 +2,7 @@
 
 NVML cannot run here (no driver): its real module is asked and must say so in one line, and
 every other series stays. The healthy reading is a real H200's, read through NVML by
-scripts/gpu-check.sh (tests/gpu/test_gpu_health.py, which compares it with nvidia-smi); the
+scripts/gpu-check.sh (tests/gpu/test_nvml_readings.py, which compares it with nvidia-smi); the
 throttled and the erroring ones are that reading with the fields a throttled or failing GPU
 reports changed.
 """

@@ -48,6 +48,8 @@ SHIFTED = dataclasses.replace(
     timeout_critical_ratio=0.87,
     heartbeat_stale_seconds=97.0,
     gpu_memory_ratio=0.93,
+    gpu_clock_ratio=0.81,
+    gpu_error_window="29m",
     throughput_drop_ratio=0.57,
     init_stuck_seconds=433.0,
     straggler_for="6m",
@@ -104,6 +106,8 @@ CONSTANT = {
     rf"\b{TOP_RANKS} (slowest|most loaded) ranks|slowest {TOP_RANKS} ranks": "TOP_RANKS, in the query",
     rf"\(top {fleet_dashboard.TOP_NODES}\)": "TOP_NODES, in the query",
     r"\(lt \$value 1\.0\)": "a round-trip ratio below 1: the store's own node, in a template",
+    r"quantile\(0\.5, ": "the run's median clock, in a template",
+    r"\(13, 31, 43: ": "NVIDIA's Xid numbers of a job's own kernel faults",
 }
 
 

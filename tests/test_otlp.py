@@ -124,7 +124,8 @@ def _prom_name(name: str, unit: str, kind: str) -> str:
     Tokens of [a-zA-Z0-9:]; the unit word appended unless a token already is it; counters
     get ``total`` moved last; unit ``1`` gauges get ``ratio``.
     """
-    words = {"s": "seconds", "By": "bytes", "1": "", "": ""}[unit]
+    words = {"s": "seconds", "By": "bytes", "Hz": "hertz", "Cel": "celsius", "W": "watts"}
+    words = {**words, "1": "", "": ""}[unit]
     tokens = [t for t in re.split(r"[^a-zA-Z0-9:]+", name) if t]
     if words and words not in tokens:
         tokens.append(words)

@@ -75,9 +75,17 @@ DEFAULT_TIMEOUT_MS = 30_000.0
 #: Longest time :meth:`OTLPPusher.close` waits for the final push (capped by the timeout).
 FLUSH_TIMEOUT_S = 5.0
 
-#: Catalog unit -> UCUM unit of the OTLP metric; the translators map ``s`` back to ``seconds``
-#: and ``By`` to ``bytes``, which every catalog name with a unit already ends in.
-UNITS: dict[str, str] = {"seconds": "s", "bytes": "By", "": ""}
+#: Catalog unit -> UCUM unit of the OTLP metric; the translators map ``s`` back to ``seconds``,
+#: ``By`` to ``bytes``, ``Hz`` to ``hertz``, ``Cel`` to ``celsius`` and ``W`` to ``watts``, which
+#: every catalog name with a unit already ends in.
+UNITS: dict[str, str] = {
+    "seconds": "s",
+    "bytes": "By",
+    "hertz": "Hz",
+    "celsius": "Cel",
+    "watts": "W",
+    "": "",
+}
 
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
 _SCOPE_NAME = "ddp-exporter"

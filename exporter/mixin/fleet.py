@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: What a node can be blamed for.
-CAUSES: tuple[str, ...] = ("compute", "data", "link", "network", "hang", "abort", "down")
+CAUSES: tuple[str, ...] = ("compute", "data", "link", "network", "hang", "abort", "down", "gpu")
 
 
 @dataclass(frozen=True)
@@ -243,4 +243,5 @@ FLEET_INPUT_ALERTS: tuple[str, ...] = (
     "DDPHangAborted",
     "DDPHangNetworkFault",
     "DDPRankDown",
+    "DDPGPUError",
 )

@@ -118,10 +118,16 @@ def rule_groups(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     (:class:`exporter.mixin.cluster.Clauses`).
     """
     recording = recording_groups(cfg)
+    gpu = {a.name for a in gpu_alerts(cfg)}
     return {
         "groups": [
             *(_group(cfg, name, recording[name]) for name in RECORDING_GROUPS),
-            {"name": "ddp-exporter.alerts", "rules": [a.rule(cfg) for a in alerts(cfg)]},
+            {
+                "name": "ddp-exporter.alerts",
+                "rules": [a.rule(cfg) for a in alerts(cfg) if a.name not in gpu],
+            },
+            # A group of their own: a group stays small (at most 20 rules) to evaluate in time.
+            {"name": "ddp-exporter.gpu", "rules": [a.rule(cfg) for a in gpu_alerts(cfg)]},
             fleet_group(cfg),
         ]
     }
