@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prove the exporter's CUDA and NCCL paths on this machine's GPU, in one command (< 10 min):
 #   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo; GPU health from NVML
-#      against nvidia-smi, recorded in gpu-health.json),
+#      against nvidia-smi, recorded in gpu-health.json; with 2 GPUs or more, the NCCL drills
+#      with one rank per GPU, else skipped, with why, in the report),
 #   2. benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the host
 #      CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
 #   3. the core CPU tests with this machine's torch (the torch range: it may be older than the pin),

@@ -18,8 +18,9 @@ shards it within groups of ``--shard-size`` ranks and replicates it across them 
 collective) and shards them with FSDP2 across the groups (a 2-D mesh, ``dp`` x ``tp``); the ranks
 of a group read the same batches. ``--clip`` clips the gradients' total norm, as most FSDP2 and
 tensor-parallel loops do (on DTensor parameters, an all-reduce per mesh dimension).
-``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), still over gloo, which
-reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu).
+``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), by default still over
+gloo, which reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu);
+``--backend nccl`` runs one rank per GPU over NCCL.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=float, default=None, help="store heartbeat interval, s")
     p.add_argument("--file-sd", default=None, help="directory to write a Prometheus file_sd target")
     p.add_argument("--timeout", type=float, default=1800.0, help="process group timeout, s")
+    p.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one rank per GPU"
+    )
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (gloo)"
     )
@@ -214,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     """Train until the duration or step limit, injecting the chosen fault."""
     args = parse_args(argv)
     device = _device(args.device)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    if args.backend == "nccl" and device.type != "cuda":
+        print("--backend nccl needs --device cuda", file=sys.stderr)
+        return 2
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group(args.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     if not 0 <= args.fault_rank < world and args.fault != "none":
         print(f"--fault-rank {args.fault_rank} out of range for {world} ranks", file=sys.stderr)
