@@ -225,6 +225,48 @@ def test_fault_pages_naming_the_faulty_rank(stack, fault):
             stop_ranks(ranks, sd, runs[rank])
 
 
+#: A real H200's GPU health, recorded by scripts/gpu-check.sh: each rank's stand-in GPU.
+GPU_RECORDING = os.path.join("tests", "recordings", "gpu-h200.json")
+
+
+def test_a_throttled_gpu_and_an_xid_page_naming_rank_node_and_gpu(stack):
+    """A straggler whose stand-in GPU throttles, and an Xid on another job's rank 2: each page
+    names the rank, its node and its GPU; nobody else is accused."""
+    st, sd = stack
+    gpu = ["--gpu-recording", GPU_RECORDING]
+    runs = {
+        "drill-gpu-throttle": (1, ["--fault", "straggler", "--gpu-fault", "throttle"]),
+        "drill-gpu-xid": (2, ["--gpu-fault", "xid"]),
+    }
+    jobs: dict[str, Ranks] = {}
+    try:
+        for run, (rank, args) in runs.items():
+            jobs[run] = start_ranks(run, sd, [*gpu, *args, "--fault-rank", str(rank)])
+        hit = wait_alert(st, "drill-gpu-throttle", {"DDPGPUThrottledStraggler"}, 1, 220)
+        assert hit is not None, [a["labels"] for _, a in for_run(st, "drill-gpu-throttle")]
+        labels = hit[1]["labels"]
+        assert labels["reason"] == "hw_slowdown" and labels["gpu_index"] == "1", labels
+        assert labels["gpu_uuid"].endswith("0001") and labels["node"], labels
+        text = hit[1]["annotations"]["description"]
+        assert "throttled: hw_slowdown, SM 1.089GHz vs the run's median 1.98GHz" in text, text
+        hit = wait_alert(st, "drill-gpu-xid", {"DDPGPUError"}, 2, 90)
+        assert hit is not None, [a["labels"] for _, a in for_run(st, "drill-gpu-xid")]
+        labels = hit[1]["labels"]
+        assert (labels["cause"], labels["xid"], labels["gpu_index"]) == ("xid", "79", "2"), labels
+        assert "raised Xid 79" in hit[1]["annotations"]["description"], hit
+        for run, (rank, _) in runs.items():
+            wrong = [
+                a["labels"]
+                for _, a in for_run(st, run)
+                if a["labels"].get("rank") not in (None, str(rank))
+                and (accuses(a) or a["labels"]["alertname"].startswith("DDPGPU"))
+            ]
+            assert not wrong, f"healthy ranks blamed: {wrong}"
+    finally:
+        for run, ranks in jobs.items():
+            stop_ranks(ranks, sd, run)
+
+
 #: How long the healthy drill watches its jobs once every rank serves: past the longest window
 #: of the FAST rules it would page on (goodput's minute) with room for a dip to show.
 HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "80"))

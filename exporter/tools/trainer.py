@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 import exporter
 from exporter.settings import is_all_interfaces
 from exporter.tools.demo import FAULTS, say
+from exporter.tools.gpustandin import GPU_FAULTS, inject, standin
 
 __all__ = ["PARALLEL", "build_model", "main", "parse_args", "run"]
 
@@ -110,6 +111,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shard-size", type=int, default=2, help="hsdp: ranks per shard group")
     p.add_argument("--tp-size", type=int, default=2, help="tp: ranks per tensor-parallel group")
+    p.add_argument(
+        "--gpu-recording",
+        default=None,
+        help="serve this recorded GPU health reading as each rank's own GPU (no GPU needed)",
+    )
+    p.add_argument(
+        "--gpu-fault",
+        choices=GPU_FAULTS,
+        default=None,
+        help="with --gpu-recording, on --fault-rank after --fault-after: its GPU throttles "
+        "(hardware slowdown, SM clock down) or raises Xid 79",
+    )
     p.add_argument(
         "--clip",
         type=float,
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     data = _Synthetic(4096, 64, seed=seed, delay=delay)
     loader = DataLoader(data, batch_size=8, shuffle=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gpu = standin(args.gpu_recording, rank) if args.gpu_recording else None
     obs = exporter.instrument(
         model,
         dataloader=loader,
@@ -248,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.addr,
         run=args.run,
         heartbeat_s=args.heartbeat,
+        gpu_source=gpu,
     )
     say(f"rank {rank}: metrics at {obs.url}")
     if args.file_sd and obs.port is not None:
@@ -255,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_file_sd(args.file_sd, obs, host)
 
     faulty = args.fault != "none" and rank == args.fault_rank
+    gpu_fault = args.gpu_fault if gpu is not None and rank == args.fault_rank else None
     t_start = time.monotonic()
     steps = 0
     fault_on = False
@@ -269,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 code = _peer_failed(rank, exc, args, t_start)
                 obs.close()
                 return code
+            if gpu_fault and elapsed >= args.fault_after:
+                say(f"rank {rank}: injecting GPU fault {gpu_fault}")
+                inject(gpu, gpu_fault)
+                gpu_fault = None
             if faulty and not fault_on and elapsed >= args.fault_after:
                 fault_on = True
                 say(f"rank {rank}: injecting fault {args.fault}")
