@@ -117,8 +117,7 @@ def gpu_throttled_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         "slowdowns come from cooling, a power supply or a failing board; a power cap from a "
         "lowered limit. A throttled GPU that keeps pace, or the same cap on every GPU, pages "
         "nobody. Needs the gpu extra on the ranks (ddp_rank_gpu_info).",
-        "In Prometheus, the reasons active (`ddp_gpu_clock_event_active`) and the SM clocks "
-        "(`ddp_gpu_sm_clock_hertz`) of the run's ranks; on the node, `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i "
+        "Memory dashboard: GPU SM clock per rank and GPU slowdown reasons; on the node, `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i "
         "<gpu_uuid>`: the clock-event reasons and how long each held.",
         "Check the node's cooling (fans, inlet temperature) and power (PSU, power brake "
         "events in the BMC's log), and whether someone lowered the power limit (`nvidia-smi "
