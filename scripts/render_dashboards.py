@@ -7,9 +7,10 @@ Grafana lays it out, from the same PromQL its panels send. The drill: three rank
 trainer (``exporter.tools.trainer``, a DDP job on gloo), one process per rank and each with its
 own ``node`` label, scraped every second by Prometheus with the FAST rules and Alertmanager
 (``exporter.tools.localstack``; Debian's ``prometheus`` and ``prometheus-alertmanager``). Rank 2
-straggles (+150 ms compute per step) from ``--straggle-at`` seconds, then stops entering
-collectives (a hang) at ``--hang-at``; the drill ends ``--tail`` seconds later, about three
-minutes in all. Then every panel of the generated dashboards is queried over the drill with
+straggles (+150 ms compute per step) from ``--straggle-at`` seconds, its stand-in GPU throttled
+from then on (each rank serves a real H200's recorded GPU health, tests/recordings), then stops
+entering collectives (a hang) at ``--hang-at``; the drill ends ``--tail`` seconds later, about
+three minutes in all. Then every panel of the generated dashboards is queried over the drill with
 the PromQL its JSON holds (``$run`` = the drill's run, the other variables All,
 ``$__rate_interval`` = 10s) and drawn with matplotlib on the dashboard's own grid. The JSON is
 the FAST variant's (``ddp-exporter mixin generate --fast``): the same panels and queries as
@@ -109,6 +110,10 @@ def _start_ranks(workdir: Path, file_sd: Path, args: argparse.Namespace) -> list
             str(file_sd),
             "--timeout",
             "900",
+            "--gpu-recording",
+            str(REPO / "tests" / "recordings" / "gpu-h200.json"),
+            "--gpu-fault",
+            "throttle",
         ]
         log = open(workdir / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
@@ -248,6 +253,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
     if unit == "percentunit":
         return f"{value * 100:.0f}%"
+    if unit == "hertz":
+        return f"{value / 1e9:.2f} GHz" if abs(value) >= 1e9 else f"{value / 1e6:.0f} MHz"
     if unit in ("bytes", "Bps"):
         for size, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
             if abs(value) >= size:
