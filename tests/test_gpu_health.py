@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import train_epoch
-from harness import parse, scrape_text, value
+from harness import parse, scrape_text, value, wait_for
 
 import exporter
 import exporter.tools.top as top
 from exporter import catalog
 from exporter.errors import ErrorCounter
 from exporter.sources.gpu import GPUHealth, Recorded, load_recording
-from exporter.sources.gpu.nvml import load_nvml, nvml_source
+from exporter.sources.gpu.nvml import NvmlSource, XidWatch, load_nvml, nvml_source
 
 pytestmark = pytest.mark.unit
 
@@ -114,3 +116,110 @@ def test_without_a_driver_nvml_says_so_in_one_line_and_nothing_else_changes(capl
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all("GPU health off: NVML cannot start" in x for x in lines), lines
     assert not any(errors.snapshot().values())
+
+
+class _Nvml:
+    """NVML's module as the exporter calls it, for a GPU that fails: the real one needs a driver.
+
+    Passed to :class:`NvmlSource` as its module (the injected source), never patched into
+    ``pynvml``. ``xid`` queues an Xid event; ``lost`` makes every read fail as a GPU that fell
+    off the bus; ``broken`` makes waiting for events fail at once.
+    """
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801, N818 - NVML's names
+        pass
+
+    NVMLError_NoPermission = NVMLError_FunctionNotFound = NVMLError_NotSupported
+
+    class NVMLError_Timeout(NVMLError):  # noqa: N801, N818
+        pass
+
+    class NVMLError_GpuIsLost(NVMLError):  # noqa: N801, N818
+        pass
+
+    NVML_CLOCK_SM = NVML_TEMPERATURE_GPU = NVML_VOLATILE_ECC = 0
+    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+    NVML_AGGREGATE_ECC = 1
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    nvmlEventTypeXidCriticalError = 8  # noqa: N815
+
+    def __init__(self) -> None:
+        self.xid: int | None = None
+        self.lost = self.broken = False
+
+    def _value(self, value):
+        def call(*_args):
+            if self.lost:
+                raise self.NVMLError_GpuIsLost("GPU is lost")
+            return value
+
+        return call
+
+    def __getattr__(self, name: str):
+        values = {
+            "nvmlDeviceGetPciInfo": type("Pci", (), {"busId": b"00000000:00:06.0"})(),
+            "nvmlDeviceGetUUID": "GPU-958a0db7-0f4d-47b7-4660-79326b4e9043",
+            "nvmlDeviceGetIndex": 0,
+            "nvmlDeviceGetName": b"NVIDIA H200",
+            "nvmlDeviceGetClockInfo": 1980,
+            "nvmlDeviceGetMaxClockInfo": 1980,
+            "nvmlDeviceGetTemperature": 37,
+            "nvmlDeviceGetPowerUsage": 123855,
+            "nvmlDeviceGetEnforcedPowerLimit": 700000,
+            "nvmlDeviceGetUtilizationRates": type("U", (), {"gpu": 0})(),
+            "nvmlDeviceGetCurrentClocksEventReasons": 0,
+            "nvmlDeviceGetTotalEccErrors": 0,
+            "nvmlDeviceGetRemappedRows": (0, 0, 0, 0),
+            "nvmlDeviceGetPcieReplayCounter": 1,
+            "nvmlEventSetCreate": object(),
+            "nvmlDeviceRegisterEvents": None,
+            "nvmlEventSetFree": None,
+            "nvmlShutdown": None,
+        }
+        if name in values:
+            return self._value(values[name])
+        if name in ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetRetiredPages"):
+
+            def unsupported(*_args):
+                raise self.NVMLError_NotSupported("Not Supported")
+
+            return unsupported
+        raise AttributeError(name)
+
+    def nvmlEventSetWait_v2(self, _set, timeout_ms):  # noqa: N802
+        if self.broken:
+            raise self.NVMLError("Unknown Error")
+        if self.xid is None:
+            time.sleep(timeout_ms / 1000)
+            raise self.NVMLError_Timeout("Timeout")
+        xid, self.xid = self.xid, None
+        return type("Event", (), {"eventType": 8, "eventData": xid})()
+
+
+def _xid_threads() -> int:
+    return sum(t.name == "ddp-exporter-xid" for t in threading.enumerate())
+
+
+def test_a_gpu_that_fell_off_the_bus_still_shows_itself_and_its_xid():
+    nvml, errors = _Nvml(), ErrorCounter()
+    source = NvmlSource(nvml, object(), errors)
+    watch = XidWatch(source, errors).start()
+    try:
+        assert source().sm_clock_hz == 1.98e9 and source().xid_errors == 0
+        nvml.xid = 79
+        wait_for(lambda: source.xid[0] == 1, 10, "the Xid event counted")
+        nvml.lost = True
+        r = source()
+        assert r.identity.uuid == "GPU-958a0db7-0f4d-47b7-4660-79326b4e9043", r
+        assert (r.xid_errors, r.last_xid[0], r.sm_clock_hz) == (1, 79, None), r
+        assert errors.snapshot()["gpu"] == 1
+        # Waiting for events now fails at once: the watch ends instead of spinning.
+        nvml.broken = True
+        wait_for(lambda: _xid_threads() == 0, 10, "the Xid watch to end")
+        assert errors.snapshot()["gpu"] >= 2 and source().xid_errors == 1
+    finally:
+        watch.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ...background import BackgroundLoop
+from ...background import DONE, BackgroundLoop
 from ...errors import ErrorCounter
 from ...log import log
 from .health import (
@@ -84,10 +84,11 @@ def _text(value: Any) -> str:
 class NvmlSource:
     """Read one GPU's health through NVML; the callable a collector reads at scrape time."""
 
-    def __init__(self, nvml: ModuleType, handle: Any) -> None:
+    def __init__(self, nvml: ModuleType, handle: Any, errors: ErrorCounter | None = None) -> None:
         #: NVML's module and this GPU's handle (the Xid watch and the benchmark use them).
         self.nvml, self.handle = nvml, handle
         self._unsupported: set[str] = set()
+        self._errors_seen = errors
         self._lock = threading.Lock()
         pci = nvml.nvmlDeviceGetPciInfo(handle)
         self.identity = GPUIdentity(
@@ -174,7 +175,20 @@ class NvmlSource:
         return {"ecc": ecc, "remapped": remapped, "retired": retired, "nvlink": nvlink}
 
     def __call__(self) -> GPUHealth:
-        """Return the GPU's health now (some tens of NVML calls, no CUDA call)."""
+        """Return the GPU's health now (some tens of NVML calls, no CUDA call).
+
+        A GPU NVML can no longer read (fallen off the bus, a reset) still gives its identity
+        and its Xid events, the evidence of what happened to it; the error is counted.
+        """
+        try:
+            return self._read()
+        except self.nvml.NVMLError as exc:
+            if self._errors_seen is not None:
+                self._errors_seen.record("gpu", exc)
+            count, last = self.xid
+            return GPUHealth(identity=self.identity, xid_errors=count, last_xid=last)
+
+    def _read(self) -> GPUHealth:
         nvml, g = self.nvml, self._get
         with self._lock:  # two scrapes at once read one after the other
             sm = g("sm_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM)
@@ -223,6 +237,7 @@ class XidWatch:
         except nvml.NVMLError:
             nvml.nvmlEventSetFree(self._set)
             raise
+        self._errors = errors
         self._loop = BackgroundLoop(
             "ddp-exporter-xid", self._wait, 0.0, errors=errors, where="gpu", final=self._free
         )
@@ -232,15 +247,22 @@ class XidWatch:
         self._loop.start()
         return self
 
-    def _wait(self) -> None:
+    def _wait(self) -> Any:
         nvml = self.nvml
         try:
             data = nvml.nvmlEventSetWait_v2(self._set, _EVENT_WAIT_MS)
         except nvml.NVMLError_Timeout:
-            return
+            return None
+        except nvml.NVMLError as exc:
+            # Waiting fails at once from now on (the GPU is gone, the driver reset): a loop
+            # that kept asking would spin. Counted, logged once; the Xids seen stay served.
+            self._errors.record("gpu", exc)
+            log.info("ddp-exporter: Xid events no longer watched on this GPU (%s)", exc)
+            return DONE
         if data.eventType & nvml.nvmlEventTypeXidCriticalError:
             count, _ = self._source.xid
             self._source.xid = (count + 1, (int(data.eventData), time.time()))
+        return None
 
     def _free(self) -> None:
         self.nvml.nvmlEventSetFree(self._set)
@@ -258,7 +280,7 @@ def nvml_source(
     if nvml is None:
         return None, None
     try:
-        source = NvmlSource(nvml, _handle(nvml, device))
+        source = NvmlSource(nvml, _handle(nvml, device), errors)
     except Exception as exc:  # noqa: BLE001 - no GPU health is no reason to stop training
         log.info("ddp-exporter: GPU health off: NVML does not find this rank's GPU (%s)", exc)
         return None, None
