@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one rank per GPU"
     )
     p.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (gloo)"
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains"
     )
     p.add_argument(
         "--parallel",
@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     device = _device(args.device)
     if args.backend == "nccl" and device.type != "cuda":
         print("--backend nccl needs --device cuda", file=sys.stderr)
+        return 2
+    if args.gpu_fault and not args.gpu_recording:
+        print("--gpu-fault needs --gpu-recording (the GPU it acts on)", file=sys.stderr)
         return 2
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group(args.backend, timeout=timeout)
