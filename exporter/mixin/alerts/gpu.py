@@ -17,8 +17,7 @@ from ... import catalog
 from ..alert import Alert, selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
-from ..recording import recorded
-from .shared import WHERE
+from .shared import WHERE, compute_straggler, printf_selector
 
 __all__ = ["SLOWDOWN_REASONS", "gpu_alerts", "gpu_error", "gpu_throttled_straggler"]
 
@@ -50,7 +49,7 @@ def _with_gpu(cfg: MixinConfig, expr: str) -> str:
 
 
 def _throttled_expr(cfg: MixinConfig) -> str:
-    r, c = recorded(cfg), clauses(cfg)
+    c = clauses(cfg)
     clock = selector(cfg, catalog.GPU_SM_CLOCK.name)
     events = selector(cfg, catalog.GPU_CLOCK_EVENT.name, f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
     ratio = f"({clock}\n / {c.on('run')} group_left\n quantile {c.by('run')} (0.5, {clock}))"
@@ -61,12 +60,6 @@ def _throttled_expr(cfg: MixinConfig) -> str:
         f" (count {c.by('run, reason')} {active} * 2\n"
         f"  >= {c.on('run')} group_left\n  count {c.by('run')} ({clock})))"
     )
-    straggler = (
-        f'({r.phase_ratio}{{phase="compute"}} > {cfg.straggler_ratio:g})\n'
-        f"and {c.on('run, rank, phase')}\n"
-        f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
-        f" > {cfg.straggler_min_excess_seconds:g})"
-    )
     # One alert per reason: each lone slowdown reason, else a clock well below the run's.
     throttled = (
         f"max {c.by('run, rank, reason')} (\n  (\n"
@@ -74,19 +67,18 @@ def _throttled_expr(cfg: MixinConfig) -> str:
         f"    or\n    (\n      label_replace({ratio} < {cfg.gpu_clock_ratio:g},"
         ' "reason", "low_clock", "", "")\n'
         f"      unless {c.on('run, rank')} {lone}\n    )\n  )\n"
-        f"  and {c.on('run, rank')}\n  ({straggler})\n)"
+        f"  and {c.on('run, rank')}\n  ({compute_straggler(cfg)})\n)"
     )
     return _with_gpu(cfg, throttled)
 
 
 def _clock_of(cfg: MixinConfig, what: str) -> str:
     """Return a template reading the rank's SM clock (``rank``) or the run's median (``run``)."""
-    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
     if what == "rank":
-        metric = f"{catalog.GPU_SM_CLOCK.name}{{{', '.join([*matchers, 'rank=%q'])}}}"
+        metric = printf_selector(cfg, catalog.GPU_SM_CLOCK.name, "run", "rank")
         args = "$labels.run $labels.rank"
     else:
-        metric = f"quantile(0.5, {catalog.GPU_SM_CLOCK.name}{{{', '.join(matchers)}}})"
+        metric = f"quantile(0.5, {printf_selector(cfg, catalog.GPU_SM_CLOCK.name, 'run')})"
         args = "$labels.run"
     return (
         f"{{{{ with printf `{metric}` {args} | query }}}}{{{{ with first . }}}}"
@@ -117,8 +109,9 @@ def gpu_throttled_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         "slowdowns come from cooling, a power supply or a failing board; a power cap from a "
         "lowered limit. A throttled GPU that keeps pace, or the same cap on every GPU, pages "
         "nobody. Needs the gpu extra on the ranks (ddp_rank_gpu_info).",
-        "Memory dashboard: GPU SM clock per rank and GPU slowdown reasons; on the node, `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i "
-        "<gpu_uuid>`: the clock-event reasons and how long each held.",
+        "Memory dashboard: GPU SM clock per rank and GPU slowdown reasons; on the node, "
+        "`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i <gpu_uuid>`: the clock-event "
+        "reasons and how long each held.",
         "Check the node's cooling (fans, inlet temperature) and power (PSU, power brake "
         "events in the BMC's log), and whether someone lowered the power limit (`nvidia-smi "
         "-q -d POWER`). Drain the node if the slowdown is in hardware; move the job meanwhile.",

@@ -14,7 +14,7 @@ from ...hangs.action import UNCERTAIN_FACTOR, ActionPolicy
 from ..alert import Alert
 from ..config import DEFAULT, MixinConfig
 from ..prose import share, times
-from .shared import aborted_runs, hang_location, looping_runs
+from .shared import aborted_runs, hang_location, looping_runs, printf_selector
 
 __all__ = [
     "TORCH_TIMEOUT_MINUTES",
@@ -41,8 +41,7 @@ def restart_history(cfg: MixinConfig = DEFAULT) -> str:
     by the monitoring rank from the run's ledger) over the restart-loop window, in attempt order
     (as text: attempt 10 sorts before 2).
     """
-    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
-    metric = f"{catalog.HANG_ABORTED_ATTEMPT.name}{{{', '.join(matchers)}}}"
+    metric = printf_selector(cfg, catalog.HANG_ABORTED_ATTEMPT.name, "run")
     query = (
         f"max by (attempt, culprit_rank, node) (last_over_time({metric}"
         f"[{cfg.restart_loop_window}]))"

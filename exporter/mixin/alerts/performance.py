@@ -9,12 +9,14 @@ by the round trips of every other node (inflated) against its own (not: the stor
 
 from __future__ import annotations
 
+from textwrap import indent
+
 from ... import catalog
 from ..alert import Alert, selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
 from ..recording import BLAME_PHASES, recorded
-from .shared import WHERE
+from .shared import WHERE, slower_than_peers
 
 __all__ = [
     "gpu_memory_near_limit",
@@ -35,16 +37,14 @@ def _straggler_expr(cfg: MixinConfig) -> str:
     r, c = recorded(cfg), clauses(cfg)
     blame = "|".join(BLAME_PHASES)
     rank, run = c.on("run, rank"), c.on("run")
+    slow = indent(slower_than_peers(cfg, f'phase=~"{blame}"'), "    ")
     waits = f'{rank} ({r.phase_share}{{phase="comm_wait"}} > {cfg.link_comm_share:g})'
     nodes = (
         f"count {c.by('run')} (count {c.by('run, node')} ({selector(cfg, catalog.RANK_INFO.name)}))"
     )
     return (
         f"max {c.by('run, rank, cause')} (\n  label_replace(\n"
-        f'    ({r.phase_ratio}{{phase=~"{blame}"}} > {cfg.straggler_ratio:g})\n'
-        f"    and {c.on('run, rank, phase')}\n"
-        f"    ({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
-        f" > {cfg.straggler_min_excess_seconds:g}),\n"
+        f"{slow},\n"
         '    "cause", "$1", "phase", "(.*)"\n  )\n)\n'
         # A slow link slows every rank alike: no rank's compute stands out, but the store
         # round trips of the ranks behind that link do (exporter.sources.heartbeat). On one

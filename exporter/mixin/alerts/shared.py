@@ -12,9 +12,13 @@ from ... import catalog
 from ..alert import selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
+from ..recording import recorded
 
 __all__ = [
     "WHERE",
+    "compute_straggler",
+    "printf_selector",
+    "slower_than_peers",
     "aborted_runs",
     "finished_ranks",
     "hang_location",
@@ -59,6 +63,36 @@ def looping_runs(cfg: MixinConfig) -> str:
     )
 
 
+def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
+    """Return the ranks slower than their run's typical rank in the phases ``phases`` matches.
+
+    DDPRankStraggler's definition, one place for every alert that names a straggler: the phase
+    time per step over the run's median by ``straggler_ratio`` and by at least
+    ``straggler_min_excess_seconds``. ``phases`` is a label matcher on ``phase``.
+    """
+    r, c = recorded(cfg), clauses(cfg)
+    return (
+        f"({r.phase_ratio}{{{phases}}} > {cfg.straggler_ratio:g})\n"
+        f"and {c.on('run, rank, phase')}\n"
+        f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
+        f" > {cfg.straggler_min_excess_seconds:g})"
+    )
+
+
+def compute_straggler(cfg: MixinConfig) -> str:
+    """Return the ranks slower than their run's typical rank by compute (cause=compute)."""
+    return slower_than_peers(cfg, 'phase="compute"')
+
+
+def printf_selector(cfg: MixinConfig, metric: str, *labels: str) -> str:
+    """Return ``metric{selector, label=%q...}`` for a template's ``printf``, one ``%q`` per label.
+
+    The configured selector goes through printf too: a literal % in it is doubled.
+    """
+    matchers = [m for m in (cfg.selector.replace("%", "%%"), *(f"{x}=%q" for x in labels)) if m]
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
 def hang_location(cfg: MixinConfig = DEFAULT, rank_label: str = "rank", window: str = "") -> str:
     """Return a description suffix saying where the alert's rank is stuck, when it is known.
 
@@ -66,9 +100,7 @@ def hang_location(cfg: MixinConfig = DEFAULT, rank_label: str = "rank", window: 
     a template ``query`` looks it up for the alert's run and the rank in label ``rank_label``
     (over ``window`` when the rank is gone) and adds nothing otherwise.
     """
-    # The selector goes through printf: a literal % in it must be doubled.
-    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q", "rank=%q") if m]
-    metric = f"{catalog.HANG_LOCATION.name}{{{', '.join(matchers)}}}"
+    metric = printf_selector(cfg, catalog.HANG_LOCATION.name, "run", "rank")
     if window:
         metric = f"last_over_time({metric}[{window}])"
     return (
@@ -86,8 +118,7 @@ def hang_network(cfg: MixinConfig = DEFAULT) -> str:
     the links between the nodes and publishes ``ddp_hang_network_info`` (exporter.hangs.probing);
     a template ``query`` reads it for the alert's run and adds nothing otherwise.
     """
-    matchers = [m for m in (cfg.selector.replace("%", "%%"), "run=%q") if m]
-    metric = f"{catalog.HANG_NETWORK.name}{{{', '.join(matchers)}}}"
+    metric = printf_selector(cfg, catalog.HANG_NETWORK.name, "run")
     query = f"max by (finding, node, peer_node) ({metric})"
     return (
         f"{{{{ with printf `{query}` $labels.run | query }}}} The hang probe between the "

@@ -2,7 +2,7 @@
 
 NVML is the library under ``nvidia-smi`` and DCGM: it reads clocks, throttle reasons, power and
 error counters from the driver without a CUDA context, so a reading never synchronises the
-GPU. The collector calls :meth:`NvmlSource.read` at scrape time; Xid events arrive on NVML's
+GPU. The collector calls an :class:`NvmlSource` at scrape time; Xid events arrive on NVML's
 event set, waited on by one daemon thread (:class:`XidWatch`). A field the GPU does not support
 is read once, then left out; without the module or the driver one line says so and nothing
 else changes.
@@ -88,7 +88,7 @@ class NvmlSource:
         #: NVML's module and this GPU's handle (the Xid watch and the benchmark use them).
         self.nvml, self.handle = nvml, handle
         self._unsupported: set[str] = set()
-        self._errors_seen = errors
+        self._counter = errors
         self._lock = threading.Lock()
         pci = nvml.nvmlDeviceGetPciInfo(handle)
         self.identity = GPUIdentity(
@@ -183,8 +183,8 @@ class NvmlSource:
         try:
             return self._read()
         except self.nvml.NVMLError as exc:
-            if self._errors_seen is not None:
-                self._errors_seen.record("gpu", exc)
+            if self._counter is not None:
+                self._counter.record("gpu", exc)
             count, last = self.xid
             return GPUHealth(identity=self.identity, xid_errors=count, last_xid=last)
 
