@@ -344,6 +344,22 @@ class Ranks:
         self.stop()
 
 
+def top_accuses(targets: list[str], rank: int, verdict: str) -> Callable[[], dict[int, str] | None]:
+    """Return a check for :func:`wait_for` reading ``targets`` with ``top``, each read against
+    the one before: the accusations when ``rank`` alone is accused, its verdict starting with
+    ``verdict``, else None."""
+    previous: dict = {}
+
+    def check() -> dict[int, str] | None:
+        rows = top.diagnose(top.fetch(targets), previous)
+        previous.clear()
+        previous.update({row.target: row for row in rows})
+        accused = {row.rank: row.verdict for row in rows if top.accuses(row)}
+        return accused if list(accused) == [rank] and accused[rank].startswith(verdict) else None
+
+    return check
+
+
 class TopReader:
     """Read one run with ``top``'s own code, from the ranks' endpoints and from Prometheus."""
 

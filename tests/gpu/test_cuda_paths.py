@@ -25,9 +25,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from harness import REPO, Job, value, wait_for
+from harness import REPO, Job, top_accuses, value, wait_for
 
-import exporter.tools.top as top
 from exporter.sources.flight import dump_functions
 
 # No conftest.py here: a second module named "conftest" would shadow tests/conftest.py, whose
@@ -218,16 +217,7 @@ def test_shared_gpu_straggler_blamed_by_compute():
         assert info["device"] == "cuda" and info["backend"] == "gloo", info
         marks = info["inflight_source"] == "flight_recorder"
         assert info["comm_timing"] == ("events" if marks else "hook"), info
-        previous: dict = {}
-
-        def blamed():
-            rows = top.diagnose(top.fetch(targets), previous)
-            previous.clear()
-            previous.update({row.target: row for row in rows})
-            accused = {row.rank: row.verdict for row in rows if top.accuses(row)}
-            ok = list(accused) == [1] and accused[1].startswith("straggler: compute")
-            return accused if ok else None
-
+        blamed = top_accuses(targets, 1, "straggler: compute")
         wait_for(blamed, 60, "top to blame rank 1 alone, by compute", interval=2.0)
         s = {r: job.scrape(r) for r in range(3)}
 

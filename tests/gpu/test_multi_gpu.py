@@ -15,9 +15,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from harness import Job, value, wait_for
-
-import exporter.tools.top as top
+from harness import Job, top_accuses, value, wait_for
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 #: Ranks of each drill: one per GPU, at most four.
@@ -60,16 +58,7 @@ def test_nccl_straggler_is_named_by_compute_on_its_own_gpu():
         for s in info.values():
             ((labels, _),) = s["ddp_rank_info"]
             assert labels["backend"] == "nccl" and labels["device"] == "cuda", labels
-        previous: dict = {}
-
-        def blamed():
-            rows = top.diagnose(top.fetch(targets), previous)
-            previous.clear()
-            previous.update({row.target: row for row in rows})
-            accused = {row.rank: row.verdict for row in rows if top.accuses(row)}
-            ok = list(accused) == [slow] and accused[slow].startswith("straggler: compute")
-            return accused if ok else None
-
+        blamed = top_accuses(targets, slow, "straggler: compute")
         wait_for(blamed, 120, f"top to blame rank {slow} alone, by compute", interval=2.0)
         if "ddp_rank_gpu_info" in info[0]:  # the gpu extra: each rank on a GPU of its own
             uuids = {lab["gpu_uuid"] for r in info for lab, _ in info[r]["ddp_rank_gpu_info"]}
@@ -103,16 +92,7 @@ def test_nccl_killed_rank_is_named_down_and_its_peers_are_not():
         urls = job.wait_urls()
         targets = [urls[r] for r in range(RANKS)]
         wait_for(lambda: "injecting fault kill" in job.output(), 90, "the kill")
-        previous: dict = {}
-
-        def down():
-            rows = top.diagnose(top.fetch(targets), previous)
-            previous.clear()
-            previous.update({row.target: row for row in rows})
-            accused = {row.rank for row in rows if top.accuses(row)}
-            dead = [row for row in rows if row.verdict.startswith("DOWN")]
-            return accused == {1} and dead
-
+        down = top_accuses(targets, 1, "DOWN")
         wait_for(down, 90, "top to name rank 1 down, and only rank 1", interval=2.0)
 
 
