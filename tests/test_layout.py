@@ -40,6 +40,7 @@ ROOMS = {
     "exporter.assembly": "observer",
     "exporter.api": "api",
     "exporter.integrations": "integrations",
+    "exporter.autorun": "autorun",
     "exporter.mixin": "mixin",
     "exporter.deploy": "deploy",
     "exporter.docsite": "docsite",
@@ -60,11 +61,12 @@ ALLOWED = {
     "observer": {"base", "network", "sources", "export", "hangs", "observer"},
     "api": {"base", "sources", "observer", "api"},
     "integrations": {"base", "sources", "observer", "api", "integrations"},
+    "autorun": {"base", "sources", "observer", "api", "autorun"},
     "mixin": {"base", "hangs", "mixin"},
     "deploy": {"base", "mixin", "deploy"},
     "docsite": {"base", "mixin", "docsite"},
     "generate": {"base", "mixin", "deploy", "docsite", "generate"},
-    "tools": {"root", *LIBRARY, "mixin", "deploy", "generate", "tools"},
+    "tools": {"root", *LIBRARY, "mixin", "deploy", "generate", "autorun", "tools"},
 }
 
 

@@ -45,6 +45,7 @@ INVALID = {
     settings.NODE: "gpu node 7; rm",
     settings.HANG_PROBE: "sometimes",
     settings.GPU_HEALTH: "sometimes",
+    settings.AUTORUN: "sometimes",
     settings.DOCTOR_FAKE_VERSIONS: "gcc=13",
 }
 #: Variables any text is good for (a run name, a path); the dump folder is checked for writing.

@@ -32,6 +32,7 @@ from .names import (
     ADDR,
     ADVERTISE_ADDR,
     ATTEMPT,
+    AUTORUN,
     COMM_TIMING,
     COMM_TIMING_CHOICES,
     DEFAULT_ABORT_AFTER_S,
@@ -369,6 +370,19 @@ SETTINGS: dict[str, Setting] = {
             meaning="The ``node`` label: the machine this rank runs on, what the fleet "
             "rules blame and a drain acts on. On Kubernetes, the node name (downward API "
             "``spec.nodeName``; the generated manifests set it), not the pod's hostname.",
+        ),
+        Setting(
+            AUTORUN,
+            "1 or 0 (true/false, yes/no, on/off)",
+            False,
+            parse_switch,
+            bool,
+            "",
+            "0",
+            meaning="Set by ``ddp-exporter run`` for the command it runs: each rank is "
+            "instrumented at its first ``optimizer.step()`` with the model and optimizer the "
+            "script made, no line of it edited (the ``sitecustomize`` that ``run`` puts first "
+            "on ``PYTHONPATH`` reads it). Any other setting applies as with ``instrument()``.",
         ),
         Setting(
             DOCTOR_FAKE_VERSIONS,

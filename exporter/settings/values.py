@@ -20,6 +20,7 @@ from .names import (
     ADDR,
     ADVERTISE_ADDR,
     ALL_INTERFACES,
+    AUTORUN,
     COMM_TIMING,
     DEFAULT_ABORT_AFTER_S,
     DEFAULT_ABORT_EXIT_CODE,
@@ -222,6 +223,11 @@ def hang_probe(environ: Mapping[str, str] | None = None) -> bool:
 def gpu_health(environ: Mapping[str, str] | None = None) -> bool:
     """Return whether a CUDA rank reads its GPU's health from NVML (``DDP_EXPORTER_GPU_HEALTH``)."""
     return bool(resolve(GPU_HEALTH, environ=environ))
+
+
+def autorun(environ: Mapping[str, str] | None = None) -> bool:
+    """Return whether ``ddp-exporter run`` asks this process to instrument itself."""
+    return bool(resolve(AUTORUN, environ=environ))
 
 
 def final_scrape_s(environ: Mapping[str, str] | None = None) -> float:

@@ -1,0 +1,1 @@
+"""The folder ``ddp-exporter run`` puts first on the job's ``PYTHONPATH`` (its sitecustomize)."""
