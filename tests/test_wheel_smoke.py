@@ -31,6 +31,7 @@ from exporter.tools.reaper import stop_tree
 TORCH = "torch==2.13.0"
 COMMANDS = [
     "demo",
+    "run",
     "top",
     "hangs",
     "doctor",
@@ -111,6 +112,9 @@ def test_base_install_every_command_then_the_mixin_extra(venv: Venv) -> None:
     for command in COMMANDS:
         res = venv.cli(*command.split(), "--help")
         assert res.returncode == 0 and "usage: ddp-exporter" in res.stdout, (command, res.stderr)
+    # `run` arms the job's processes through the sitecustomize the wheel ships.
+    armed = venv.cli("run", "--no-stack", "--", str(venv.bin / "python"), "-c", _ARMED)
+    assert armed.returncode == 0 and armed.stdout.startswith(str(venv.site)), armed
     # Commands that need an extra: one line, exit 2, never a traceback.
     needing = [["mixin", "generate", "--out", "gen"], ["mixin", "check", "--root", "gen"]]
     if shutil.which("prometheus") and shutil.which("prometheus-alertmanager"):
@@ -172,6 +176,8 @@ def test_base_install_every_command_then_the_mixin_extra(venv: Venv) -> None:
     )
     assert am.returncode == 0 and "SUCCESS" in am.stdout, am.stdout + am.stderr
 
+
+_ARMED = "import sys; print(sys.modules['sitecustomize'].__file__)"
 
 _OTLP_WITHOUT_EXTRA = """
 import datetime, socket, urllib.request

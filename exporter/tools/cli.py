@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 from ..generate import command as mixin
 from ..version import __version__
-from . import demo, doctor, goodput, hangs, nodes, receiver, top
+from . import demo, doctor, goodput, hangs, nodes, receiver, runner, top
 
 __all__ = ["EXTRAS", "TOOLS", "build_parser", "main"]
 
 #: The tools, in the order ``--help`` lists them.
-TOOLS = (demo, top, hangs, goodput, doctor, nodes, mixin, receiver)
+TOOLS = (demo, runner, top, hangs, goodput, doctor, nodes, mixin, receiver)
 
 #: Optional top-level modules and the extra that provides each.
 EXTRAS: dict[str, str] = {

@@ -11,7 +11,6 @@ demo runs without the stack and says how to get it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ from ..generate.command import MIXIN_EXTRA
 from ..mixin.config import FAST
 from ..settings import DEFAULT_PORT
 from . import top as topmod
-from .localstack import LocalStack, MissingBinaryError, find_binaries, free_port
+from .localstack import LocalStack, free_port, stack_missing
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 from .receiver import alert_line
 
@@ -137,24 +136,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return d
 
 
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
 def _stack_wanted(args: argparse.Namespace) -> bool | int:
     """Return whether to run the stack, or an exit status when ``--stack`` cannot be had."""
     if args.stack is False:
         return False
-    missing = None
-    try:
-        find_binaries()
-    except MissingBinaryError as exc:
-        missing = str(exc)
-    if missing is None and not _importable("yaml"):
-        missing = f"the stack needs the mixin extra: {MIXIN_EXTRA}"
+    missing = stack_missing()
     if missing is None:
         return True
     if args.stack:

@@ -4,8 +4,8 @@
 process on a free loopback port, wait for ``/-/ready`` against a deadline and return a
 :class:`Service` whose :meth:`~Service.close` stops it. :class:`LocalStack` puts both together
 for ``ddp-exporter demo --stack`` and the fault drills: Prometheus scrapes the ranks listed in a
-file_sd directory every second, evaluates the FAST variant of the generated rules (same
-expressions, short windows), and sends alerts to Alertmanager, whose generated routes deliver
+file_sd directory every second, evaluates the generated rules (by default their FAST variant:
+same expressions, short windows), and sends alerts to Alertmanager, whose generated routes deliver
 to the printing receiver (:class:`~exporter.tools.receiver.AlertReceiver`).
 
 PyYAML (extra ``mixin``) is imported when a server is started, not with this module, so the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib.util
 import random
 import shutil
 import socket
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..generate.command import MIXIN_EXTRA
+from ..mixin.config import MixinConfig
 from .promapi import instant_query
 from .receiver import AlertReceiver
 
@@ -39,6 +42,7 @@ __all__ = [
     "find_binary",
     "free_port",
     "start_alertmanager",
+    "stack_missing",
     "start_prometheus",
 ]
 
@@ -86,6 +90,19 @@ _TRIES = 64
 #: Ports this process was handed lately: a caller may not have bound one yet when it asks again.
 _HANDED: collections.deque[int] = collections.deque(maxlen=256)
 _HANDING = threading.Lock()
+
+
+def stack_missing() -> str | None:
+    """Return what a local stack lacks (a binary, the ``mixin`` extra), None when it can run."""
+    try:
+        find_binaries()
+    except MissingBinaryError as exc:
+        return str(exc)
+    try:
+        found = importlib.util.find_spec("yaml") is not None
+    except ImportError:
+        found = False
+    return None if found else f"the stack needs the mixin extra: {MIXIN_EXTRA}"
 
 
 def _quiet_ports() -> range | None:
@@ -257,10 +274,13 @@ class LocalStack:
         file_sd_dir: Path,
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         ready_timeout: float = 30.0,
+        config: MixinConfig | None = None,
     ) -> None:
         from ..deploy.alertmanager import alertmanager_config
         from ..mixin.config import FAST
         from ..mixin.rules import render_rules
+
+        rules = FAST if config is None else config
 
         find_binaries()  # both, or neither: say what to install before starting anything
         self.workdir = Path(workdir)
@@ -271,12 +291,12 @@ class LocalStack:
             lambda alert: on_alert(alert) if on_alert and alert.get("status") == "firing" else None
         )
         try:
-            am_cfg = alertmanager_config(dataclasses.replace(FAST, webhook_url=self._receiver.url))
+            am_cfg = alertmanager_config(dataclasses.replace(rules, webhook_url=self._receiver.url))
             _fast_routes(am_cfg["route"])
             am = start_alertmanager(self.workdir, am_cfg, timeout=ready_timeout)
             self._services.append(am)
             self.alertmanager_url = am.url
-            (self.workdir / "rules.yml").write_text(render_rules(FAST))
+            (self.workdir / "rules.yml").write_text(render_rules(rules))
             prom_cfg = {
                 "global": {
                     "scrape_interval": "1s",
@@ -289,7 +309,7 @@ class LocalStack:
                 },
                 "scrape_configs": [
                     {
-                        "job_name": FAST.job,
+                        "job_name": rules.job,
                         "honor_labels": True,
                         "file_sd_configs": [
                             {"files": [str(Path(file_sd_dir) / "*.json")], "refresh_interval": "1s"}

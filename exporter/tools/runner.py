@@ -1,0 +1,193 @@
+"""Run ``ddp-exporter run -- COMMAND``: watch a training command without editing it.
+
+The command runs with :data:`exporter.autorun.BOOT_DIR` first on its ``PYTHONPATH`` and
+``DDP_EXPORTER_AUTORUN=1``: every rank it starts (torchrun's, srun's, a framework launcher's)
+is instrumented at its first ``optimizer.step()`` (:mod:`exporter.autorun`). Where Prometheus,
+Alertmanager and the ``mixin`` extra are installed, a stack on loopback watches the job with
+the generated rules and every alert is printed as it arrives; it stops with the job, on
+Ctrl-C and on SIGTERM or SIGHUP, leaving nothing running. The command's exit status is
+``run``'s. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from .. import settings
+from ..autorun import BOOT_DIR
+from ..mixin.config import DEFAULT, FAST
+from .localstack import LocalStack, stack_missing
+from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
+from .receiver import alert_line
+
+__all__ = ["OPTIONS", "add_parser", "command_env", "run"]
+
+PREFIX = "ddp-exporter run:"
+
+#: Option (its argparse dest) -> the variable it sets for the command.
+OPTIONS: dict[str, str] = {
+    "port": settings.PORT,
+    "addr": settings.ADDR,
+    "run_name": settings.RUN,
+    "on_hang": settings.ON_HANG,
+    "dump_dir": settings.DUMP_DIR,
+}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to the ``ddp-exporter`` subcommands."""
+    d = sub.add_parser(
+        "run",
+        help="run a training command with every rank instrumented, no line edited",
+        description="Run COMMAND (torchrun, srun, accelerate launch, python ...) with every rank "
+        "instrumented at its first optimizer.step(): the model and optimizer the script "
+        "made, and the DataLoader it iterates, with the same series, alerts and hang "
+        "forensics as exporter.instrument(). Settings: the options below or the "
+        "DDP_EXPORTER_* variables. Where Prometheus and Alertmanager are installed (and the "
+        "mixin extra), they watch the job on loopback and each alert is printed as it arrives.",
+        epilog="Example: ddp-exporter run --fast -- torchrun --nproc-per-node 4 train.py",
+    )
+    d.add_argument("--port", help="base port of the ranks' endpoints (rank: port + LOCAL_RANK)")
+    d.add_argument("--addr", help="address the ranks' endpoints bind to")
+    d.add_argument("--run", dest="run_name", help="the run label (default: the launcher's job id)")
+    d.add_argument("--on-hang", choices=settings.ON_HANG_CHOICES, help="what a hang does")
+    d.add_argument("--dump-dir", help="folder of the hang dumps")
+    g = d.add_mutually_exclusive_group()
+    g.add_argument(
+        "--stack",
+        dest="stack",
+        action="store_true",
+        default=None,
+        help="watch the job with Prometheus + Alertmanager on loopback (default: when installed)",
+    )
+    g.add_argument("--no-stack", dest="stack", action="store_false", help="start no stack")
+    d.add_argument(
+        "--fast",
+        action="store_true",
+        help="the stack evaluates the FAST rules (short windows, for a first look) instead of "
+        "the default windows",
+    )
+    d.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
+    d.set_defaults(tool=run, parser=d)
+    return d
+
+
+def command_env(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, str]:
+    """Return the command's environment: ``environ``, the options' variables, the boot folder.
+
+    Raises ValueError naming the option for a value its setting does not accept.
+    """
+    env = dict(environ)
+    for dest, name in OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        setting = settings.SETTINGS[name]
+        try:
+            setting.check(setting.parse(str(value)))
+        except (TypeError, ValueError):
+            flag = "--" + ("run" if dest == "run_name" else dest.replace("_", "-"))
+            raise ValueError(settings.setting_message(flag, value, setting)) from None
+        env[name] = str(value)
+    path = env.get("PYTHONPATH")
+    env.update(
+        {
+            settings.AUTORUN: "1",
+            "PYTHONPATH": str(BOOT_DIR) + (os.pathsep + path if path else ""),
+        }
+    )
+    return env
+
+
+def _stack_wanted(args: argparse.Namespace) -> bool | int:
+    """Return whether to start the stack, or an exit status when ``--stack`` cannot be had."""
+    if args.stack is False:
+        return False
+    missing = stack_missing()
+    if missing is None:
+        return True
+    if args.stack:
+        print(f"{PREFIX} --stack: {missing}", file=sys.stderr)
+        return 2
+    print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``ddp-exporter run`` with parsed ``args``; return the command's exit status."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        args.parser.error("a command to run is needed: ddp-exporter run -- torchrun ... train.py")
+    try:
+        env = command_env(args, dict(os.environ))
+    except ValueError as exc:
+        args.parser.error(str(exc))
+    use_stack = _stack_wanted(args)
+    if use_stack not in (True, False):
+        return int(use_stack)
+    raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
+    become_subreaper()  # a launcher that dies hands its workers to us, not to init
+    workdir = tempfile.mkdtemp(prefix="ddp-exporter-run-")  # user-only (0700)
+    stack: LocalStack | None = None
+    proc: subprocess.Popen | None = None
+    try:
+        if use_stack:
+            stack = _start_stack(args, workdir, env)
+            if stack is None:
+                return 1
+        try:
+            proc = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            print(f"{PREFIX} cannot run {command[0]}: {exc.strerror or exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        code = proc.wait()
+        return 128 - code if code < 0 else code
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"\n{PREFIX} stopping the command and every process it started", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+        if proc is not None:
+            stop_tree(proc)
+        if stack is not None:
+            stack.close()
+        for p in descendants(os.getpid()):  # orphans adopted as subreaper: nothing outlives run
+            p.signal(signal.SIGCONT)
+            p.signal(signal.SIGKILL)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_stack(args: argparse.Namespace, workdir: str, env: dict[str, str]) -> LocalStack | None:
+    """Start Prometheus and Alertmanager over the ranks' file_sd targets; None if they fail."""
+    # The user's folder if the job names one (Prometheus then also reads theirs), else run's.
+    file_sd = settings.file_sd_dir(env) or os.path.join(workdir, "file_sd")
+    os.makedirs(file_sd, exist_ok=True)
+    env.update({settings.FILE_SD: file_sd})
+    config = FAST if args.fast else DEFAULT
+
+    def show(alert: dict[str, Any]) -> None:
+        print(f"{PREFIX} {alert_line(alert)}", flush=True)
+
+    try:
+        stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show, config=config)
+    except RuntimeError as exc:
+        print(f"{PREFIX} could not start Prometheus and Alertmanager: {exc}", file=sys.stderr)
+        return None
+    windows = "FAST rules (short windows)" if args.fast else "the default rule windows"
+    print(
+        f"{PREFIX} Prometheus {stack.prometheus_url}, Alertmanager {stack.alertmanager_url}, "
+        f"{windows}; alerts are printed as they arrive",
+        flush=True,
+    )
+    return stack

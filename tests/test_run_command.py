@@ -1,0 +1,227 @@
+"""``ddp-exporter run`` on unmodified training scripts, under torchrun and one process per rank.
+
+The scripts (tests/workers/unmodified_worker.py) import nothing of the exporter. Every rank
+must serve its series, count the script's own steps, and a rank made slow must be named by
+compute; a script that also calls ``instrument()`` is instrumented once; with Prometheus and
+Alertmanager installed, ``run`` prints the straggler's alert itself and leaves nothing running
+when it is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from harness import (
+    REPO,
+    Process,
+    Ranks,
+    child_env,
+    free_port,
+    parse,
+    scrape_text,
+    top_accuses,
+    value,
+    wait_for,
+)
+
+from exporter.tools.reaper import Proc, descendants
+
+WORKER = os.path.join(REPO, "tests", "workers", "unmodified_worker.py")
+RUN = [sys.executable, "-m", "exporter.tools.cli", "run"]
+ENV = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_PORT": "0", "DDP_EXPORTER_ADDR": "127.0.0.1"}
+
+
+def _torchrun(nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    ]
+
+
+def _trained(text: str) -> dict[int, int]:
+    return {int(r): int(n) for r, n in re.findall(r"^trained (\d+) (\d+)$", text, re.M)}
+
+
+def _final_steps(proc, urls: dict[int, str], ranks: int) -> dict[int, float]:
+    """Scrape each rank until a scrape begun after it printed its count: its final count.
+
+    Scraping all along keeps this test a recent scraper, whose next read a rank's clean end
+    waits for (then the rank is gone: each rank's final count is kept as it comes).
+    """
+    counted: dict[int, float] = {}
+
+    def final() -> dict[int, float] | None:
+        finished = _trained(proc.text())
+        for r in range(ranks):
+            if r not in counted:
+                text = scrape_text(urls[r])
+                if r in finished:
+                    counted[r] = value(parse(text), "ddp_steps_total")
+        return counted if len(counted) == ranks else None
+
+    return wait_for(final, 240, "every rank's final count", interval=0.5)
+
+
+@pytest.mark.job
+@pytest.mark.parametrize(
+    ("shape", "parallelism", "cause"),
+    [
+        ("ddp", "ddp", "compute"),
+        ("fsdp2", "fsdp2", "compute"),
+        ("accelerate", "ddp", "compute"),
+        ("trainer", "ddp", "data"),
+    ],
+)
+def test_an_unmodified_script_has_every_rank_watched_and_its_straggler_named(
+    shape, parallelism, cause
+):
+    script = [WORKER, "--shape", shape, "--steps", "0", "--slow-rank", "2", "--slow-s", "0.06"]
+    with Process([*RUN, "--no-stack", "--", *_torchrun(3), *script], child_env(ENV)) as job:
+        urls = wait_for(lambda: job.urls if len(job.urls) == 3 else None, 180, "3 rank URLs")
+        for r in range(3):
+            info = parse(scrape_text(urls[r]))["ddp_rank_info"]
+            assert info and info[0][0]["parallelism"] == parallelism, info
+        targets = [urls[r] for r in range(3)]
+        accused = wait_for(
+            top_accuses(targets, 2, f"straggler: {cause}"), 120, "top to name rank 2", interval=3
+        )
+        assert list(accused) == [2]
+        assert "never called optimizer.step()" not in job.text()
+
+
+@pytest.mark.job
+@pytest.mark.parametrize("launch", ["fsdp2-torchrun", "ddp-per-rank", "ddp-instrumented"])
+def test_every_step_of_an_unmodified_script_is_counted_once(launch):
+    steps = 40
+    shape = "fsdp2" if launch.startswith("fsdp2") else "ddp"
+    script = [WORKER, "--shape", shape, "--steps", str(steps)]
+    if launch == "ddp-instrumented":
+        script.append("--instrument")
+    if launch == "ddp-per-rank":
+        # As srun starts it: one `ddp-exporter run` per rank, each around one python.
+        with Ranks(2, [*RUN[1:], "--no-stack", "--", sys.executable, *script], env=ENV) as job:
+            urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
+            counted = _final_steps(_Joined(job), urls, 2)
+            assert job.wait(120) == {0: 0, 1: 0}, job.output()
+            text = job.output()
+    else:
+        with Process([*RUN, "--no-stack", "--", *_torchrun(2), *script], child_env(ENV)) as job:
+            urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
+            counted = _final_steps(job, urls, 2)
+            assert job.wait(120) == 0, job.output()
+            text = job.text()
+    assert counted == {0: steps, 1: steps}, text
+    assert _trained(text) == {0: steps, 1: steps}
+    instrumented_by_run = text.count("instrumented at its first optimizer step")
+    assert instrumented_by_run == (0 if launch == "ddp-instrumented" else 2), text
+    assert text.count("metrics at http") == 2, text  # one endpoint per rank
+    assert "called twice" not in text and "not armed" not in text, text
+
+
+class _Joined:
+    """What every rank of a :class:`Ranks` printed, read like one process's output."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self._ranks = ranks
+
+    def text(self) -> str:
+        return "\n".join(p.text() for p in self._ranks.procs.values())
+
+
+@pytest.mark.stack
+def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tmp_path):
+    env = child_env(dict(ENV, TMPDIR=str(tmp_path)))
+    script = [WORKER, "--steps", "0", "--slow-rank", "1", "--slow-s", "0.06"]
+    cmd = [*RUN, "--stack", "--fast", "--", *_torchrun(3), *script]
+    with Process(cmd, env) as job:
+        wait_for(
+            lambda: job.seen("ALERT DDPRankStraggler") is not None or job.poll() is not None,
+            240,
+            "run to print the straggler's alert",
+        )
+        lines = [line for line in job.lines if "ALERT DDPRankStraggler" in line]
+        assert lines and all("rank=1 " in line for line in lines), job.output()
+        assert "FAST rules" in job.text()
+        started = descendants(job.pid)
+        names = {p.pid for p in started}
+        assert len(names) >= 5, started  # Prometheus, Alertmanager, torchrun and its ranks
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 128 + signal.SIGTERM, job.output()
+        left = [p for p in started if Proc.of(p.pid) is not None and p.alive()]
+        assert not left, left
+        assert not list(tmp_path.glob("ddp-exporter-run-*")), "its working folder is left"
+
+
+@pytest.mark.tool
+def test_run_says_in_one_line_what_it_cannot_do_and_passes_the_exit_status_on(tmp_path):
+    # A PATH with python but without Prometheus: the stack cannot be had.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    env = child_env({"PATH": str(bare)})
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*RUN, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+
+    out = run()
+    assert out.returncode == 2 and "a command to run is needed" in out.stderr
+    out = run("--port", "abc", "--", "python3", "-c", "pass")
+    assert out.returncode == 2 and "--port: expected an int" in out.stderr, out.stderr
+    out = run("--no-stack", "--", "python3", "-c", "import sys; sys.exit(3)")
+    assert (out.returncode, out.stderr) == (3, "")
+    out = run("--no-stack", "--", "no-such-command")
+    assert out.returncode == 127 and "cannot run no-such-command" in out.stderr
+    out = run("--stack", "--", "python3", "-c", "pass")
+    assert out.returncode == 2 and "--stack:" in out.stderr and "prometheus" in out.stderr
+    out = run("--", "python3", "-c", "print('trained')")
+    assert out.returncode == 0 and out.stdout == "trained\n", out
+    assert out.stderr.count("\n") == 1 and "no alerts on this host" in out.stderr, out.stderr
+
+
+_NO_STEP = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", world_size=1, rank=0)
+for batch in torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4):
+    torch.nn.Linear(2, 1)(batch)
+dist.destroy_process_group()
+"""
+
+_ONE_PROCESS = """
+import torch
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(4, 2)).sum().backward()
+opt.step()
+print("stepped")
+"""
+
+
+@pytest.mark.job
+def test_what_run_cannot_find_is_said_in_one_line_and_the_script_runs_on():
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = child_env(dict(ENV, MASTER_PORT=str(free_port()), **rank))
+    cmd = [*RUN, "--no-stack", "--", sys.executable, "-c"]
+    out = subprocess.run([*cmd, _NO_STEP], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = [line for line in out.stderr.splitlines() if line.startswith("ddp-exporter run:")]
+    assert len(said) == 1 and "rank 0 never called optimizer.step()" in said[0], out.stderr
+    one = subprocess.run(
+        [*cmd, _ONE_PROCESS], env=child_env(ENV), capture_output=True, text=True, timeout=120
+    )
+    assert one.returncode == 0 and one.stdout == "stepped\n", one
+    said = [line for line in one.stderr.splitlines() if line.startswith("ddp-exporter run:")]
+    assert len(said) == 1 and "a one-process job, nothing to watch" in said[0], one.stderr
