@@ -94,6 +94,7 @@ class AutoInstrumentor:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
+        self._registrations: Any = None  # the module registration hook's handle
         # DataLoader.__iter__ before and after it was replaced here.
         self._orig_iter: Any = None
         self._new_iter: Any = None
@@ -125,10 +126,8 @@ class AutoInstrumentor:
         with self._lock:
             if self._handles:
                 return self
-            self._handles = [
-                register_module_module_registration_hook(self._registered),
-                register_optimizer_step_pre_hook(self._stepping),
-            ]
+            self._registrations = register_module_module_registration_hook(self._registered)
+            self._handles = [self._registrations, register_optimizer_step_pre_hook(self._stepping)]
             loader_class = torch.utils.data.DataLoader
             self._orig_iter = orig = loader_class.__iter__
             owner = self
@@ -195,6 +194,9 @@ class AutoInstrumentor:
             first, self.triggered = not self.triggered, True
         if not first:
             return
+        # The model is made by now: stop watching module registrations (removable here, unlike
+        # this hook, since torch is not iterating them).
+        self._registrations.remove()
         try:
             self._first_step(optimizer)
         except Exception as exc:  # noqa: BLE001 - never break the step
