@@ -144,7 +144,7 @@ class _Joined:
 def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tmp_path):
     env = child_env(dict(ENV, TMPDIR=str(tmp_path)))
     script = [WORKER, "--steps", "0", "--slow-rank", "1", "--slow-s", "0.06"]
-    cmd = [*RUN, "--stack", "--fast", "--", *_torchrun(3), *script]
+    cmd = [*RUN, "--stack", "--fast", "--top", "3", "--", *_torchrun(3), *script]
     with Process(cmd, env) as job:
         wait_for(
             lambda: job.seen("ALERT DDPRankStraggler") is not None or job.poll() is not None,
@@ -154,6 +154,10 @@ def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tm
         lines = [line for line in job.lines if "ALERT DDPRankStraggler" in line]
         assert lines and all("rank=1 " in line for line in lines), job.output()
         assert "FAST rules" in job.text()
+        # The table too, naming the same rank (by compute) and nobody else.
+        wait_for(lambda: re.search(r"^ +1 .*straggler: compute", job.text(), re.M), 60, "top")
+        tables = re.findall(r"^ +(\d) .*(?:straggler|HUNG|DOWN)", job.text(), re.M)
+        assert set(tables) == {"1"}, job.output()
         started = descendants(job.pid)
         names = {p.pid for p in started}
         assert len(names) >= 5, started  # Prometheus, Alertmanager, torchrun and its ranks

@@ -5,29 +5,34 @@ The command runs with :data:`exporter.autorun.BOOT_DIR` first on its ``PYTHONPAT
 is instrumented at its first ``optimizer.step()`` (:mod:`exporter.autorun`). Where Prometheus,
 Alertmanager and the ``mixin`` extra are installed, a stack on loopback watches the job with
 the generated rules and every alert is printed as it arrives; it stops with the job, on
-Ctrl-C and on SIGTERM or SIGHUP, leaving nothing running. The command's exit status is
-``run``'s. This module imports no torch.
+Ctrl-C and on SIGTERM or SIGHUP, leaving nothing running. ``--top SECONDS`` also prints
+``top``'s table of the ranks (read from their file_sd targets) every SECONDS. The command's exit
+status is ``run``'s. This module imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 from .. import settings
 from ..autorun import BOOT_DIR
-from ..mixin.config import DEFAULT, FAST
+from ..mixin.config import DEFAULT, FAST, MixinConfig
 from .localstack import LocalStack, stack_missing
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 from .receiver import alert_line
+from .top import RankRow, diagnose, fetch, render
 
-__all__ = ["OPTIONS", "add_parser", "command_env", "run"]
+__all__ = ["OPTIONS", "TopTable", "add_parser", "command_env", "file_sd_targets", "run"]
 
 PREFIX = "ddp-exporter run:"
 
@@ -73,6 +78,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="the stack evaluates the FAST rules (short windows, for a first look) instead of "
         "the default windows",
+    )
+    d.add_argument(
+        "--top",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also print the ranks' top table every SECONDS (0: never; default)",
     )
     d.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     d.set_defaults(tool=run, parser=d)
@@ -127,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         args.parser.error("a command to run is needed: ddp-exporter run -- torchrun ... train.py")
+    if args.top < 0:
+        args.parser.error("--top must be 0 (never) or a positive number of seconds")
     try:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
@@ -139,7 +153,13 @@ def run(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="ddp-exporter-run-")  # user-only (0700)
     stack: LocalStack | None = None
     proc: subprocess.Popen | None = None
+    table: TopTable | None = None
     try:
+        if use_stack or args.top:
+            # The ranks' own file_sd targets: what the stack scrapes and the table reads.
+            file_sd = settings.file_sd_dir(env) or os.path.join(workdir, "file_sd")
+            os.makedirs(file_sd, exist_ok=True)
+            env.update({settings.FILE_SD: file_sd})
         if use_stack:
             stack = _start_stack(args, workdir, env)
             if stack is None:
@@ -149,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"{PREFIX} cannot run {command[0]}: {exc.strerror or exc}", file=sys.stderr)
             return 127 if isinstance(exc, FileNotFoundError) else 126
+        if args.top:
+            config = FAST if args.fast else DEFAULT
+            table = TopTable(env[settings.FILE_SD], args.top, config).start()
         code = proc.wait()
         return 128 - code if code < 0 else code
     except KeyboardInterrupt as exc:
@@ -158,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+        if table is not None:
+            table.close()
         if proc is not None:
             stop_tree(proc)
         if stack is not None:
@@ -170,10 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_stack(args: argparse.Namespace, workdir: str, env: dict[str, str]) -> LocalStack | None:
     """Start Prometheus and Alertmanager over the ranks' file_sd targets; None if they fail."""
-    # The user's folder if the job names one (Prometheus then also reads theirs), else run's.
-    file_sd = settings.file_sd_dir(env) or os.path.join(workdir, "file_sd")
-    os.makedirs(file_sd, exist_ok=True)
-    env.update({settings.FILE_SD: file_sd})
+    file_sd = env[settings.FILE_SD]
     config = FAST if args.fast else DEFAULT
 
     def show(alert: dict[str, Any]) -> None:
@@ -191,3 +213,48 @@ def _start_stack(args: argparse.Namespace, workdir: str, env: dict[str, str]) ->
         flush=True,
     )
     return stack
+
+
+def file_sd_targets(folder: str) -> list[str]:
+    """Return the ``host:port`` of every rank with a file_sd target file in ``folder``."""
+    found: list[str] = []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            groups = json.loads(path.read_text())
+            found += [t for g in groups for t in g["targets"] if isinstance(t, str)]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # a rank writing or removing its file right now: the next read has it
+    return found
+
+
+class TopTable:
+    """Print ``top``'s table of the ranks listed in a file_sd folder every ``every`` seconds."""
+
+    def __init__(self, folder: str, every: float, config: MixinConfig) -> None:
+        self._folder, self._every, self._config = folder, every, config
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ddp-exporter-run-top", daemon=True)
+
+    def start(self) -> TopTable:
+        """Start printing; return self."""
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        previous: dict[str, RankRow] = {}
+        while not self._stop.wait(self._every):
+            targets = file_sd_targets(self._folder)
+            if not targets:
+                continue
+            try:
+                rows = diagnose(fetch(targets), previous, config=self._config)
+            except Exception as exc:  # noqa: BLE001 - the table must not end run, nor repeat
+                print(f"{PREFIX} no table: {exc!r}", file=sys.stderr, flush=True)
+                return
+            previous = {r.target: r for r in rows}
+            print(f"\n{render(rows)}", flush=True)
+
+    def close(self) -> None:
+        """Stop printing (the read under way ends within its timeout)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
