@@ -8,6 +8,7 @@ DataLoader back. Jobs under ``ddp-exporter run``: tests/test_run_command.py.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -120,6 +121,9 @@ def test_post_import_callback_runs_once_after_the_module_code(tmp_path, monkeypa
     seen = []
     postimport.when_imported("ddp_autorun_probe", lambda m: seen.append(m.VALUE))
     assert seen == []
+    # A look-up that imports nothing (libraries check what is installed) does not use it up.
+    assert importlib.util.find_spec("ddp_autorun_probe") is not None
+    assert seen == [] and "ddp_autorun_probe" not in sys.modules
     import ddp_autorun_probe  # noqa: F401
 
     assert seen == [41]
@@ -134,20 +138,29 @@ def test_post_import_callback_runs_once_after_the_module_code(tmp_path, monkeypa
 def test_the_sitecustomize_arms_only_when_asked_and_runs_the_one_it_hides(tmp_path, armed):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
-    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    # Theirs runs, and what it adds to sys.path stays there.
+    added = tmp_path / "added"
+    (theirs / "sitecustomize.py").write_text(
+        f"import os, sys\nos.environ['THEIRS_RAN'] = '1'\nsys.path.append({str(added)!r})\n"
+    )
     probe = textwrap.dedent(
         """
-        import os, sys
+        import importlib.util, os, sys
         print("torch" in sys.modules, os.environ.get("THEIRS_RAN"))
         import exporter.autorun as a
         print(len(a._armed))
+        importlib.util.find_spec("torch")  # as transformers checks, before importing it
+        import torch
+        print(len(a._armed), sys.path[-1] == os.environ["THEIRS_ADDED"])
         """
     )
-    env = child_env({"DDP_EXPORTER_AUTORUN": armed})
+    env = child_env({"DDP_EXPORTER_AUTORUN": armed, "THEIRS_ADDED": str(added)})
     env["PYTHONPATH"] = f"{BOOT_DIR}:{env['PYTHONPATH']}:{theirs}"
     out = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    # Armed or not, torch is not imported for the process, and their sitecustomize still runs.
-    assert out.stdout.split() == ["False", "1", "1" if armed == "1" else "0"], out.stderr
+    # Armed or not, torch is not imported for the process, and their sitecustomize still runs;
+    # armed, the hooks are in place once the process imports torch.
+    hooks = ["1", "2"] if armed == "1" else ["0", "0"]
+    assert out.stdout.split() == ["False", "1", hooks[0], hooks[1], "True"], out.stderr

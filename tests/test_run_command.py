@@ -102,10 +102,12 @@ def test_an_unmodified_script_has_every_rank_watched_and_its_straggler_named(
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("launch", ["fsdp2-torchrun", "ddp-per-rank", "ddp-instrumented"])
+@pytest.mark.parametrize(
+    "launch", ["fsdp2-torchrun", "loop-torchrun", "ddp-per-rank", "ddp-instrumented"]
+)
 def test_every_step_of_an_unmodified_script_is_counted_once(launch):
     steps = 40
-    shape = "fsdp2" if launch.startswith("fsdp2") else "ddp"
+    shape = launch.split("-")[0]
     script = [WORKER, "--shape", shape, "--steps", str(steps)]
     if launch == "ddp-instrumented":
         script.append("--instrument")
@@ -128,6 +130,20 @@ def test_every_step_of_an_unmodified_script_is_counted_once(launch):
     assert instrumented_by_run == (0 if launch == "ddp-instrumented" else 2), text
     assert text.count("metrics at http") == 2, text  # one endpoint per rank
     assert "called twice" not in text and "not armed" not in text, text
+
+
+@pytest.mark.job
+def test_a_ctrl_c_stops_the_command_its_own_way_and_leaves_nothing():
+    cmd = [*RUN, "--no-stack", "--", *_torchrun(2), WORKER, "--steps", "0"]
+    with Process(cmd, child_env(ENV)) as job:
+        wait_for(lambda: len(job.urls) == 2, 180, "both ranks' URLs")
+        started = descendants(job.pid)
+        # Sent to run alone (no terminal): run passes it on and waits for torchrun to stop.
+        job.send_signal(signal.SIGINT)
+        assert job.wait(90) == 128 + signal.SIGINT, job.output()
+        assert "waiting up to" in job.text()
+        left = [p for p in started if p.alive()]
+        assert not left, left
 
 
 class _Joined:

@@ -60,7 +60,7 @@ def _torch_imported(torch: ModuleType) -> None:
 
 
 def _say_if_never_stepped(hooks: AutoInstrumentor) -> None:
-    """At exit of a rank that never stepped an optimizer: say what was missing."""
+    """Say at exit what a rank that never stepped an optimizer was missing."""
     import multiprocessing
 
     import torch.distributed as dist
@@ -81,17 +81,23 @@ def _say_if_never_stepped(hooks: AutoInstrumentor) -> None:
 
 
 def run_hidden_sitecustomize(own: str) -> None:
-    """Import the ``sitecustomize`` that the one in ``own`` (a folder) hides on ``sys.path``."""
+    """Import the ``sitecustomize`` that the one in ``own`` (a folder) hides on ``sys.path``.
+
+    ``own`` is off ``sys.path`` while it runs and back at its place after; what the hidden one
+    changes on ``sys.path`` stays.
+    """
     own_dir = os.path.realpath(own)
     mine = sys.modules.pop("sitecustomize", None)
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != own_dir]
+    removed = [(i, p) for i, p in enumerate(sys.path) if os.path.realpath(p or ".") == own_dir]
+    for _, entry in reversed(removed):
+        sys.path.remove(entry)
     try:
         importlib.import_module("sitecustomize")
     except ImportError as exc:
         if exc.name != "sitecustomize":
             raise
     finally:
-        sys.path[:] = saved
+        for index, entry in removed:
+            sys.path.insert(index, entry)
         if mine is not None:
             sys.modules.setdefault("sitecustomize", mine)

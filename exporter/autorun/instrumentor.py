@@ -24,18 +24,19 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.modules.module import register_module_module_registration_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .. import api
 from ..errors import ErrorCounter
-from ..observer import Observer
 from ..sources.instrumentors import TimedIterator, innermost_optimizer
 from ..sources.parallelism import kind_of
+
+if TYPE_CHECKING:  # the API and the observer load only in the process that trains (first step)
+    from ..observer import Observer
 
 __all__ = ["PREFIX", "AutoInstrumentor", "LazyTimedIterator", "say"]
 
@@ -201,8 +202,11 @@ class AutoInstrumentor:
             self._first_step(optimizer)
         except Exception as exc:  # noqa: BLE001 - never break the step
             self.errors.record("step", exc)
+            say(f"not instrumented at the first optimizer step ({exc!r}); training goes on")
 
     def _first_step(self, optimizer: Any) -> None:
+        from .. import api
+
         if api.active() is not None:
             return  # the script instrumented itself: its handle stays the only one
         if not (dist.is_available() and dist.is_initialized()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,10 @@ from .top import RankRow, diagnose, fetch, render
 __all__ = ["OPTIONS", "TopTable", "add_parser", "command_env", "file_sd_targets", "run"]
 
 PREFIX = "ddp-exporter run:"
+#: Seconds the command has to stop after a Ctrl-C (torchrun gives its workers 30).
+CTRL_C_S = 60.0
+#: Seconds a launcher has after SIGTERM, and what it leaves behind, before SIGKILL.
+GRACE_S = 30.0
 
 #: Option (its argparse dest) -> the variable it sets for the command.
 OPTIONS: dict[str, str] = {
@@ -118,18 +124,18 @@ def command_env(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, 
     return env
 
 
-def _stack_wanted(args: argparse.Namespace) -> bool | int:
-    """Return whether to start the stack, or an exit status when ``--stack`` cannot be had."""
+def _stack_wanted(args: argparse.Namespace) -> tuple[bool, int | None]:
+    """Return whether to start the stack, and the exit status when ``--stack`` cannot be had."""
     if args.stack is False:
-        return False
+        return False, None
     missing = stack_missing()
     if missing is None:
-        return True
+        return True, None
     if args.stack:
         print(f"{PREFIX} --stack: {missing}", file=sys.stderr)
-        return 2
+        return False, 2
     print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
-    return False
+    return False, None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,31 +145,33 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         args.parser.error("a command to run is needed: ddp-exporter run -- torchrun ... train.py")
-    if args.top < 0:
+    if not (math.isfinite(args.top) and args.top >= 0):
         args.parser.error("--top must be 0 (never) or a positive number of seconds")
     try:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
         args.parser.error(str(exc))
-    use_stack = _stack_wanted(args)
-    if use_stack not in (True, False):
-        return int(use_stack)
-    raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
-    become_subreaper()  # a launcher that dies hands its workers to us, not to init
-    workdir = tempfile.mkdtemp(prefix="ddp-exporter-run-")  # user-only (0700)
+    use_stack, refused = _stack_wanted(args)
+    if refused is not None:
+        return refused
+    workdir: str | None = None
     stack: LocalStack | None = None
     proc: subprocess.Popen | None = None
     table: TopTable | None = None
+    file_sd = ""
     try:
+        raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
+        become_subreaper()  # a launcher that dies hands its workers to us, not to init
+        workdir = tempfile.mkdtemp(prefix="ddp-exporter-run-")  # user-only (0700)
         if use_stack or args.top:
             # The ranks' own file_sd targets: what the stack scrapes and the table reads.
             file_sd = settings.file_sd_dir(env) or os.path.join(workdir, "file_sd")
             os.makedirs(file_sd, exist_ok=True)
             env.update({settings.FILE_SD: file_sd})
         if use_stack:
-            stack = _start_stack(args, workdir, env)
-            if stack is None:
-                return 1
+            stack = _start_stack(args, workdir, file_sd)
+            if stack is None and args.stack:
+                return 1  # asked for: not trained without it
         try:
             proc = subprocess.Popen(command, env=env)
         except OSError as exc:
@@ -171,31 +179,74 @@ def run(args: argparse.Namespace) -> int:
             return 127 if isinstance(exc, FileNotFoundError) else 126
         if args.top:
             config = FAST if args.fast else DEFAULT
-            table = TopTable(env[settings.FILE_SD], args.top, config).start()
+            table = TopTable(file_sd, args.top, config).start()
         code = proc.wait()
         return 128 - code if code < 0 else code
     except KeyboardInterrupt as exc:
+        _ignore(signal.SIGTERM, signal.SIGHUP)
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print(f"\n{PREFIX} stopping the command and every process it started", file=sys.stderr)
+        if proc is not None and signum == signal.SIGINT:
+            _let_it_end(proc)
         return 128 + signum
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+        _ignore(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # nothing cuts the clean-up short
         if table is not None:
             table.close()
         if proc is not None:
-            stop_tree(proc)
+            stop_tree(proc, grace=GRACE_S)
         if stack is not None:
             stack.close()
-        for p in descendants(os.getpid()):  # orphans adopted as subreaper: nothing outlives run
-            p.signal(signal.SIGCONT)
-            p.signal(signal.SIGKILL)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _stop_orphans(GRACE_S)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _start_stack(args: argparse.Namespace, workdir: str, env: dict[str, str]) -> LocalStack | None:
+def _ignore(*signums: int) -> None:
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _let_it_end(proc: subprocess.Popen) -> None:
+    """Give the command after a Ctrl-C the time it takes without ``run``; a second one ends it.
+
+    A Ctrl-C at the terminal reaches the command as well (one foreground process group): a
+    launcher such as torchrun then stops its workers its own way. A SIGINT sent to ``run``
+    alone is passed on.
+    """
+    try:
+        reached = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        reached = False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if not reached:
+            proc.send_signal(signal.SIGINT)
+        print(
+            f"{PREFIX} waiting up to {CTRL_C_S:.0f} s for the command to stop (Ctrl-C again: "
+            "stop it now)",
+            file=sys.stderr,
+        )
+        proc.wait(timeout=CTRL_C_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt, ProcessLookupError):
+        pass
+
+
+def _stop_orphans(grace: float) -> None:
+    """Stop what the command left behind (adopted as subreaper): SIGTERM, ``grace`` s, SIGKILL."""
+    left = descendants(os.getpid())
+    for p in left:
+        p.signal(signal.SIGCONT)
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in left:
+        p.signal(signal.SIGKILL)
+
+
+def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalStack | None:
     """Start Prometheus and Alertmanager over the ranks' file_sd targets; None if they fail."""
-    file_sd = env[settings.FILE_SD]
     config = FAST if args.fast else DEFAULT
 
     def show(alert: dict[str, Any]) -> None:
@@ -203,8 +254,12 @@ def _start_stack(args: argparse.Namespace, workdir: str, env: dict[str, str]) ->
 
     try:
         stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show, config=config)
-    except RuntimeError as exc:
-        print(f"{PREFIX} could not start Prometheus and Alertmanager: {exc}", file=sys.stderr)
+    except (RuntimeError, OSError) as exc:
+        without = "" if args.stack else "; the command runs without them"
+        print(
+            f"{PREFIX} could not start Prometheus and Alertmanager: {exc}{without}",
+            file=sys.stderr,
+        )
         return None
     windows = "FAST rules (short windows)" if args.fast else "the default rule windows"
     print(
