@@ -27,7 +27,7 @@ from ..generate.command import MIXIN_EXTRA
 from ..mixin.config import FAST
 from ..settings import DEFAULT_PORT
 from . import top as topmod
-from .localstack import LocalStack, free_port, stack_missing
+from .localstack import LocalStack, add_stack_flags, free_port, stack_choice
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 from .receiver import alert_line
 
@@ -118,35 +118,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
     d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
     d.add_argument("--no-top", action="store_true", help="do not show the live table")
-    g = d.add_mutually_exclusive_group()
-    g.add_argument(
-        "--stack",
-        dest="stack",
-        action="store_true",
-        default=None,
-        help="also run Prometheus + Alertmanager (default: when installed; needs the mixin extra)",
-    )
-    g.add_argument(
-        "--no-stack",
-        dest="stack",
-        action="store_false",
-        help="never start Prometheus and Alertmanager",
+    add_stack_flags(
+        d, "also run Prometheus + Alertmanager (default: when installed; needs the mixin extra)"
     )
     d.set_defaults(tool=run, parser=d)
     return d
-
-
-def _stack_wanted(args: argparse.Namespace) -> bool | int:
-    """Return whether to run the stack, or an exit status when ``--stack`` cannot be had."""
-    if args.stack is False:
-        return False
-    missing = stack_missing()
-    if missing is None:
-        return True
-    if args.stack:
-        print(f"ddp-exporter demo: --stack: {missing}", file=sys.stderr)
-        return 2
-    return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    use_stack = _stack_wanted(args)
-    if use_stack not in (True, False):
-        return int(use_stack)
+    use_stack, _, refused = stack_choice(args.stack, "demo")
+    if refused is not None:
+        return refused
     raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
     become_subreaper()  # a torchrun that dies hands its workers to us, not to init
     workdir = tempfile.mkdtemp(prefix="ddp-exporter-demo-")

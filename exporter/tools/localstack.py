@@ -14,6 +14,7 @@ command line starts on a base install.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import importlib.util
@@ -21,6 +22,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -38,10 +40,12 @@ __all__ = [
     "LocalStack",
     "MissingBinaryError",
     "Service",
+    "add_stack_flags",
     "find_binaries",
     "find_binary",
     "free_port",
     "start_alertmanager",
+    "stack_choice",
     "stack_missing",
     "start_prometheus",
 ]
@@ -103,6 +107,36 @@ def stack_missing() -> str | None:
     except ImportError:
         found = False
     return None if found else f"the stack needs the mixin extra: {MIXIN_EXTRA}"
+
+
+def add_stack_flags(parser: argparse.ArgumentParser, stack_help: str) -> None:
+    """Add ``--stack`` (``stack_help``) and ``--no-stack`` to a tool that can start the stack."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--stack", dest="stack", action="store_true", default=None, help=stack_help)
+    group.add_argument(
+        "--no-stack",
+        dest="stack",
+        action="store_false",
+        help="never start Prometheus and Alertmanager",
+    )
+
+
+def stack_choice(asked: bool | None, tool: str) -> tuple[bool, str | None, int | None]:
+    """Return whether to start the stack, what it lacks, and an exit status for ``--stack``.
+
+    ``asked``: True for ``--stack`` (lacking something is then a usage error, said in one line
+    as ``ddp-exporter TOOL: --stack: ...``, exit 2), False for ``--no-stack``, None for "when it
+    can run" (the caller says what it lacks its own way).
+    """
+    if asked is False:
+        return False, None, None
+    missing = stack_missing()
+    if missing is None:
+        return True, None, None
+    if asked:
+        print(f"ddp-exporter {tool}: --stack: {missing}", file=sys.stderr)
+        return False, missing, 2
+    return False, missing, None
 
 
 def _quiet_ports() -> range | None:

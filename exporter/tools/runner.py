@@ -29,7 +29,7 @@ from typing import Any
 from .. import settings
 from ..autorun import BOOT_DIR
 from ..mixin.config import DEFAULT, FAST, MixinConfig
-from .localstack import LocalStack, stack_missing
+from .localstack import LocalStack, add_stack_flags, stack_choice
 from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
 from .receiver import alert_line
 from .top import RankRow, diagnose, fetch, render
@@ -70,15 +70,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--run", dest="run_name", help="the run label (default: the launcher's job id)")
     d.add_argument("--on-hang", choices=settings.ON_HANG_CHOICES, help="what a hang does")
     d.add_argument("--dump-dir", help="folder of the hang dumps")
-    g = d.add_mutually_exclusive_group()
-    g.add_argument(
-        "--stack",
-        dest="stack",
-        action="store_true",
-        default=None,
-        help="watch the job with Prometheus + Alertmanager on loopback (default: when installed)",
+    add_stack_flags(
+        d, "watch the job with Prometheus + Alertmanager on loopback (default: when installed)"
     )
-    g.add_argument("--no-stack", dest="stack", action="store_false", help="start no stack")
     d.add_argument(
         "--fast",
         action="store_true",
@@ -124,20 +118,6 @@ def command_env(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, 
     return env
 
 
-def _stack_wanted(args: argparse.Namespace) -> tuple[bool, int | None]:
-    """Return whether to start the stack, and the exit status when ``--stack`` cannot be had."""
-    if args.stack is False:
-        return False, None
-    missing = stack_missing()
-    if missing is None:
-        return True, None
-    if args.stack:
-        print(f"{PREFIX} --stack: {missing}", file=sys.stderr)
-        return False, 2
-    print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
-    return False, None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``ddp-exporter run`` with parsed ``args``; return the command's exit status."""
     command = list(args.command)
@@ -151,9 +131,11 @@ def run(args: argparse.Namespace) -> int:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
         args.parser.error(str(exc))
-    use_stack, refused = _stack_wanted(args)
+    use_stack, missing, refused = stack_choice(args.stack, "run")
     if refused is not None:
         return refused
+    if missing is not None:
+        print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
     workdir: str | None = None
     stack: LocalStack | None = None
     proc: subprocess.Popen | None = None
