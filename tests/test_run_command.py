@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from harness import (
@@ -54,7 +55,7 @@ def _trained(text: str) -> dict[int, int]:
     return {int(r): int(n) for r, n in re.findall(r"^trained (\d+) (\d+)$", text, re.M)}
 
 
-def _final_steps(proc, urls: dict[int, str], ranks: int) -> dict[int, float]:
+def _final_steps(output: Callable[[], str], urls: dict[int, str], ranks: int) -> dict[int, float]:
     """Scrape each rank until a scrape begun after it printed its count: its final count.
 
     Scraping all along keeps this test a recent scraper, whose next read a rank's clean end
@@ -63,7 +64,7 @@ def _final_steps(proc, urls: dict[int, str], ranks: int) -> dict[int, float]:
     counted: dict[int, float] = {}
 
     def final() -> dict[int, float] | None:
-        finished = _trained(proc.text())
+        finished = _trained(output())
         for r in range(ranks):
             if r not in counted:
                 text = scrape_text(urls[r])
@@ -115,13 +116,13 @@ def test_every_step_of_an_unmodified_script_is_counted_once(launch):
         # As srun starts it: one `ddp-exporter run` per rank, each around one python.
         with Ranks(2, [*RUN[1:], "--no-stack", "--", sys.executable, *script], env=ENV) as job:
             urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
-            counted = _final_steps(_Joined(job), urls, 2)
+            counted = _final_steps(job.output, urls, 2)
             assert job.wait(120) == {0: 0, 1: 0}, job.output()
             text = job.output()
     else:
         with Process([*RUN, "--no-stack", "--", *_torchrun(2), *script], child_env(ENV)) as job:
             urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
-            counted = _final_steps(job, urls, 2)
+            counted = _final_steps(job.text, urls, 2)
             assert job.wait(120) == 0, job.output()
             text = job.text()
     assert counted == {0: steps, 1: steps}, text
@@ -144,16 +145,6 @@ def test_a_ctrl_c_stops_the_command_its_own_way_and_leaves_nothing():
         assert "waiting up to" in job.text()
         left = [p for p in started if p.alive()]
         assert not left, left
-
-
-class _Joined:
-    """What every rank of a :class:`Ranks` printed, read like one process's output."""
-
-    def __init__(self, ranks: Ranks) -> None:
-        self._ranks = ranks
-
-    def text(self) -> str:
-        return "\n".join(p.text() for p in self._ranks.procs.values())
 
 
 @pytest.mark.stack

@@ -28,7 +28,7 @@ from ..mixin.config import FAST
 from ..settings import DEFAULT_PORT
 from . import top as topmod
 from .localstack import LocalStack, add_stack_flags, free_port, stack_choice
-from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
+from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
 
 __all__ = ["FAULTS", "add_parser", "metrics_urls", "run", "say"]
@@ -86,13 +86,6 @@ class _Children:
         self.stopping.set()
         for p in self.procs:
             stop_tree(p)
-
-
-def _sweep_adopted() -> None:
-    """Kill any orphan this (subreaper) process adopted: nothing outlives the demo."""
-    for p in descendants(os.getpid()):
-        p.signal(signal.SIGCONT)
-        p.signal(signal.SIGKILL)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -162,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         children.stop()
         for st in stacks:
             st.close()
-        _sweep_adopted()
+        stop_adopted()  # orphans adopted as subreaper: nothing outlives the demo
         shutil.rmtree(workdir, ignore_errors=True)
 
 

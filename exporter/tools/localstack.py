@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..generate.command import MIXIN_EXTRA
-from ..mixin.config import MixinConfig
+from ..mixin.config import FAST, MixinConfig
 from .promapi import instant_query
 from .receiver import AlertReceiver
 
@@ -308,13 +308,10 @@ class LocalStack:
         file_sd_dir: Path,
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         ready_timeout: float = 30.0,
-        config: MixinConfig | None = None,
+        config: MixinConfig = FAST,
     ) -> None:
         from ..deploy.alertmanager import alertmanager_config
-        from ..mixin.config import FAST
         from ..mixin.rules import render_rules
-
-        rules = FAST if config is None else config
 
         find_binaries()  # both, or neither: say what to install before starting anything
         self.workdir = Path(workdir)
@@ -325,12 +322,14 @@ class LocalStack:
             lambda alert: on_alert(alert) if on_alert and alert.get("status") == "firing" else None
         )
         try:
-            am_cfg = alertmanager_config(dataclasses.replace(rules, webhook_url=self._receiver.url))
+            am_cfg = alertmanager_config(
+                dataclasses.replace(config, webhook_url=self._receiver.url)
+            )
             _fast_routes(am_cfg["route"])
             am = start_alertmanager(self.workdir, am_cfg, timeout=ready_timeout)
             self._services.append(am)
             self.alertmanager_url = am.url
-            (self.workdir / "rules.yml").write_text(render_rules(rules))
+            (self.workdir / "rules.yml").write_text(render_rules(config))
             prom_cfg = {
                 "global": {
                     "scrape_interval": "1s",
@@ -343,7 +342,7 @@ class LocalStack:
                 },
                 "scrape_configs": [
                     {
-                        "job_name": rules.job,
+                        "job_name": config.job,
                         "honor_labels": True,
                         "file_sd_configs": [
                             {"files": [str(Path(file_sd_dir) / "*.json")], "refresh_interval": "1s"}

@@ -27,6 +27,7 @@ __all__ = [
     "become_subreaper",
     "descendants",
     "raise_on_signals",
+    "stop_adopted",
     "stop_tree",
 ]
 
@@ -183,3 +184,21 @@ def stop_tree(proc: subprocess.Popen, grace: float = 15.0, kill_wait: float = 10
         time.sleep(0.05)
     _reap(killed)
     return killed
+
+
+def stop_adopted(grace: float = 0.0) -> None:
+    """Stop every process this (subreaper) process adopted: nothing outlives it.
+
+    ``grace`` > 0: SIGTERM first and that many seconds to act on it (a job's uploader
+    finishing); then, or at once, SIGKILL.
+    """
+    left = descendants(os.getpid())
+    for p in left:
+        p.signal(signal.SIGCONT)
+        if grace > 0:
+            p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in left:
+        p.signal(signal.SIGKILL)

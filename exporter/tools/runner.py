@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from .. import settings
 from ..autorun import BOOT_DIR
 from ..mixin.config import DEFAULT, FAST, MixinConfig
 from .localstack import LocalStack, add_stack_flags, stack_choice
-from .reaper import Interrupted, become_subreaper, descendants, raise_on_signals, stop_tree
+from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
 from .top import RankRow, diagnose, fetch, render
 
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             stop_tree(proc, grace=GRACE_S)
         if stack is not None:
             stack.close()
-        _stop_orphans(GRACE_S)
+        stop_adopted(GRACE_S)  # what the command left running, adopted as subreaper
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -212,19 +211,6 @@ def _let_it_end(proc: subprocess.Popen) -> None:
         proc.wait(timeout=CTRL_C_S)
     except (subprocess.TimeoutExpired, KeyboardInterrupt, ProcessLookupError):
         pass
-
-
-def _stop_orphans(grace: float) -> None:
-    """Stop what the command left behind (adopted as subreaper): SIGTERM, ``grace`` s, SIGKILL."""
-    left = descendants(os.getpid())
-    for p in left:
-        p.signal(signal.SIGCONT)
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(p.alive() for p in left) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for p in left:
-        p.signal(signal.SIGKILL)
 
 
 def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalStack | None:
