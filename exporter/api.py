@@ -40,6 +40,17 @@ def _group() -> tuple[int, int] | None:
     return None
 
 
+def _required_group() -> tuple[int, int]:
+    """Return ``(rank, world_size)`` of the default process group; raise before it exists."""
+    group = _group()
+    if group is None:
+        raise ValueError(
+            "exporter.instrument(): no process group; call "
+            "torch.distributed.init_process_group() first"
+        )
+    return group
+
+
 def _check_types(
     model: object, dataloader: object, optimizer: object, sources: dict[str, object]
 ) -> str:
@@ -101,6 +112,7 @@ def instrument(
     abort_limit: int | None = None,
     start_step: int | None = None,
     comm_timing: str | None = None,
+    web_config: str | os.PathLike | None = None,
 ) -> Observer:
     """Instrument a training job (its model, DataLoader and optimizer); serve metrics.
 
@@ -133,7 +145,8 @@ def instrument(
     :mod:`exporter.sources.commtiming`. A CUDA rank reads its GPU's health through NVML at each
     scrape (extra ``gpu``); ``gpu_source``, a callable returning a
     :class:`~exporter.sources.gpu.GPUHealth`, replaces it as ``memory_source`` does memory.
-    Calling it again warns and returns the same handle.
+    ``web_config``: TLS and passwords for every path the rank serves, an exporter-toolkit web
+    configuration file (:mod:`exporter.web`; extra ``web``). Calling it again warns and returns the same handle.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active, _watch
@@ -147,12 +160,7 @@ def instrument(
             return _active
         sources = {"memory_source": memory_source, "gpu_source": gpu_source}
         kind = _check_types(model, dataloader, optimizer, sources)
-        group = _group()
-        if group is None:
-            raise ValueError(
-                "exporter.instrument(): no process group; call "
-                "torch.distributed.init_process_group() first"
-            )
+        group = _required_group()
         watch = running_watch()  # watch_init() ran: adopt its endpoint, bind no second one
         cfg = settings.for_instrument(
             parallelism=kind,
@@ -163,6 +171,7 @@ def instrument(
             heartbeat_s=heartbeat_s,
             monitor_rank=monitor_rank,
             peer_series=peer_series,
+            web_config=web_config,
             flight_recorder_on=flight_recorder,
             otlp=otlp,
             dump_folder=dump_dir,
@@ -208,6 +217,7 @@ def watch_init(
     monitor_rank: int | None = None,
     peer_series: int | None = None,
     serve: bool = True,
+    web_config: str | os.PathLike | None = None,
 ) -> InitWatch | None:
     """Serve this rank's endpoint now and publish its init phase until instrument() takes over.
 
@@ -243,6 +253,7 @@ def watch_init(
             heartbeat_s=heartbeat_s,
             monitor_rank=monitor_rank,
             peer_series=peer_series,
+            web_config=web_config,
         )
         watch = InitWatch(settings.identity(run=run), endpoint, serve=serve)
         _watch = watch

@@ -125,7 +125,13 @@ class InitWatch:
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _InitCollector(self)
         self.registry.register(self._collector)
-        self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
+        self._server = (
+            MetricsServer(
+                self.registry, endpoint.addr, endpoint.port, web_config=endpoint.web_config
+            )
+            if serve
+            else None
+        )
         self.port: int | None = self._server.start() if self._server else None
         self._loop = BackgroundLoop(
             "ddp-exporter-init",

@@ -104,7 +104,13 @@ class Observer:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        self._server = MetricsServer(self.registry, endpoint.addr, endpoint.port) if serve else None
+        self._server = (
+            MetricsServer(
+                self.registry, endpoint.addr, endpoint.port, web_config=endpoint.web_config
+            )
+            if serve
+            else None
+        )
         self.port: int | None = self._server.start() if self._server else None
         self._store = store
         self.discovery: discovery.Discovery | None = None

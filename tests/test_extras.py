@@ -24,6 +24,7 @@ EXTRA_MODULES = {
     "mixin": ("yaml", "grafanalib"),
     "otlp": ("opentelemetry",),
     "gpu": ("pynvml",),
+    "web": ("yaml", "bcrypt"),
 }
 COMMANDS = [
     "",
@@ -173,3 +174,38 @@ def test_gpu_health_without_its_extra_is_one_log_line(blocker: Path) -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'ddp-exporter[gpu]'" in lines[0], res.stderr
+
+
+_WEB = """
+import datetime, logging, socket, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+import torch, torch.distributed as dist
+import exporter
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", web_config=sys.argv[1])
+assert obs.port is None and obs.url is None
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+print("trained")
+obs.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(("blocked", "needs"), [("yaml", "PyYAML"), ("bcrypt", "bcrypt")])
+def test_a_web_config_without_its_extra_is_one_log_line_and_nothing_served(
+    blocker: Path, tmp_path: Path, blocked: str, needs: str
+) -> None:
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n  prom: $2b$04$" + "a" * 53 + "\n")
+    res = _run(blocker, (blocked,), "-c", _WEB, str(config))
+    assert res.returncode == 0 and "trained" in res.stdout, res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if "WEB_CONFIG" in line]
+    assert len(lines) == 1, res.stderr
+    assert f"needs {needs}: pip install 'ddp-exporter[web]'" in lines[0], lines
+    assert "not served (never in the clear), training goes on" in lines[0], lines
+    assert "Traceback" not in res.stderr

@@ -34,6 +34,7 @@ ROOMS = {
     "exporter.network": "network",
     "exporter.sources": "sources",
     "exporter.export": "export",
+    "exporter.web": "web",
     "exporter.hangs": "hangs",
     "exporter.observer": "observer",
     "exporter.initwatch": "observer",
@@ -50,12 +51,13 @@ ROOMS = {
     "exporter.tools": "tools",
     "exporter.doctor": "tools",
 }
-LIBRARY = ("base", "network", "sources", "export", "hangs", "observer", "api")
+LIBRARY = ("base", "network", "sources", "web", "export", "hangs", "observer", "api")
 ALLOWED = {
     "root": {"base"},
     "base": {"base"},
     "sources": {"base", "sources"},
-    "export": {"base", "sources", "export"},
+    "web": {"base", "web"},
+    "export": {"base", "sources", "web", "export"},
     "network": {"base", "network"},
     "hangs": {"base", "network", "sources", "hangs"},
     "observer": {"base", "network", "sources", "export", "hangs", "observer"},

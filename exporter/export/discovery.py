@@ -300,6 +300,7 @@ class Discovery:
         errors: ErrorCounter,
         file_sd_dir: str | None = None,
         node: str | None = None,
+        scheme: str = "http",
     ) -> None:
         self.target = format_target(host, port)
         self.labels = {
@@ -308,6 +309,10 @@ class Discovery:
             "local_rank": str(local_rank),
             "node": node if node is not None else socket.gethostname(),
         }
+        if scheme != "http":
+            # Prometheus's own meta label: the target is scraped over TLS whatever the scrape
+            # config's default scheme says (its tls_config still names the CA).
+            self.labels["__scheme__"] = scheme
         self._errors = errors
         self.directory: Directory | None = None
         self.file_sd: FileSD | None = None
@@ -385,6 +390,7 @@ def start(
             errors=errors,
             file_sd_dir=file_sd_dir,
             node=identity.node or None,
+            scheme=getattr(server, "scheme", "http"),
         )
         server.route("/sd", found.sd_app)
         return found

@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 
 from ..log import log
-from ..settings import is_all_interfaces
+from ..settings import WEB_CONFIG, is_all_interfaces
+from ..web import Policy, WebConfigError, WebServer, prepare
 
 __all__ = ["MetricsServer", "Scrapers", "WSGIApp"]
 
@@ -93,13 +94,20 @@ class MetricsServer:
     """Serve ``/metrics`` for one registry; ``port`` is the bound port or None if none.
 
     Other paths can be mounted with :meth:`route` (the monitoring rank's ``/sd``); every path
-    not mounted is answered by prometheus_client's own handler, as before.
+    not mounted is answered by prometheus_client's own handler, as before. With ``web_config``
+    (:mod:`exporter.web`) every path is served as that file says (TLS, basic authentication),
+    or not at all.
     """
 
-    def __init__(self, registry: CollectorRegistry, addr: str, port: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, addr: str, port: int, *, web_config: str | None = None
+    ) -> None:
         self._registry = registry
         self.addr = addr
         self.requested_port = port
+        self.web_config = web_config
+        #: The web configuration applied, once serving with one.
+        self.policy: Policy | None = None
         self.port: int | None = None
         self._httpd: Any = None
         self._thread: Any = None
@@ -113,7 +121,12 @@ class MetricsServer:
         if self.port is None:
             return None
         host = socket.gethostname() if is_all_interfaces(self.addr) else self.addr
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
+
+    @property
+    def scheme(self) -> str:
+        """Return ``https`` when the endpoint serves TLS, else ``http``."""
+        return self.policy.scheme if self.policy is not None else "http"
 
     def route(self, path: str, app: WSGIApp) -> None:
         """Serve ``path`` with the WSGI ``app`` instead of the metrics handler."""
@@ -136,8 +149,11 @@ class MetricsServer:
         return app
 
     def start(self) -> int | None:
-        """Bind and serve; on a taken port log one clear line and return None."""
+        """Bind and serve; on a taken port or a web configuration that cannot be served, log
+        one clear line and return None."""
         try:
+            if self.web_config is not None:
+                return self._start_secure(self.web_config)
             self._httpd, self._thread = start_http_server(
                 self.requested_port, addr=self.addr, registry=self._registry
             )
@@ -153,6 +169,33 @@ class MetricsServer:
         # Keep prometheus_client's server, thread and handler; only put a path switch in front.
         self._httpd.set_app(self._dispatch(self._httpd.get_app()))
         self.port = self._httpd.server_port
+        return self.port
+
+    def _start_secure(self, path: str) -> int | None:
+        try:
+            served = prepare(path)
+        except (WebConfigError, ImportError) as exc:
+            log.error(
+                "ddp-exporter: %s=%s: %s; the metrics endpoint is not served (never in the "
+                "clear), training goes on",
+                WEB_CONFIG,
+                path,
+                str(exc).removeprefix(f"{path}: "),
+            )
+            return None
+        self.policy = Policy(served)
+        httpd = WebServer(
+            self.addr,
+            self.requested_port,
+            self._dispatch(make_wsgi_app(self._registry)),
+            self.policy,
+        )
+        thread = threading.Thread(
+            target=httpd.serve_forever, name="ddp-exporter-https", daemon=True
+        )
+        thread.start()
+        self._httpd, self._thread = httpd, thread
+        self.port = httpd.server_port
         return self.port
 
     def close(self) -> None:

@@ -106,6 +106,7 @@ from .names import (
     TORCHELASTIC_RUN_ID,
     TORCHELASTIC_USE_AGENT_STORE,
     VERSION_KEYS,
+    WEB_CONFIG,
     WORLD_SIZE,
 )
 from .table import (
@@ -217,6 +218,7 @@ __all__ = [
     "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "VERSION_KEYS",
+    "WEB_CONFIG",
     "WORLD_SIZE",
     "advertise_override",
     "agent_store_address",

@@ -76,6 +76,7 @@ def for_instrument(
     heartbeat_s: Any = None,
     monitor_rank: int | None = None,
     peer_series: Any = None,
+    web_config: Any = None,
     flight_recorder_on: bool | None = None,
     otlp: bool | str | None = None,
     dump_folder: str | os.PathLike[str] | None = None,
@@ -111,6 +112,7 @@ def for_instrument(
         heartbeat_s=heartbeat_s,
         monitor_rank=monitor_rank,
         peer_series=peer_series,
+        web_config=web_config,
         environ=environ,
     )
     hang = on_hang("instrument", hang_action, abort_after, abort_limit, environ=environ)

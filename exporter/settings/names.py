@@ -28,6 +28,7 @@ ATTEMPT = "DDP_EXPORTER_ATTEMPT"
 NODE = "DDP_EXPORTER_NODE"
 HANG_PROBE = "DDP_EXPORTER_HANG_PROBE"
 GPU_HEALTH = "DDP_EXPORTER_GPU_HEALTH"
+WEB_CONFIG = "DDP_EXPORTER_WEB_CONFIG"
 # Set by ``ddp-exporter run`` for the command it runs (exporter.autorun).
 AUTORUN = "DDP_EXPORTER_AUTORUN"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).

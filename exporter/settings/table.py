@@ -83,6 +83,7 @@ from .names import (
     TORCHELASTIC_RUN_ID,
     TORCHELASTIC_USE_AGENT_STORE,
     VERSION_KEYS,
+    WEB_CONFIG,
     WORLD_SIZE,
 )
 
@@ -110,6 +111,21 @@ SETTINGS: dict[str, Setting] = {
             bind,
             "addr",
             meaning="Bind address of the metrics endpoint; ``127.0.0.1`` keeps it on the node.",
+        ),
+        Setting(
+            WEB_CONFIG,
+            "a file path",
+            None,
+            str.strip,
+            path,
+            "web_config",
+            "none (plain HTTP)",
+            meaning="A web configuration file in the format of Prometheus's exporter-toolkit "
+            "(``tls_server_config``, ``basic_auth_users``), applied to every path a rank "
+            "serves: TLS, client certificates, basic authentication. Re-read when it or a "
+            "file it names changes. A file that cannot be served as written is logged in "
+            "one line naming the field, and the endpoint is not served at all (never in the "
+            "clear) while training goes on. Needs the ``web`` extra.",
         ),
         Setting(
             RUN,

@@ -47,6 +47,7 @@ from .names import (
     PEER_SERIES,
     PORT,
     SLURM_JOB_END_TIME,
+    WEB_CONFIG,
 )
 from .table import SETTINGS
 from .validate import environ_of, report_invalid, resolve, setting_message
@@ -297,6 +298,8 @@ class Endpoint:
     heartbeat_s: float
     monitor_rank: int
     peer_series: int
+    #: The web configuration file (TLS, basic auth) the endpoint applies, None for plain HTTP.
+    web_config: str | None = None
 
 
 def endpoint(
@@ -307,6 +310,7 @@ def endpoint(
     heartbeat_s: Any = None,
     monitor_rank: int | None = None,
     peer_series: Any = None,
+    web_config: Any = None,
     environ: Mapping[str, str] | None = None,
 ) -> Endpoint:
     """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
@@ -332,4 +336,5 @@ def endpoint(
         heartbeat_s=resolve(HEARTBEAT_S, heartbeat_s, caller=caller, environ=environ),
         monitor_rank=monitoring_rank(monitor_rank, environ, caller),
         peer_series=resolve(PEER_SERIES, peer_series, caller=caller, environ=environ),
+        web_config=resolve(WEB_CONFIG, web_config, caller=caller, environ=environ),
     )

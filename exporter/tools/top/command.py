@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ...mixin.config import DEFAULT, duration_seconds, load_config
+from ...web.client import load_client
 from .diagnose import diagnose
 from .fetch import fetch, fetch_prometheus
 from .render import render
@@ -26,6 +27,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "when the ranks or Prometheus cannot be read.",
     )
     t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
+    t.add_argument(
+        "--http-config",
+        default=None,
+        metavar="FILE",
+        help="with --targets: how to read ranks served over TLS or with a password, in the "
+        "format of Prometheus's HTTP client configuration (tls_config, basic_auth with "
+        "password_file, authorization); with its tls_config a host:port is read over https",
+    )
     t.add_argument("--prometheus", help="read from this Prometheus URL instead")
     t.add_argument("--run", help="with --prometheus: the run label to show")
     t.add_argument(
@@ -72,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config) if args.config else DEFAULT
     except ValueError as exc:
         parser.error(f"--config: {exc}")
+    client = None
+    if args.http_config:
+        if not targets:
+            parser.error("--http-config goes with --targets (how to read the ranks)")
+        try:
+            client = load_client(args.http_config)
+        except (ValueError, ImportError) as exc:
+            parser.error(f"--http-config: {exc}")
     window = args.window or cfg.rate_window
     try:
         duration_seconds(window)
@@ -80,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     def read() -> list[RankRow]:
         if targets:
-            return fetch(targets)
+            return fetch(targets, client=client)
         return fetch_prometheus(
             args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
         )

@@ -13,17 +13,22 @@ from ... import catalog as c
 from ...mixin.alerts.gpu import SLOWDOWN_REASONS
 from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig
+from ...web.client import HTTPClient
 from ..promapi import instant_query
 from .rows import COUNTERS, RankRow
 
 __all__ = ["fetch", "fetch_prometheus"]
 
 
-def _read(target: str, timeout: float) -> RankRow:
+def _read(target: str, timeout: float, client: HTTPClient | None) -> RankRow:
     row = RankRow(target)
-    url = target if "://" in target else f"http://{target}/metrics"
+    scheme = "https" if client is not None and client.tls else "http"
+    url = target if "://" in target else f"{scheme}://{target}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        opened = (
+            client.open(url, timeout) if client else urllib.request.urlopen(url, timeout=timeout)
+        )
+        with opened as resp:
             text = resp.read().decode()
     except OSError:
         return row
@@ -197,7 +202,13 @@ def fetch_prometheus(
     return sorted(rows.values(), key=lambda r: r.rank)
 
 
-def fetch(targets: list[str], timeout: float = 2.0) -> list[RankRow]:
-    """Read every target concurrently; an unreachable one comes back with ``up=False``."""
+def fetch(
+    targets: list[str], timeout: float = 2.0, *, client: HTTPClient | None = None
+) -> list[RankRow]:
+    """Read every target concurrently; an unreachable one comes back with ``up=False``.
+
+    ``client`` (:func:`exporter.web.client.load_client`) reads ranks served over TLS or with
+    credentials.
+    """
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(targets)))) as pool:
-        return list(pool.map(lambda t: _read(t, timeout), targets))
+        return list(pool.map(lambda t: _read(t, timeout, client), targets))

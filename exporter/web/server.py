@@ -1,0 +1,104 @@
+"""Serve a WSGI application as a web configuration says: TLS, client certificates, basic auth.
+
+The TLS handshake runs on the connection's own thread with a deadline, not on the thread that
+accepts: a client that connects and says nothing holds one thread for a few seconds, never the
+endpoint. A plain HTTP request to the TLS port gets a plain ``400`` saying so, as Go's servers
+answer it; a failed handshake, an untrusted or missing client certificate and a client name not
+allowed get nothing; a request without the right credentials gets ``401``.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from .policy import Policy
+from .tls import allowed_client
+
+__all__ = ["HANDSHAKE_S", "WebServer"]
+
+#: Seconds a connection may take to finish its TLS handshake and send its request.
+HANDSHAKE_S = 10.0
+
+_TLS_HANDSHAKE = 0x16
+_PLAIN_TO_TLS = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+        """Log nothing: a scrape every few seconds is not news."""
+
+
+def _family(addr: str, port: int) -> socket.AddressFamily:
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return socket.AF_INET
+    return infos[0][0] if infos else socket.AF_INET
+
+
+class WebServer(ThreadingMixIn, WSGIServer):
+    """A threading WSGI server applying ``policy`` to every connection and request."""
+
+    daemon_threads = True
+
+    def __init__(self, addr: str, port: int, app: Callable[..., Any], policy: Policy) -> None:
+        self.address_family = _family(addr, port)
+        self.policy = policy
+        super().__init__((addr, port), _Quiet)
+        self.set_app(self._guard(app))
+
+    def _guard(self, app: Callable[..., Any]) -> Callable[..., Iterable[bytes]]:
+        policy = self.policy
+
+        def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            served = policy.current()
+            if served is None:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"The web configuration cannot be served.\n"]
+            if served.auth is not None and not served.auth.allows(
+                environ.get("HTTP_AUTHORIZATION")
+            ):
+                start_response(
+                    "401 Unauthorized",
+                    [
+                        ("Content-Type", "text/plain; charset=utf-8"),
+                        ("WWW-Authenticate", 'Basic realm="ddp-exporter", charset="UTF-8"'),
+                    ],
+                )
+                return [b"Unauthorized\n"]
+            return app(environ, start_response)
+
+        return guarded
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Serve one connection: over TLS first where the configuration asks for it."""
+        served = self.policy.current()
+        if served is None:
+            return
+        if served.context is None or served.config.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(HANDSHAKE_S)
+        try:
+            first = request.recv(1, socket.MSG_PEEK)
+            if first and first[0] != _TLS_HANDSHAKE:
+                request.sendall(_PLAIN_TO_TLS)
+                return
+            if not first:
+                return
+            conn = served.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return  # a failed handshake: an untrusted or missing client certificate, a scan
+        try:
+            if allowed_client(conn.getpeercert(), served.config.tls.client_allowed_sans):
+                super().finish_request(conn, client_address)
+        finally:
+            conn.close()

@@ -1,0 +1,97 @@
+"""A real Prometheus scrapes a real job whose ranks serve over TLS with client certificates and
+basic authentication, and finds them through ``/sd`` over the same.
+
+Two ranks (one process each, as srun starts them) read ``DDP_EXPORTER_WEB_CONFIG``. Prometheus
+has two scrape jobs of the one ``/sd`` URL: one with the CA, its client certificate and its
+password (a file, never on a command line), which scrapes every rank up over https (the
+``__scheme__`` label the rank publishes); one with the certificate but no password, whose every
+scrape fails with 401. The job trains on throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import Ranks, wait_for
+from promstack import require, run_prometheus
+from webpki import PASSWORD, USER, bcrypt_hash, make_pki, write_config
+
+pytestmark = pytest.mark.stack
+
+pytest.importorskip("bcrypt")
+
+WORLD = 2
+
+
+def _web_config(pki, folder) -> str:
+    text = "\n".join(
+        [
+            "tls_server_config:",
+            f"  cert_file: {pki.path('server.crt')}",
+            f"  key_file: {pki.path('server.key')}",
+            "  client_auth_type: RequireAndVerifyClientCert",
+            f"  client_ca_file: {pki.path('ca.crt')}",
+            "basic_auth_users:",
+            f"  {USER}: {bcrypt_hash()}",
+            "",
+        ]
+    )
+    return str(write_config(folder / "web.yml", text))
+
+
+def test_prometheus_scrapes_and_discovers_tls_ranks_only_with_its_credentials(tmp_path):
+    require("prometheus")
+    pki = make_pki(tmp_path / "pki")
+    password_file = write_config(tmp_path / "password", PASSWORD)
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_WEB_CONFIG": _web_config(pki, tmp_path)}
+    cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0", "--run", "tls"]
+    cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
+    with Ranks(WORLD, cmd, env=env) as ranks:
+        wait_for(lambda: len(ranks.urls) == WORLD, 180, "every rank to announce its URL")
+        urls = ranks.urls
+        assert all(url.startswith("https://127.0.0.1:") for url in urls.values()), urls
+        tls = {
+            "ca_file": pki.path("ca.crt"),
+            "cert_file": pki.path("client.crt"),
+            "key_file": pki.path("client.key"),
+        }
+        auth = {"username": USER, "password_file": str(password_file)}
+        sd = {"url": urls[0].replace("/metrics", "/sd"), "refresh_interval": "1s"}
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [
+                {
+                    "job_name": name,
+                    "honor_labels": True,
+                    "http_sd_configs": [{**sd, "tls_config": tls, "basic_auth": auth}],
+                    "tls_config": tls,
+                    **({"basic_auth": auth} if name == "ddp" else {}),
+                }
+                for name in ("ddp", "no-password")
+            ],
+        }
+        with run_prometheus(tmp_path / "prom", config) as prom:
+            wait_for(
+                lambda: len(prom.query('up{job="ddp", run="tls"} == 1')) == WORLD,
+                120,
+                "Prometheus to scrape every rank over TLS",
+            )
+            active = prom.api("targets", state="active")["activeTargets"]
+            scraped = {t["scrapeUrl"] for t in active if t["labels"]["job"] == "ddp"}
+            assert scraped == set(urls.values()), active
+            wait_for(
+                lambda: prom.query('ddp_steps_total{job="ddp", run="tls"} > 0'),
+                60,
+                "training steps read over TLS",
+            )
+
+            def refused() -> list[str]:
+                active = prom.api("targets", state="active")["activeTargets"]
+                return [t["lastError"] for t in active if t["labels"]["job"] == "no-password"]
+
+            wait_for(
+                lambda: len(refused()) == WORLD and all("401" in e for e in refused()),
+                60,
+                "every scrape without the password refused with 401",
+            )
+            assert not prom.query('up{job="no-password"} == 1')
+        assert all(p.poll() is None for p in ranks.procs.values()), ranks.output()[-3000:]
