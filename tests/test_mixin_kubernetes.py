@@ -69,6 +69,24 @@ RELABEL = {
         "action": {"enum": RELABEL_ACTIONS},
     },
 }
+# prometheus-operator's SecretKeySelector and SafeTLSConfig (a Secret's key, no file paths).
+SECRET_KEY = {
+    "type": "object",
+    "required": ["name", "key"],
+    "additionalProperties": False,
+    "properties": {"name": {"type": "string", "minLength": 1}, "key": {"type": "string"}},
+}
+SAFE_TLS_CONFIG = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "ca": {"type": "object", "properties": {"secret": SECRET_KEY}},
+        "cert": {"type": "object", "properties": {"secret": SECRET_KEY}},
+        "keySecret": SECRET_KEY,
+        "serverName": {"type": "string"},
+        "insecureSkipVerify": {"type": "boolean"},
+    },
+}
 POD_MONITOR = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -106,6 +124,12 @@ POD_MONITOR = {
                             "interval": {"type": "string", "pattern": DURATION},
                             "honorLabels": {"type": "boolean"},
                             "relabelings": {"type": "array", "items": RELABEL},
+                            "tlsConfig": SAFE_TLS_CONFIG,
+                            "basicAuth": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {"username": SECRET_KEY, "password": SECRET_KEY},
+                            },
                         },
                     },
                 },
@@ -217,6 +241,37 @@ def test_pod_monitor_has_the_fields_the_crd_requires() -> None:
         assert "rank" not in targets  # 8 ranks per pod: rank is not derivable by relabeling
         for relabel in endpoint["relabelings"]:
             re.compile(relabel.get("regex", "(.*)"))
+
+
+@pytest.mark.unit
+def test_ranks_served_over_tls_with_a_password_are_scraped_with_the_secret() -> None:
+    cfg = dataclasses.replace(
+        DEFAULT,
+        scrape_scheme="https",
+        scrape_ca_file="/etc/prometheus/ddp-ca.crt",
+        scrape_cert_file="/etc/prometheus/client.crt",
+        scrape_key_file="/etc/prometheus/client.key",
+        scrape_username="prometheus",
+        scrape_password_file="/etc/prometheus/ddp-password",
+    )
+    pm = k8s.pod_monitor(cfg)
+    jsonschema.validate(pm, POD_MONITOR)
+    for endpoint in pm["spec"]["podMetricsEndpoints"]:
+        assert endpoint["scheme"] == "https"
+        tls, auth = endpoint["tlsConfig"], endpoint["basicAuth"]
+        assert tls["ca"]["secret"] == {"name": cfg.k8s_scrape_secret, "key": "ca.crt"}
+        assert tls["keySecret"] == {"name": cfg.k8s_scrape_secret, "key": "tls.key"}
+        assert auth["password"] == {"name": cfg.k8s_scrape_secret, "key": "password"}
+    (plain,) = load_all("podmonitor.yaml")
+    assert all("tlsConfig" not in e for e in plain["spec"]["podMetricsEndpoints"])
+    for bad in (
+        {"scrape_scheme": "ftp"},
+        {"scrape_username": "prometheus"},  # no password file
+        {"scrape_scheme": "https", "scrape_cert_file": "/c"},  # no key
+        {"scrape_ca_file": "/ca"},  # a CA for plain HTTP
+    ):
+        with pytest.raises(ValueError):
+            dataclasses.replace(DEFAULT, **bad)
 
 
 @pytest.mark.unit

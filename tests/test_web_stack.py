@@ -1,19 +1,27 @@
 """A real Prometheus scrapes a real job whose ranks serve over TLS with client certificates and
 basic authentication, and finds them through ``/sd`` over the same.
 
-Two ranks (one process each, as srun starts them) read ``DDP_EXPORTER_WEB_CONFIG``. Prometheus
-has two scrape jobs of the one ``/sd`` URL: one with the CA, its client certificate and its
-password (a file, never on a command line), which scrapes every rank up over https (the
-``__scheme__`` label the rank publishes); one with the certificate but no password, whose every
-scrape fails with 401. The job trains on throughout.
+Two ranks (one process each, as srun starts them) read ``DDP_EXPORTER_WEB_CONFIG`` and write
+file_sd files. Prometheus runs the config ``mixin generate`` writes with TLS on (promtool checks
+it first): the CA, its client certificate and its password (a file, never on a command line);
+it scrapes every rank up over https (the ``__scheme__`` label the ranks publish). A second job
+reads the monitoring rank's ``/sd`` over TLS and scrapes the same ranks without the password:
+every scrape fails with 401. The job trains on throughout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+
 import pytest
+import yaml
 from harness import Ranks, wait_for
 from promstack import require, run_prometheus
 from webpki import PASSWORD, USER, bcrypt_hash, make_pki, write_config
+
+from exporter.deploy import stack
+from exporter.mixin.config import DEFAULT
 
 pytestmark = pytest.mark.stack
 
@@ -38,37 +46,67 @@ def _web_config(pki, folder) -> str:
     return str(write_config(folder / "web.yml", text))
 
 
+def _generated(pki, tmp_path, password_file) -> dict:
+    """The Prometheus config ``mixin generate`` writes with TLS on, checked by promtool."""
+    cfg = dataclasses.replace(
+        DEFAULT,
+        scrape_scheme="https",
+        scrape_ca_file=pki.path("ca.crt"),
+        scrape_cert_file=pki.path("client.crt"),
+        scrape_key_file=pki.path("client.key"),
+        scrape_username=USER,
+        scrape_password_file=str(password_file),
+    )
+    config = stack.prometheus_config(
+        cfg,
+        rule_files=[],
+        file_sd_files=[str(tmp_path / "file_sd" / "*.json")],
+        alertmanagers=(),
+        scrape_interval="1s",
+        evaluation_interval="1s",
+    )
+    path = tmp_path / "generated.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    check = subprocess.run(
+        [require("promtool"), "check", "config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    return config
+
+
 def test_prometheus_scrapes_and_discovers_tls_ranks_only_with_its_credentials(tmp_path):
     require("prometheus")
     pki = make_pki(tmp_path / "pki")
     password_file = write_config(tmp_path / "password", PASSWORD)
-    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_WEB_CONFIG": _web_config(pki, tmp_path)}
+    config = _generated(pki, tmp_path, password_file)
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_WEB_CONFIG": _web_config(pki, tmp_path),
+        "DDP_EXPORTER_FILE_SD": str(tmp_path / "file_sd"),
+    }
     cmd = ["-m", "exporter.tools.trainer", "--duration", "0", "--port", "0", "--run", "tls"]
     cmd += ["--addr", "127.0.0.1", "--heartbeat", "1", "--step-time", "0.1"]
     with Ranks(WORLD, cmd, env=env) as ranks:
         wait_for(lambda: len(ranks.urls) == WORLD, 180, "every rank to announce its URL")
         urls = ranks.urls
         assert all(url.startswith("https://127.0.0.1:") for url in urls.values()), urls
-        tls = {
-            "ca_file": pki.path("ca.crt"),
-            "cert_file": pki.path("client.crt"),
-            "key_file": pki.path("client.key"),
-        }
-        auth = {"username": USER, "password_file": str(password_file)}
+        (job,) = config["scrape_configs"]
+        # The same CA and client certificate, no password: /sd (over TLS, with the password)
+        # hands out the targets, every scrape of them is refused.
         sd = {"url": urls[0].replace("/metrics", "/sd"), "refresh_interval": "1s"}
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-            "scrape_configs": [
-                {
-                    "job_name": name,
-                    "honor_labels": True,
-                    "http_sd_configs": [{**sd, "tls_config": tls, "basic_auth": auth}],
-                    "tls_config": tls,
-                    **({"basic_auth": auth} if name == "ddp" else {}),
-                }
-                for name in ("ddp", "no-password")
-            ],
-        }
+        config["scrape_configs"].append(
+            {
+                "job_name": "no-password",
+                "honor_labels": True,
+                "http_sd_configs": [
+                    {**sd, "tls_config": job["tls_config"], "basic_auth": job["basic_auth"]}
+                ],
+                "tls_config": job["tls_config"],
+            }
+        )
         with run_prometheus(tmp_path / "prom", config) as prom:
             wait_for(
                 lambda: len(prom.query('up{job="ddp", run="tls"} == 1')) == WORLD,

@@ -96,12 +96,30 @@ def _endpoint(cfg: MixinConfig, local_rank: int) -> dict[str, Any]:
     return {
         "port": port_name(local_rank),
         "path": "/metrics",
-        "scheme": "http",
+        "scheme": cfg.scrape_scheme,
         "interval": cfg.scrape_interval,
         # The exposition's run/rank/node labels win over the target's.
         "honorLabels": True,
         "relabelings": relabelings,
+        **_scrape_secret(cfg),
     }
+
+
+def _scrape_secret(cfg: MixinConfig) -> dict[str, Any]:
+    """Return the endpoint's tlsConfig and basicAuth, read from ``cfg.k8s_scrape_secret``."""
+
+    def key(name: str) -> dict[str, str]:
+        return {"name": cfg.k8s_scrape_secret, "key": name}
+
+    out: dict[str, Any] = {}
+    if cfg.scrape_scheme == "https":
+        tls: dict[str, Any] = {"ca": {"secret": key("ca.crt")}} if cfg.scrape_ca_file else {}
+        if cfg.scrape_cert_file:
+            tls.update(cert={"secret": key("tls.crt")}, keySecret=key("tls.key"))
+        out["tlsConfig"] = tls
+    if cfg.scrape_username:
+        out["basicAuth"] = {"username": key("username"), "password": key("password")}
+    return out
 
 
 def pod_monitor(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:

@@ -20,6 +20,7 @@ __all__ = [
     "IMAGES",
     "compose",
     "file_sd_example",
+    "scrape_client",
     "grafana_dashboard_provider",
     "grafana_datasources",
     "prometheus_config",
@@ -75,8 +76,29 @@ def prometheus_config(
             # The exposition carries run and rank; keep them (file_sd sets the same values).
             "honor_labels": True,
             "file_sd_configs": [{"files": list(file_sd_files), "refresh_interval": "5s"}],
+            **scrape_client(cfg),
         }
     ]
+    return out
+
+
+def scrape_client(cfg: MixinConfig) -> dict[str, Any]:
+    """Return the scrape job's ``scheme``, ``tls_config`` and ``basic_auth`` for ``cfg``.
+
+    Empty for plain HTTP; the same parts go into an ``http_sd_configs`` entry reading ``/sd``.
+    """
+    out: dict[str, Any] = {}
+    if cfg.scrape_scheme == "https":
+        tls = {"ca_file": cfg.scrape_ca_file} if cfg.scrape_ca_file else {}
+        if cfg.scrape_cert_file:
+            tls.update(cert_file=cfg.scrape_cert_file, key_file=cfg.scrape_key_file)
+        out["scheme"] = "https"
+        out["tls_config"] = tls
+    if cfg.scrape_username:
+        out["basic_auth"] = {
+            "username": cfg.scrape_username,
+            "password_file": cfg.scrape_password_file,
+        }
     return out
 
 

@@ -141,6 +141,24 @@ class MixinConfig:
     #: writes one, docs/runbook.md) where people on call read it.
     runbook_base_url: str = RUNBOOK_URL
 
+    # --- ranks served over TLS or with a password (DDP_EXPORTER_WEB_CONFIG, docs/security.md) --
+    #: ``https``: the ranks serve TLS; the generated scrape jobs verify them against
+    #: ``scrape_ca_file`` (their /sd and file_sd targets say https themselves).
+    scrape_scheme: str = "http"
+    #: The CA that signed the ranks' certificates: a path on the Prometheus server.
+    scrape_ca_file: str = ""
+    #: Prometheus's client certificate and its key, for ranks that require one: paths on the
+    #: Prometheus server.
+    scrape_cert_file: str = ""
+    scrape_key_file: str = ""
+    #: Basic authentication: the user, and a file on the Prometheus server holding its password
+    #: (a password never goes into the generated files).
+    scrape_username: str = ""
+    scrape_password_file: str = ""
+    #: Kubernetes: the Secret (in ``k8s_namespace``) the PodMonitor reads the same from, keys
+    #: ``ca.crt``, ``tls.crt``, ``tls.key``, ``username`` and ``password``.
+    k8s_scrape_secret: str = "ddp-exporter-scrape"
+
     # --- who gets the alerts (exporter.deploy.alertmanager); none set: the stack's printer ----
     #: A webhook of your own that gets every alert (Alertmanager's webhook JSON).
     webhook_url: str = ""
@@ -302,6 +320,7 @@ class MixinConfig:
         if int(self.base_port) + int(self.ranks_per_pod) - 1 > 65535:
             raise ValueError("base_port + ranks_per_pod - 1 exceeds 65535")
         self._check_receivers()
+        self._check_scrape()
         if not re.fullmatch(r"[\w./-]+=[\w.-]*", self.k8s_pod_selector):
             raise ValueError(f"k8s_pod_selector must be key=value: {self.k8s_pod_selector!r}")
 
@@ -320,6 +339,16 @@ class MixinConfig:
             raise ValueError("goodput_long_window must be longer than goodput_window")
         if not 0 < self.goodput_min_ettr < 1:
             raise ValueError(f"goodput_min_ettr must be in (0, 1): {self.goodput_min_ettr}")
+
+    def _check_scrape(self) -> None:
+        if self.scrape_scheme not in ("http", "https"):
+            raise ValueError(f"scrape_scheme must be http or https: {self.scrape_scheme!r}")
+        if bool(self.scrape_cert_file) != bool(self.scrape_key_file):
+            raise ValueError("scrape_cert_file and scrape_key_file go together")
+        if bool(self.scrape_username) != bool(self.scrape_password_file):
+            raise ValueError("scrape_username and scrape_password_file go together")
+        if self.scrape_scheme == "http" and (self.scrape_ca_file or self.scrape_cert_file):
+            raise ValueError("scrape_ca_file and scrape_cert_file need scrape_scheme https")
 
     def _check_receivers(self) -> None:
         for name in ("webhook_url", "slack_webhook_url"):
