@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_serve
 
 from ..log import log
 from ..settings import WEB_CONFIG, is_all_interfaces
-from ..web import Policy, WebConfigError, WebServer, prepare
+from ..web import Policy, WebServer, prepare
 
 __all__ = ["MetricsServer", "Scrapers", "WSGIApp"]
 
@@ -174,7 +174,7 @@ class MetricsServer:
     def _start_secure(self, path: str) -> int | None:
         try:
             served = prepare(path)
-        except (WebConfigError, ImportError) as exc:
+        except Exception as exc:  # noqa: BLE001 - WebConfigError, ImportError, or anything else
             log.error(
                 "ddp-exporter: %s=%s: %s; the metrics endpoint is not served (never in the "
                 "clear), training goes on",

@@ -151,6 +151,8 @@ def load(path: str | os.PathLike[str]) -> WebConfig:
             data = yaml.safe_load(f)
     except OSError as exc:
         raise WebConfigError(name, "", f"cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(name, "", "not UTF-8 text") from exc
     except yaml.YAMLError as exc:
         raise WebConfigError(name, "", f"not YAML ({exc})".replace("\n", " ")) from exc
     return parse(data, name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..log import log
 from .auth import BasicAuth
-from .config import WebConfig, WebConfigError, load
+from .config import WebConfig, load
 from .tls import server_context
 
 __all__ = ["Policy", "Served", "prepare"]
@@ -96,7 +96,7 @@ class Policy:
                 return self._served
             try:
                 served = prepare(self.path)
-            except (WebConfigError, ImportError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever breaks, serve nothing, never raise
                 self._stamp, self._served = stamp, None
                 if str(exc) != self._logged:
                     self._logged = str(exc)

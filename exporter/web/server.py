@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import sys
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -77,6 +78,12 @@ class WebServer(ThreadingMixIn, WSGIServer):
             return app(environ, start_response)
 
         return guarded
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Print a server error, except a connection a client broke (a reset, bad TLS)."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Serve one connection: over TLS first where the configuration asks for it."""
