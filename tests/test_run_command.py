@@ -201,6 +201,15 @@ def test_run_says_in_one_line_what_it_cannot_do_and_passes_the_exit_status_on(tm
     out = run("--", "python3", "-c", "print('trained')")
     assert out.returncode == 0 and out.stdout == "trained\n", out
     assert out.stderr.count("\n") == 1 and "no alerts on this host" in out.stderr, out.stderr
+    # Ranks served over TLS: run's own Prometheus and table would see every rank down.
+    env["DDP_EXPORTER_WEB_CONFIG"] = str(tmp_path / "web.yml")
+    for flag in ("--stack", "--top=5"):
+        out = run(flag, "--", "python3", "-c", "print('trained')")
+        assert out.returncode == 2 and out.stdout == "", out
+        assert f"{flag.split('=')[0]}: the ranks serve as DDP_EXPORTER_WEB_CONFIG" in out.stderr
+    out = run("--", "python3", "-c", "print('trained')")
+    assert out.returncode == 0 and out.stdout == "trained\n", out
+    assert out.stderr.count("\n") == 1 and "(TLS, passwords)" in out.stderr, out.stderr
 
 
 _NO_STEP = """

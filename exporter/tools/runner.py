@@ -117,6 +117,13 @@ def command_env(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, 
     return env
 
 
+#: Why ``run`` watches no job whose ranks serve a web configuration file.
+WEB_CONFIG_SERVED = (
+    f"the ranks serve as {settings.WEB_CONFIG} says (TLS, passwords), which run's own "
+    "Prometheus and table do not read; point your Prometheus at them (the Security page)"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``ddp-exporter run`` with parsed ``args``; return the command's exit status."""
     command = list(args.command)
@@ -130,6 +137,14 @@ def run(args: argparse.Namespace) -> int:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
         args.parser.error(str(exc))
+    if env.get(settings.WEB_CONFIG) and (args.stack or args.top):
+        # Its own Prometheus and table read plain HTTP: every rank would look down, and page.
+        flag = "--stack" if args.stack else "--top"
+        print(f"{PREFIX} {flag}: {WEB_CONFIG_SERVED}", file=sys.stderr)
+        return 2
+    if env.get(settings.WEB_CONFIG):
+        print(f"{PREFIX} no alerts on this host: {WEB_CONFIG_SERVED}", file=sys.stderr)
+        args.stack = False
     use_stack, missing, refused = stack_choice(args.stack, "run")
     if refused is not None:
         return refused
