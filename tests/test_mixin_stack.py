@@ -8,6 +8,7 @@ pin an old PyYAML).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -132,3 +133,31 @@ def test_compose_services_and_pins() -> None:
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), source
+
+
+@pytest.mark.unit
+def test_compose_with_tls_on_serves_and_scrapes_the_tls_folder() -> None:
+    cfg = dataclasses.replace(
+        DEFAULT,
+        scrape_scheme="https",
+        scrape_ca_file="/etc/prometheus/tls/ca.crt",
+        scrape_username="prometheus",
+        scrape_password_file="/etc/prometheus/tls/password",
+    )
+    doc = stack.compose(cfg)
+    validator = jsonschema.Draft201909Validator(_compose_schema())
+    errors = sorted(validator.iter_errors(doc), key=str)
+    assert not errors, "\n".join(e.message for e in errors)
+    trainer, prometheus = doc["services"]["trainer"], doc["services"]["prometheus"]
+    assert trainer["environment"]["DDP_EXPORTER_WEB_CONFIG"] == "/tls/web.yml"
+    assert "./tls:/tls:ro" in trainer["volumes"]
+    assert "'/tmp/ddp-exporter[web]'" in trainer["command"][-1]
+    assert "./tls:/etc/prometheus/tls:ro" in prometheus["volumes"]
+    (job,) = stack.prometheus_config(cfg)["scrape_configs"]
+    assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": cfg.scrape_ca_file}
+    assert job["basic_auth"] == {
+        "username": "prometheus",
+        "password_file": cfg.scrape_password_file,
+    }
+    plain = stack.compose(DEFAULT)["services"]
+    assert "DDP_EXPORTER_WEB_CONFIG" not in plain["trainer"]["environment"]

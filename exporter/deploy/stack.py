@@ -163,27 +163,30 @@ def grafana_dashboard_provider() -> dict[str, Any]:
 RECEIVER_PORT = int(PRINTING_RECEIVER_URL.rsplit(":", 1)[1].split("/")[0])
 
 
-def _install(options: str = "") -> str:
-    """Return the shell step that installs ddp-exporter with pip ``options``.
+def _install(options: str = "", extra: str = "") -> str:
+    """Return the shell step that installs ddp-exporter (with ``extra``) with pip ``options``.
 
     The stack's folder is mounted at /src: a checkout of the repository is installed from a
     copy (the mount is read-only), a folder the generator wrote gets the release it came from.
     """
     pip = f"pip install --no-cache-dir{' ' + options if options else ''}"
+    local, release = "/tmp/ddp-exporter", f"ddp-exporter=={__version__}"
+    if extra:
+        local, release = f"'{local}[{extra}]'", f"'ddp-exporter[{extra}]=={__version__}'"
     return (
         "if [ -f /src/pyproject.toml ]; then "
-        f"cp -r /src /tmp/ddp-exporter && {pip} /tmp/ddp-exporter; "
-        f"else {pip} ddp-exporter=={__version__}; fi; "
+        f"cp -r /src /tmp/ddp-exporter && {pip} {local}; "
+        f"else {pip} {release}; fi; "
     )
 
 
-def _trainer_command() -> str:
+def _trainer_command(extra: str = "") -> str:
     """Return the demo trainer's shell command (compose interpolates ``${...}`` from the host)."""
     return (
         "set -e; "
         # torch first, the CPU build, the way PyTorch documents it for CPU-only machines.
         f"pip install --no-cache-dir --index-url {TORCH_CPU_INDEX} {TORCH_PIN}; "
-        + _install()
+        + _install(extra=extra)
         # The compose stack is the demo's Prometheus and Alertmanager: it starts none of its own.
         + 'exec ddp-exporter demo --ranks 3 --fault "$$DDP_FAULT" '
         '--fault-rank "$$DDP_FAULT_RANK" --duration 0 --no-top --file-sd /file_sd --no-stack'
@@ -268,6 +271,8 @@ def compose(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
         },
         "volumes": {"file_sd": {}},
     }
+    if cfg.scrape_scheme == "https" or cfg.scrape_username:
+        _serve_tls(out["services"])
     if not cfg.receivers_set:
         out["services"]["alertmanager"]["depends_on"] = ["receiver"]
         out["services"]["receiver"] = {
@@ -279,6 +284,24 @@ def compose(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
             "restart": "unless-stopped",
         }
     return out
+
+
+#: The folder of your web configuration file, certificates and password file, next to
+#: docker-compose.yml: the trainer reads it at /tls, Prometheus at /etc/prometheus/tls.
+TLS_FOLDER = "tls"
+
+
+def _serve_tls(services: dict[str, Any]) -> None:
+    """Have the demo's ranks serve ``tls/web.yml`` and Prometheus read ``tls/`` (read-only).
+
+    The scrape job's ``scrape_*`` paths name files in ``/etc/prometheus/tls``; the trainer
+    installs the ``web`` extra.
+    """
+    trainer = services["trainer"]
+    trainer["environment"]["DDP_EXPORTER_WEB_CONFIG"] = "/tls/web.yml"
+    trainer["volumes"].append(f"./{TLS_FOLDER}:/tls:ro")
+    trainer["command"] = ["sh", "-c", _trainer_command(extra="web")]
+    services["prometheus"]["volumes"].append(f"./{TLS_FOLDER}:{_PROM_DIR}/tls:ro")
 
 
 def render_stack(cfg: MixinConfig = DEFAULT) -> dict[str, str]:
