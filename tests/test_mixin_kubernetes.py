@@ -253,6 +253,7 @@ def test_ranks_served_over_tls_with_a_password_are_scraped_with_the_secret() -> 
         scrape_key_file="/etc/prometheus/client.key",
         scrape_username="prometheus",
         scrape_password_file="/etc/prometheus/ddp-password",
+        scrape_server_name="trainer.ddp.svc",
     )
     pm = k8s.pod_monitor(cfg)
     jsonschema.validate(pm, POD_MONITOR)
@@ -261,6 +262,7 @@ def test_ranks_served_over_tls_with_a_password_are_scraped_with_the_secret() -> 
         tls, auth = endpoint["tlsConfig"], endpoint["basicAuth"]
         assert tls["ca"]["secret"] == {"name": cfg.k8s_scrape_secret, "key": "ca.crt"}
         assert tls["keySecret"] == {"name": cfg.k8s_scrape_secret, "key": "tls.key"}
+        assert tls["serverName"] == "trainer.ddp.svc"  # pod IPs are scraped, not names
         assert auth["password"] == {"name": cfg.k8s_scrape_secret, "key": "password"}
     (plain,) = load_all("podmonitor.yaml")
     assert all("tlsConfig" not in e for e in plain["spec"]["podMetricsEndpoints"])
@@ -269,6 +271,7 @@ def test_ranks_served_over_tls_with_a_password_are_scraped_with_the_secret() -> 
         {"scrape_username": "prometheus"},  # no password file
         {"scrape_scheme": "https", "scrape_cert_file": "/c"},  # no key
         {"scrape_ca_file": "/ca"},  # a CA for plain HTTP
+        {"scrape_server_name": "trainer"},  # a name to verify over plain HTTP
     ):
         with pytest.raises(ValueError):
             dataclasses.replace(DEFAULT, **bad)

@@ -192,21 +192,50 @@ def test_a_file_that_cannot_be_served_names_its_field_and_serves_nothing(
     path = write_config(tmp_path / "web.yml", text)
     caplog.set_level(logging.ERROR, logger="exporter")
     server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0, web_config=str(path))
-    assert server.start() is None and server.port is None
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"ddp-exporter: DDP_EXPORTER_WEB_CONFIG={path}: {field}"), lines
-    assert "not served (never in the clear), training goes on" in lines[0]
+    try:
+        assert server.start() is not None
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"ddp-exporter: DDP_EXPORTER_WEB_CONFIG={path}: {field}"), lines
+        assert "nothing is served until it is fixed (never in the clear)" in lines[0]
+        with pytest.raises(OSError):  # not even an error page: nothing at all
+            fetch(_url(server, scheme="http"))
+    finally:
+        server.close()
     with pytest.raises(WebConfigError) as caught:
         prepare(str(path))
     assert caught.value.field == field
 
 
-def test_a_missing_file_is_named_and_nothing_is_served(tmp_path, caplog):
-    caplog.set_level(logging.ERROR, logger="exporter")
-    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0, web_config=str(tmp_path / "no.yml"))
-    assert server.start() is None
-    assert "no.yml: cannot be read (No such file or directory)" in caplog.text
+def test_a_file_written_after_the_start_is_served_from_then_on(pki, tmp_path, caplog):
+    """What cert-manager does: the pod starts before its certificate is written."""
+    path = tmp_path / "web.yml"
+    caplog.set_level(logging.WARNING, logger="exporter")
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0, web_config=str(path))
+    try:
+        assert server.start() is not None
+        assert "web.yml: cannot be read (No such file or directory)" in caplog.text
+        with pytest.raises(OSError):
+            fetch(_url(server, scheme="http"))
+        _config(pki, tmp_path)
+        good = {"ca": pki.path("ca.crt"), "cert": pki.pair("client")}
+
+        def served() -> bool:
+            try:
+                return fetch(_url(server), **good, user=(USER, PASSWORD))[0] == 200
+            except OSError:
+                return False
+
+        wait_for(served, 30, "the file written after the start to be served")
+        assert "fixed: serving again" in caplog.text
+    finally:
+        server.close()
+
+
+def test_a_long_or_strange_password_is_a_401_never_an_error(served, pki):
+    good = {"ca": pki.path("ca.crt"), "cert": pki.pair("client")}
+    for user, password in (("nobody", "x" * 100), (USER, PASSWORD + "x" * 100), (USER, "")):
+        assert fetch(_url(served), **good, user=(user, password))[0] == 401
 
 
 def _client_file(pki, folder: Path, *, password: str = PASSWORD) -> Path:
@@ -232,6 +261,9 @@ def test_top_reads_tls_ranks_with_an_http_client_file_and_only_with_it(served, p
     assert row.up
     (row,) = fetch_rows([target])
     assert not row.up
+    # An empty tls_config still means https (the system's CAs): never the password in the clear.
+    text = "tls_config: {}\nbasic_auth:\n  username: u\n  password: p\n"
+    assert load_client(write_config(tmp_path / "empty.yml", text)).tls
     wrong = tmp_path / "wrong"
     wrong.mkdir()
     (row,) = fetch_rows([target], client=load_client(_client_file(pki, wrong, password="no")))

@@ -116,6 +116,8 @@ def _scrape_secret(cfg: MixinConfig) -> dict[str, Any]:
         tls: dict[str, Any] = {"ca": {"secret": key("ca.crt")}} if cfg.scrape_ca_file else {}
         if cfg.scrape_cert_file:
             tls.update(cert={"secret": key("tls.crt")}, keySecret=key("tls.key"))
+        if cfg.scrape_server_name:
+            tls["serverName"] = cfg.scrape_server_name
         out["tlsConfig"] = tls
     if cfg.scrape_username:
         out["basicAuth"] = {"username": key("username"), "password": key("password")}

@@ -85,13 +85,16 @@ def prometheus_config(
 def scrape_client(cfg: MixinConfig) -> dict[str, Any]:
     """Return the scrape job's ``scheme``, ``tls_config`` and ``basic_auth`` for ``cfg``.
 
-    Empty for plain HTTP; the same parts go into an ``http_sd_configs`` entry reading ``/sd``.
+    Empty for plain HTTP. An ``http_sd_configs`` entry reading a monitoring rank's ``/sd``
+    takes the same ``tls_config`` and ``basic_auth`` (the Security page shows one).
     """
     out: dict[str, Any] = {}
     if cfg.scrape_scheme == "https":
         tls = {"ca_file": cfg.scrape_ca_file} if cfg.scrape_ca_file else {}
         if cfg.scrape_cert_file:
             tls.update(cert_file=cfg.scrape_cert_file, key_file=cfg.scrape_key_file)
+        if cfg.scrape_server_name:
+            tls["server_name"] = cfg.scrape_server_name
         out["scheme"] = "https"
         out["tls_config"] = tls
     if cfg.scrape_username:

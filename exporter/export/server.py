@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_serve
 
 from ..log import log
 from ..settings import WEB_CONFIG, is_all_interfaces
-from ..web import Policy, WebServer, prepare
+from ..web import Policy, WebServer
 
 __all__ = ["MetricsServer", "Scrapers", "WSGIApp"]
 
@@ -172,24 +172,19 @@ class MetricsServer:
         return self.port
 
     def _start_secure(self, path: str) -> int | None:
-        try:
-            served = prepare(path)
-        except Exception as exc:  # noqa: BLE001 - WebConfigError, ImportError, or anything else
+        self.policy = policy = Policy(path)
+        if policy.error is not None:
+            # Bound all the same, serving nothing: a certificate written a moment later (by
+            # cert-manager, say) is served from then on, never plain HTTP before it.
             log.error(
-                "ddp-exporter: %s=%s: %s; the metrics endpoint is not served (never in the "
+                "ddp-exporter: %s=%s: %s; nothing is served until it is fixed (never in the "
                 "clear), training goes on",
                 WEB_CONFIG,
                 path,
-                str(exc).removeprefix(f"{path}: "),
+                policy.error.removeprefix(f"{path}: "),
             )
-            return None
-        self.policy = Policy(served)
-        httpd = WebServer(
-            self.addr,
-            self.requested_port,
-            self._dispatch(make_wsgi_app(self._registry)),
-            self.policy,
-        )
+        app = self._dispatch(make_wsgi_app(self._registry))
+        httpd = WebServer(self.addr, self.requested_port, app, policy)
         thread = threading.Thread(
             target=httpd.serve_forever, name="ddp-exporter-https", daemon=True
         )

@@ -151,12 +151,16 @@ class MixinConfig:
     #: Prometheus server.
     scrape_cert_file: str = ""
     scrape_key_file: str = ""
+    #: The name the ranks' certificates carry, where it is not the address scraped (a
+    #: PodMonitor scrapes pod IPs): every rank's certificate names it.
+    scrape_server_name: str = ""
     #: Basic authentication: the user, and a file on the Prometheus server holding its password
     #: (a password never goes into the generated files).
     scrape_username: str = ""
     scrape_password_file: str = ""
     #: Kubernetes: the Secret (in ``k8s_namespace``) the PodMonitor reads the same from, keys
-    #: ``ca.crt``, ``tls.crt``, ``tls.key``, ``username`` and ``password``.
+    #: ``ca.crt`` (where ``scrape_ca_file`` is set), ``tls.crt`` and ``tls.key`` (where
+    #: ``scrape_cert_file`` is), ``username`` and ``password``.
     k8s_scrape_secret: str = "ddp-exporter-scrape"
 
     # --- who gets the alerts (exporter.deploy.alertmanager); none set: the stack's printer ----
@@ -347,8 +351,11 @@ class MixinConfig:
             raise ValueError("scrape_cert_file and scrape_key_file go together")
         if bool(self.scrape_username) != bool(self.scrape_password_file):
             raise ValueError("scrape_username and scrape_password_file go together")
-        if self.scrape_scheme == "http" and (self.scrape_ca_file or self.scrape_cert_file):
-            raise ValueError("scrape_ca_file and scrape_cert_file need scrape_scheme https")
+        tls_only = self.scrape_ca_file or self.scrape_cert_file or self.scrape_server_name
+        if self.scrape_scheme == "http" and tls_only:
+            raise ValueError(
+                "scrape_ca_file, scrape_cert_file and scrape_server_name need scrape_scheme https"
+            )
 
     def _check_receivers(self) -> None:
         for name in ("webhook_url", "slack_webhook_url"):

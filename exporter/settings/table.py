@@ -124,7 +124,7 @@ SETTINGS: dict[str, Setting] = {
             "(``tls_server_config``, ``basic_auth_users``), applied to every path a rank "
             "serves: TLS, client certificates, basic authentication. Re-read when it or a "
             "file it names changes. A file that cannot be served as written is logged in "
-            "one line naming the field, and the endpoint is not served at all (never in the "
+            "one line naming the field, and nothing is served until it is fixed (never in the "
             "clear) while training goes on. Needs the ``web`` extra.",
         ),
         Setting(

@@ -40,11 +40,8 @@ class HTTPClient:
     #: The TLS context of ``tls_config``; None: https URLs are verified against the system CAs.
     context: ssl.SSLContext | None = None
     authorization: str | None = None
-
-    @property
-    def tls(self) -> bool:
-        """Say whether a bare ``host:port`` target is read over https (``tls_config`` given)."""
-        return self.context is not None
+    #: Whether the file has a ``tls_config`` (even an empty one: the system's CAs).
+    tls: bool = False
 
     def open(self, url: str, timeout: float, headers: dict[str, str] | None = None) -> Any:
         """Open ``url`` with this configuration (a context manager, as urlopen returns)."""
@@ -52,7 +49,17 @@ class HTTPClient:
         if self.authorization:
             request.add_header("Authorization", self.authorization)
         context = self.context if url.startswith("https:") else None
-        return urllib.request.urlopen(request, timeout=timeout, context=context)
+        handlers: list[Any] = [_NoRedirect()]
+        if context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse a redirect: the credentials would go wherever it points (an endpoint has none)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def _section(data: dict[str, Any], key: str, known: set[str], path: str) -> dict[str, Any]:
@@ -150,4 +157,5 @@ def load_client(path: str | os.PathLike[str]) -> HTTPClient:
         if credentials is None:
             raise WebConfigError(name, "authorization.credentials", "missing")
         header = f"{authz.get('type', 'Bearer')} {credentials}"
-    return HTTPClient(_context(tls, name, folder) if tls else None, header)
+    given = "tls_config" in data
+    return HTTPClient(_context(tls, name, folder) if given else None, header, given)

@@ -79,7 +79,7 @@ _HTTP_FIELDS = {"http2", "headers"}
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"}
 
 #: A bcrypt hash as htpasswd, Python's bcrypt and Go's bcrypt write it.
-_BCRYPT = re.compile(r"^\$2[abxy]?\$\d\d\$[./A-Za-z0-9]{53}$")
+_BCRYPT = re.compile(r"^\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
 
 
 class WebConfigError(ValueError):
@@ -235,9 +235,12 @@ def _tls(data: Any, path: str) -> TLSServerConfig | None:
             path, "tls_server_config.client_ca_file", f"missing: {auth_name} verifies against it"
         )
     sans = _sans(data.get("client_allowed_sans"), auth, path)
-    low, high = (
-        _version(data, k, d, path) for k, d in (("min_version", "TLS12"), ("max_version", "TLS13"))
-    )
+    # TLS 1.0 and 1.1 are deprecated and refused by OpenSSL 3 at its default level: a floor
+    # below 1.2 is raised to it (only stricter than asked); a ceiling below it cannot serve.
+    low = max(_version(data, "min_version", "TLS12", path), ssl.TLSVersion.TLSv1_2)
+    high = _version(data, "max_version", "TLS13", path)
+    if high < ssl.TLSVersion.TLSv1_2:
+        raise WebConfigError(path, "tls_server_config.max_version", "TLS12 or TLS13")
     if low > high:
         raise WebConfigError(path, "tls_server_config.min_version", "above max_version")
     if not isinstance(data.get("prefer_server_cipher_suites", True), bool):

@@ -59,54 +59,68 @@ def _stamp(files: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
 
 
 class Policy:
-    """What to serve now: :meth:`current` is None while the file is broken."""
+    """What to serve now, from the web configuration file at ``path``.
+
+    :meth:`current` is None while the file cannot be served; :attr:`error` then says why. The
+    file is read once here (a caller logs :attr:`error` its own way); later a change, or for a
+    broken file any look, reads it again, and a break or a recovery is logged once.
+    """
 
     def __init__(
         self,
-        served: Served,
+        path: str,
         *,
         clock: Callable[[], float] = time.monotonic,
         recheck_s: float = RECHECK_S,
     ) -> None:
-        self.path = served.config.path
+        self.path = path
         self._clock, self._recheck_s = clock, recheck_s
         self._lock = threading.Lock()
-        self._served: Served | None = served
-        self._files = served.config.files()
-        self._stamp = _stamp(self._files)
+        self._served: Served | None = None
+        #: Why the file cannot be served, None while it is.
+        self.error: str | None = None
+        self._files: tuple[str, ...] = (path,)
+        self._stamp: tuple[tuple[int, int, int] | None, ...] = ()
+        self._load()
         self._checked = clock()
-        self._logged = ""
 
     @property
     def scheme(self) -> str:
-        """Return ``https`` or ``http``, as the file read last says."""
+        """Return ``https`` or ``http`` as the file says; ``https`` while it cannot be read."""
         with self._lock:
             served = self._served
         return served.config.scheme if served is not None else "https"
 
+    def _load(self) -> None:
+        # The stamp is taken before the read: a write during it is seen at the next look.
+        before = _stamp(self._files)
+        try:
+            served = prepare(self.path)
+        except Exception as exc:  # noqa: BLE001 - whatever breaks, serve nothing, never raise
+            self._served, self.error, self._stamp = None, str(exc), before
+            return
+        files = served.config.files()
+        # Other files named now: their stamp is unknown, so the next look reads again.
+        self._stamp = before if files == self._files else ()
+        self._served, self.error, self._files = served, None, files
+
     def current(self) -> Served | None:
-        """Return what to serve, re-reading the files when one changed since the last look."""
+        """Return what to serve, re-reading the file when it changed (or is broken)."""
         with self._lock:
             now = self._clock()
             if now - self._checked < self._recheck_s:
                 return self._served
             self._checked = now
-            stamp = _stamp(self._files)
-            if stamp == self._stamp:
+            if self._served is not None and _stamp(self._files) == self._stamp:
                 return self._served
-            try:
-                served = prepare(self.path)
-            except Exception as exc:  # noqa: BLE001 - whatever breaks, serve nothing, never raise
-                self._stamp, self._served = stamp, None
-                if str(exc) != self._logged:
-                    self._logged = str(exc)
-                    log.error(
-                        "ddp-exporter: web configuration %s; serving nothing until it is "
-                        "fixed, training goes on",
-                        exc,
-                    )
-                return None
-            self._served, self._logged = served, ""
-            self._files = served.config.files()
-            self._stamp = _stamp(self._files)
-            return served
+            was = self.error
+            self._load()
+            if self.error is not None and self.error != was:
+                log.error(
+                    "ddp-exporter: web configuration %s; serving nothing until it is "
+                    "fixed, training goes on",
+                    self.error,
+                )
+            elif self.error is None and was is not None:
+                log.warning("ddp-exporter: web configuration %s fixed: serving again", self.path)
+            return self._served

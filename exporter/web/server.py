@@ -1,8 +1,9 @@
 """Serve a WSGI application as a web configuration says: TLS, client certificates, basic auth.
 
-The TLS handshake runs on the connection's own thread with a deadline, not on the thread that
-accepts: a client that connects and says nothing holds one thread for a few seconds, never the
-endpoint. A plain HTTP request to the TLS port gets a plain ``400`` saying so, as Go's servers
+The TLS handshake runs on the connection's own thread, not on the thread that accepts; every
+read has a timeout and every connection a deadline, and at most :data:`MAX_CONNECTIONS` are
+served at once: a client that connects and says nothing, or says it slowly, holds one slot for
+seconds, never the endpoint. A plain HTTP request to the TLS port gets a plain ``400`` saying so, as Go's servers
 answer it; a failed handshake, an untrusted or missing client certificate and a client name not
 allowed get nothing; a request without the right credentials gets ``401``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import socket
 import ssl
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -20,16 +22,27 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from .policy import Policy
 from .tls import allowed_client
 
-__all__ = ["HANDSHAKE_S", "WebServer"]
+__all__ = ["CONNECTION_S", "HANDSHAKE_S", "MAX_CONNECTIONS", "WebServer"]
 
-#: Seconds a connection may take to finish its TLS handshake and send its request.
+#: Seconds a connection may wait for each read (the handshake's, the request's).
 HANDSHAKE_S = 10.0
+#: Seconds a connection may last in all: one sending a byte every few seconds is cut there.
+CONNECTION_S = 30.0
+#: Connections served at once; one more is closed at once (a scraper needs one per scrape).
+MAX_CONNECTIONS = 32
 
 _TLS_HANDSHAKE = 0x16
 _PLAIN_TO_TLS = (
     b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
 )
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
 
 
 class _Quiet(WSGIRequestHandler):
@@ -53,8 +66,32 @@ class WebServer(ThreadingMixIn, WSGIServer):
     def __init__(self, addr: str, port: int, app: Callable[..., Any], policy: Policy) -> None:
         self.address_family = _family(addr, port)
         self.policy = policy
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((addr, port), _Quiet)
         self.set_app(self._guard(app))
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve ``request`` on a thread of its own, or close it when every slot is taken."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection within :data:`CONNECTION_S`, then free its slot."""
+        # Shutting the socket down wakes a read blocked on it: the connection ends there.
+        cut = threading.Timer(CONNECTION_S, _shut, args=(request,))
+        cut.daemon = True
+        cut.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            cut.cancel()
+            self._slots.release()
 
     def _guard(self, app: Callable[..., Any]) -> Callable[..., Iterable[bytes]]:
         policy = self.policy
@@ -90,10 +127,10 @@ class WebServer(ThreadingMixIn, WSGIServer):
         served = self.policy.current()
         if served is None:
             return
+        request.settimeout(HANDSHAKE_S)
         if served.context is None or served.config.tls is None:
             super().finish_request(request, client_address)
             return
-        request.settimeout(HANDSHAKE_S)
         try:
             first = request.recv(1, socket.MSG_PEEK)
             if first and first[0] != _TLS_HANDSHAKE:

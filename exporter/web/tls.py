@@ -10,6 +10,9 @@ from .config import TLSServerConfig, WebConfigError
 
 __all__ = ["allowed_client", "server_context"]
 
+#: The subject alternative names a client is matched by, as Python's ssl names them.
+_SAN_KINDS = ("DNS", "email", "IP Address", "URI")
+
 
 def server_context(cfg: TLSServerConfig, path: str) -> ssl.SSLContext:
     """Return a server-side context for ``cfg`` (read from the file at ``path``).
@@ -19,8 +22,9 @@ def server_context(cfg: TLSServerConfig, path: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version, ctx.maximum_version = cfg.min_version, cfg.max_version
     try:
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    except (OSError, ssl.SSLError) as exc:
+        # An encrypted key fails at once instead of OpenSSL asking a terminal for its pass phrase.
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file, password=_no_pass_phrase)
+    except (OSError, ssl.SSLError, ValueError) as exc:
         raise WebConfigError(
             path,
             "tls_server_config.cert_file",
@@ -37,6 +41,10 @@ def server_context(cfg: TLSServerConfig, path: str) -> ssl.SSLContext:
     return ctx
 
 
+def _no_pass_phrase() -> bytes:
+    raise ValueError("an encrypted key_file: give the key without a pass phrase")
+
+
 def _why(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
 
@@ -44,6 +52,8 @@ def _why(exc: BaseException) -> str:
 def _names(cert: dict[str, Any]) -> set[str]:
     names = set()
     for kind, value in cert.get("subjectAltName", ()):
+        if kind not in _SAN_KINDS:  # DirName, othername: not names exporter-toolkit matches
+            continue
         if kind == "IP Address":
             try:
                 value = str(ipaddress.ip_address(value.strip()))
