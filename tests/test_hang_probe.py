@@ -274,6 +274,59 @@ def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_
     assert "culprit_nodes=n1,n2" in line.read_text(), line.read_text()
 
 
+class _Staggered:
+    """A link broke during collective #47: rank 0 completed it and waits in #48, ranks 1 and 2
+    never complete #47 (a ring all-reduce ends on one rank before the others)."""
+
+    name = "hook"
+
+    def __init__(self, rank: int, since: float) -> None:
+        self.rank, self.since = rank, since
+
+    def read(self) -> list[PGState]:
+        age = time.monotonic() - self.since
+        return [
+            PGState("0", 48, 47, age, 1800.0)
+            if self.rank == 0
+            else PGState("0", 47, 46, age, 1800.0)
+        ]
+
+
+def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_path, monkeypatch):
+    """A collective one rank completed is over for all only for a moment: ranks whose fresh
+    reports keep showing it in flight are stuck in it (the broken link), not behind."""
+    real, real_try, me = probing.reach_all, probing.Answering._try, threading.local()
+
+    def cut(targets, *args):
+        found = real(targets, *args)
+        return {
+            p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f for p, f in found.items()
+        }
+
+    def tagged(self, number, targets):
+        me.rank = self._site.rank
+        real_try(self, number, targets)
+
+    monkeypatch.setattr(probing, "reach_all", cut)
+    monkeypatch.setattr(probing.Answering, "_try", tagged)
+    since = time.monotonic()
+    store, watchers = _watchers(tmp_path, lambda r: _Staggered(r, since))
+    try:
+        for w in watchers:
+            w.start()
+        text = wait_for(
+            lambda: [p.read_text() for p in tmp_path.glob("probe-hang-1/verdict.txt")],
+            20,
+            "the verdict",
+        )[0]
+    finally:
+        for w in watchers:
+            w.close()
+    assert "symmetric hang in pg 0" in text and "is behind" not in text, text
+    assert "never entered" not in text, text
+    assert "link between node n1 and node n2" in text, text
+
+
 class _Crossed:
     """Ranks 0 and 2 wait in pg 1 #5, rank 1 in pg 2 #5: collectives entered in opposite orders."""
 

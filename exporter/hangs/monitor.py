@@ -113,6 +113,8 @@ class Monitor:
         self._seen: list[tuple[bytes, float]] | None = None
         self._collecting: _Collecting | None = None
         self._blocked_pg: str | None = None
+        #: Per process group, the highest collective any rank completed and when it was seen.
+        self._done: dict[str, tuple[float, float]] = {}
         #: Node of each rank, from its acks (culprits are named by node).
         self._nodes: dict[int, str] = {}
         #: The completed episode the action may still act on (action on).
@@ -203,14 +205,19 @@ class Monitor:
         """Read every report: sequence states for the definition, evidence for the action."""
         out = _Reading()
         reports = [(codec.decode_report(value), seen_at) for value, seen_at in seen]
-        # A collective some rank has completed is over for every rank: a report still showing
-        # it in flight predates its end (reports are read up to an interval apart; the ranks a
-        # checkpoint held up for 30 s must not look stuck just after it ends).
+        # A collective some rank has completed is over for every rank, as far as reports that
+        # predate the completion can tell (reports are read up to an interval apart; the ranks
+        # a checkpoint held up for 30 s must not look stuck just after it ends). Not for a
+        # report that changed since: a rank still in it then is stuck in it (a ring all-reduce
+        # ends on one rank and not on the ranks behind a broken link), not behind.
         done: dict[str, float] = {}
         for rep, _ in reports:
             for p in rep.pgs:
                 if p.last_completed is not None:
                     done[p.pg] = max(done.get(p.pg, -1.0), float(p.last_completed))
+        for pg, seq in done.items():
+            if self._done.get(pg, (-1.0, 0.0))[0] != seq:
+                self._done[pg] = (seq, now)
         for rank, (rep, seen_at) in enumerate(reports):
             if rep.finished:
                 continue  # ended cleanly: gone, neither behind nor waiting
@@ -225,8 +232,9 @@ class Monitor:
             lag = min(now - seen_at, self._site.interval_s)
             for p in rep.pgs:
                 pg, age, tmo = p.pg, p.inflight_age_s, p.timeout_s
-                if age and float(p.last_enqueued) <= done.get(pg, -1.0):
-                    age = 0.0  # stale: that collective has completed
+                completed, since = self._done.get(pg, (-1.0, now))
+                if age and float(p.last_enqueued) <= completed and seen_at <= since:
+                    age = 0.0  # stale: read before that collective's end was seen
                 out.reported[pg] = max(out.reported.get(pg, 0.0), float(age or 0.0))
                 out.steps.setdefault(pg, {})[rank] = rep.steps
                 if tmo:
