@@ -13,6 +13,7 @@ from typing import Any
 
 from ..mixin.config import DEFAULT, MixinConfig
 from ..mixin.render import dump_json, dump_yaml
+from ..settings import WEB_CONFIG
 from ..version import __version__
 from .alertmanager import PRINTING_RECEIVER_URL
 
@@ -301,7 +302,7 @@ def _serve_tls(services: dict[str, Any]) -> None:
     installs the ``web`` extra.
     """
     trainer = services["trainer"]
-    trainer["environment"]["DDP_EXPORTER_WEB_CONFIG"] = "/tls/web.yml"
+    trainer["environment"].update({WEB_CONFIG: "/tls/web.yml"})
     trainer["volumes"].append(f"./{TLS_FOLDER}:/tls:ro")
     trainer["command"] = ["sh", "-c", _trainer_command(extra="web")]
     services["prometheus"]["volumes"].append(f"./{TLS_FOLDER}:{_PROM_DIR}/tls:ro")

@@ -145,6 +145,7 @@ from .values import (
     otlp_requested,
     positive_int,
     usable_dump_dir,
+    web_config_file,
 )
 
 __all__ = [
@@ -236,6 +237,7 @@ __all__ = [
     "final_scrape_s",
     "flight_recorder",
     "file_sd_dir",
+    "web_config_file",
     "hang_probe",
     "gpu_health",
     "identity",

@@ -216,6 +216,11 @@ def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
     return cast("str | None", resolve(FILE_SD, environ=environ)) or None
 
 
+def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return the web configuration file the ranks serve by (``DDP_EXPORTER_WEB_CONFIG``)."""
+    return cast("str | None", resolve(WEB_CONFIG, environ=environ)) or None
+
+
 def hang_probe(environ: Mapping[str, str] | None = None) -> bool:
     """Return whether the hang watcher probes the links in a hang (``DDP_EXPORTER_HANG_PROBE``)."""
     return bool(resolve(HANG_PROBE, environ=environ))

@@ -137,12 +137,13 @@ def run(args: argparse.Namespace) -> int:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
         args.parser.error(str(exc))
-    if env.get(settings.WEB_CONFIG) and (args.stack or args.top):
+    serves_tls = settings.web_config_file(env) is not None
+    if serves_tls and (args.stack or args.top):
         # Its own Prometheus and table read plain HTTP: every rank would look down, and page.
         flag = "--stack" if args.stack else "--top"
         print(f"{PREFIX} {flag}: {WEB_CONFIG_SERVED}", file=sys.stderr)
         return 2
-    if env.get(settings.WEB_CONFIG):
+    if serves_tls:
         print(f"{PREFIX} no alerts on this host: {WEB_CONFIG_SERVED}", file=sys.stderr)
         args.stack = False
     use_stack, missing, refused = stack_choice(args.stack, "run")
