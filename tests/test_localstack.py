@@ -48,3 +48,43 @@ def test_a_range_that_leaves_no_room_falls_back_to_the_kernel_s_choice(
     _bind_all(base, 2)
     monkeypatch.setattr(localstack, "_EPHEMERAL", tmp_path / "missing")
     _bind_all(free_port(), 1)
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_binaries_are_found_by_their_variable_on_path_or_where_a_release_is_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("DDP_EXPORTER_PROMETHEUS_BINARY", "DDP_EXPORTER_ALERTMANAGER_BINARY"):
+        monkeypatch.delenv(name, raising=False)
+    if Path("/usr/local/bin/prometheus").exists() or Path("/opt/prometheus").exists():
+        pytest.skip("a release is installed in a searched place on this machine")
+    with pytest.raises(localstack.MissingBinaryError) as missing:
+        localstack.find_binaries()
+    assert "prometheus and alertmanager not found on PATH" in str(missing.value)
+    assert "DDP_EXPORTER_PROMETHEUS_BINARY" in str(missing.value)
+    # Official releases unpacked in the home folder: the newest of each.
+    home = tmp_path / "home"
+    _executable(home / "prometheus-2.53.0.linux-amd64" / "prometheus")
+    newest = _executable(home / "prometheus-3.1.0.linux-amd64" / "prometheus")
+    manager = _executable(home / "alertmanager-0.28.0.linux-amd64" / "alertmanager")
+    assert localstack.find_binaries() == (str(newest), str(manager))
+    # A variable names it anywhere, and wins; one that names no executable says so.
+    elsewhere = _executable(tmp_path / "tools" / "prom")
+    monkeypatch.setenv("DDP_EXPORTER_PROMETHEUS_BINARY", str(elsewhere))
+    assert localstack.find_binary("prometheus") == str(elsewhere)
+    monkeypatch.setenv("DDP_EXPORTER_PROMETHEUS_BINARY", str(tmp_path / "nothing"))
+    with pytest.raises(localstack.MissingBinaryError) as wrong:
+        localstack.find_binaries()
+    assert str(wrong.value) == (
+        f"DDP_EXPORTER_PROMETHEUS_BINARY={tmp_path / 'nothing'} is not an executable file"
+    )

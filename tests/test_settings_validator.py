@@ -49,7 +49,14 @@ INVALID = {
     settings.DOCTOR_FAKE_VERSIONS: "gcc=13",
 }
 #: Variables any text is good for (a run name, a path); the dump folder is checked for writing.
-ANY_TEXT = {settings.RUN, settings.FILE_SD, settings.DUMP_DIR, settings.WEB_CONFIG}
+ANY_TEXT = {
+    settings.RUN,
+    settings.FILE_SD,
+    settings.DUMP_DIR,
+    settings.WEB_CONFIG,
+    settings.PROMETHEUS_BINARY,
+    settings.ALERTMANAGER_BINARY,
+}
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from .names import (
     ABORT_PROGRESS_STEPS,
     ADDR,
     ADVERTISE_ADDR,
+    ALERTMANAGER_BINARY,
     ATTEMPT,
     AUTORUN,
     COMM_TIMING,
@@ -72,6 +73,7 @@ from .names import (
     OTEL_SDK_DISABLED,
     PEER_SERIES,
     PORT,
+    PROMETHEUS_BINARY,
     RANK,
     RUN,
     SLURM_JOB_END_TIME,
@@ -399,6 +401,29 @@ SETTINGS: dict[str, Setting] = {
             "instrumented at its first ``optimizer.step()`` with the model and optimizer the "
             "script made, no line of it edited (the ``sitecustomize`` that ``run`` puts first "
             "on ``PYTHONPATH`` reads it). Any other setting applies as with ``instrument()``.",
+        ),
+        Setting(
+            PROMETHEUS_BINARY,
+            "a path to the prometheus executable",
+            None,
+            str.strip,
+            path,
+            "",
+            "PATH, then /usr/local/bin, /opt/prometheus*/, ~/.local/bin, ~/prometheus-*/",
+            meaning="The ``prometheus`` that ``ddp-exporter run`` and the demo start for their "
+            "own alerts, where it is not on ``PATH`` (an official release unpacked anywhere).",
+        ),
+        Setting(
+            ALERTMANAGER_BINARY,
+            "a path to the alertmanager executable",
+            None,
+            str.strip,
+            path,
+            "",
+            "PATH (prometheus-alertmanager, alertmanager), then /usr/local/bin, "
+            "/opt/alertmanager*/, ~/.local/bin, ~/alertmanager-*/",
+            meaning="The ``alertmanager`` that ``ddp-exporter run`` and the demo start, where it "
+            "is not on ``PATH``.",
         ),
         Setting(
             DOCTOR_FAKE_VERSIONS,

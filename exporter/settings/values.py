@@ -19,6 +19,7 @@ from .names import (
     ABORT_PROGRESS_STEPS,
     ADDR,
     ADVERTISE_ADDR,
+    ALERTMANAGER_BINARY,
     ALL_INTERFACES,
     AUTORUN,
     COMM_TIMING,
@@ -46,6 +47,7 @@ from .names import (
     OTEL_SDK_DISABLED,
     PEER_SERIES,
     PORT,
+    PROMETHEUS_BINARY,
     SLURM_JOB_END_TIME,
     WEB_CONFIG,
 )
@@ -219,6 +221,12 @@ def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
 def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
     """Return the web configuration file the ranks serve by (``DDP_EXPORTER_WEB_CONFIG``)."""
     return cast("str | None", resolve(WEB_CONFIG, environ=environ)) or None
+
+
+def stack_binary(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Return the path given for ``prometheus`` or ``alertmanager`` (its variable), if any."""
+    variable = {"prometheus": PROMETHEUS_BINARY, "alertmanager": ALERTMANAGER_BINARY}[name]
+    return cast("str | None", resolve(variable, environ=environ)) or None
 
 
 def hang_probe(environ: Mapping[str, str] | None = None) -> bool:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import glob
 import importlib.util
+import os
 import random
 import shutil
 import socket
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from ..generate.command import MIXIN_EXTRA
 from ..mixin.config import FAST, MixinConfig
 from .promapi import instant_query
@@ -62,27 +65,61 @@ class MissingBinaryError(RuntimeError):
     """Prometheus or Alertmanager is not installed."""
 
 
-def find_binary(name: str) -> str:
-    """Return the path of ``prometheus`` or ``alertmanager``; raise MissingBinaryError if absent."""
+#: Where an official release is often unpacked, searched after PATH (``~`` expanded).
+_PLACES = ("/usr/local/bin", "/opt/{name}", "/opt/{name}-*", "~/.local/bin", "~/{name}-*")
+
+
+def _where(name: str) -> str | None:
+    given = settings.stack_binary(name)
+    if given is not None:
+        return given if os.access(given, os.X_OK) and os.path.isfile(given) else None
     for candidate in _BINARIES[name]:
         path = shutil.which(candidate)
         if path is not None:
             return path
-    raise MissingBinaryError(
-        f"{name} not found on PATH; install it with `{_INSTALL}` (Debian/Ubuntu) or put the "
-        "official binaries on PATH"
+    for place in _PLACES:
+        pattern = os.path.join(os.path.expanduser(place.format(name=name)), name)
+        for path in sorted(glob.glob(pattern), reverse=True):  # the newest release first
+            if os.access(path, os.X_OK) and os.path.isfile(path):
+                return path
+    return None
+
+
+def _not_found(missing: list[str]) -> MissingBinaryError:
+    given = [n for n in missing if settings.stack_binary(n) is not None]
+    if given:
+        variable = (
+            settings.PROMETHEUS_BINARY if given[0] == "prometheus" else settings.ALERTMANAGER_BINARY
+        )
+        return MissingBinaryError(
+            f"{variable}={settings.stack_binary(given[0])} is not an executable file"
+        )
+    it = "them" if len(missing) > 1 else "it"
+    return MissingBinaryError(
+        f"{' and '.join(missing)} not found on PATH or where releases are unpacked "
+        f"(/opt, ~/.local/bin); install {it} with `{_INSTALL}` (Debian/Ubuntu), or point "
+        f"{settings.PROMETHEUS_BINARY} / {settings.ALERTMANAGER_BINARY} at the official binaries"
     )
+
+
+def find_binary(name: str) -> str:
+    """Return the path of ``prometheus`` or ``alertmanager``; raise MissingBinaryError if absent.
+
+    Its variable (``DDP_EXPORTER_PROMETHEUS_BINARY``, ``..._ALERTMANAGER_BINARY``) first, then
+    PATH, then the places an official release is often unpacked (:data:`_PLACES`).
+    """
+    path = _where(name)
+    if path is None:
+        raise _not_found([name])
+    return path
 
 
 def find_binaries() -> tuple[str, str]:
     """Return the prometheus and alertmanager paths, or raise MissingBinaryError saying how to install."""
-    found = {name: next(filter(None, map(shutil.which, c)), None) for name, c in _BINARIES.items()}
+    found = {name: _where(name) for name in _BINARIES}
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        raise MissingBinaryError(
-            f"{' and '.join(missing)} not found on PATH; install them with `{_INSTALL}` "
-            "(Debian/Ubuntu) or put the official binaries on PATH"
-        )
+        raise _not_found(missing)
     return found["prometheus"], found["alertmanager"]  # type: ignore[return-value]
 
 
