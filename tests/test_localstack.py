@@ -88,3 +88,38 @@ def test_the_binaries_are_found_by_their_variable_on_path_or_where_a_release_is_
     assert str(wrong.value) == (
         f"DDP_EXPORTER_PROMETHEUS_BINARY={tmp_path / 'nothing'} is not an executable file"
     )
+
+
+def test_grafana_is_found_and_run_from_its_home_with_a_configuration_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.mixin.config import DEFAULT
+    from exporter.tools import localgrafana
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DDP_EXPORTER_GRAFANA_BINARY", raising=False)
+    if any(Path(p).exists() for p in ("/usr/sbin/grafana-server", "/usr/share/grafana")):
+        pytest.skip("Grafana is installed on this machine")
+    assert localgrafana.find_grafana() is None
+    # An official release unpacked in the home folder: bin/grafana, its home one level up.
+    home = tmp_path / "home" / "grafana-12.1.0"
+    binary = _executable(home / "bin" / "grafana")
+    (home / "conf").mkdir()
+    (home / "conf" / "defaults.ini").write_text("")
+    assert localgrafana.find_grafana() == str(binary)
+    ini = localgrafana.write_grafana_files(
+        tmp_path / "run", 3000, "http://127.0.0.1:9090", "http://127.0.0.1:9093", DEFAULT
+    )
+    command = [str(binary), "server", "--homepath", str(home), "--config", str(ini)]
+    assert localgrafana.grafana_command(str(binary), ini) == command
+    text = ini.read_text()
+    assert "http_addr = 127.0.0.1" in text and "http_port = 3000" in text
+    assert (tmp_path / "run" / "dashboards" / "overview.json").is_file()
+    # Debian's grafana-server takes the flags without the subcommand; the variable wins.
+    old = _executable(tmp_path / "sbin" / "grafana-server")
+    monkeypatch.setenv("DDP_EXPORTER_GRAFANA_BINARY", str(old))
+    assert localgrafana.find_grafana() == str(old)
+    assert localgrafana.grafana_command(str(old), ini)[1] == "--homepath"

@@ -9,6 +9,7 @@ when it is stopped.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -147,9 +148,23 @@ def test_a_ctrl_c_stops_the_command_its_own_way_and_leaves_nothing():
         assert not left, left
 
 
+def _grafana_standin(folder) -> str:
+    """An executable named grafana running the stand-in (Grafana cannot be installed here)."""
+    path = folder / "grafana"
+    standin = os.path.join(REPO, "tests", "workers", "grafana_standin.py")
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} {standin} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.mark.stack
 def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tmp_path):
-    env = child_env(dict(ENV, TMPDIR=str(tmp_path)))
+    report = tmp_path / "grafana.json"
+    grafana = {
+        "DDP_EXPORTER_GRAFANA_BINARY": _grafana_standin(tmp_path),
+        "GRAFANA_STANDIN_REPORT": str(report),
+    }
+    env = child_env(dict(ENV, TMPDIR=str(tmp_path), **grafana))
     script = [WORKER, "--steps", "0", "--slow-rank", "1", "--slow-s", "0.06"]
     cmd = [*RUN, "--stack", "--fast", "--top", "3", "--", *_torchrun(3), *script]
     with Process(cmd, env) as job:
@@ -161,6 +176,12 @@ def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tm
         lines = [line for line in job.lines if "ALERT DDPRankStraggler" in line]
         assert lines and all("rank=1 " in line for line in lines), job.output()
         assert "FAST rules" in job.text()
+        # Grafana (a stand-in) provisioned with the live Prometheus and every dashboard.
+        assert re.search(r"dashboards at http://127\.0\.0\.1:\d+/d/ddp-overview", job.text())
+        found = json.loads(report.read_text())
+        assert found["prometheus_ready"] == 200 and found["addr"] == "127.0.0.1", found
+        assert found["datasource_uid"] == "ddp-prometheus" and found["anonymous"] == "true"
+        assert "ddp-overview" in found["dashboards"] and len(found["dashboards"]) == 7, found
         # The table too, naming the same rank (by compute) and nobody else.
         wait_for(lambda: re.search(r"^ +1 .*straggler: compute", job.text(), re.M), 60, "top")
         tables = re.findall(r"^ +(\d) .*(?:straggler|HUNG|DOWN)", job.text(), re.M)
@@ -172,6 +193,7 @@ def test_run_prints_the_straggler_alert_from_its_own_stack_and_leaves_nothing(tm
         assert job.wait(60) == 128 + signal.SIGTERM, job.output()
         left = [p for p in started if Proc.of(p.pid) is not None and p.alive()]
         assert not left, left
+        assert Proc.of(found["pid"]) is None, "Grafana is left running"
         assert not list(tmp_path.glob("ddp-exporter-run-*")), "its working folder is left"
 
 

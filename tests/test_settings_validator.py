@@ -56,6 +56,7 @@ ANY_TEXT = {
     settings.WEB_CONFIG,
     settings.PROMETHEUS_BINARY,
     settings.ALERTMANAGER_BINARY,
+    settings.GRAFANA_BINARY,
 }
 
 

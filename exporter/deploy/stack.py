@@ -117,8 +117,15 @@ def file_sd_example(
     return [{"targets": [t], "labels": {"run": run, "rank": str(rank)}} for t, run, rank in targets]
 
 
-def grafana_datasources(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
-    """Return Grafana datasource provisioning: Prometheus with the fixed uid, and Alertmanager."""
+def grafana_datasources(
+    cfg: MixinConfig = DEFAULT,
+    prometheus_url: str = "http://prometheus:9090",
+    alertmanager_url: str = "http://alertmanager:9093",
+) -> dict[str, Any]:
+    """Return Grafana datasource provisioning: Prometheus with the fixed uid, and Alertmanager.
+
+    The URLs default to the compose stack's services.
+    """
     return {
         "apiVersion": 1,
         "datasources": [
@@ -127,7 +134,7 @@ def grafana_datasources(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 "type": "prometheus",
                 "uid": cfg.datasource_uid,
                 "access": "proxy",
-                "url": "http://prometheus:9090",
+                "url": prometheus_url,
                 "isDefault": True,
                 "editable": False,
                 "jsonData": {"timeInterval": cfg.scrape_interval},
@@ -137,7 +144,7 @@ def grafana_datasources(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
                 "type": "alertmanager",
                 "uid": "ddp-alertmanager",
                 "access": "proxy",
-                "url": "http://alertmanager:9093",
+                "url": alertmanager_url,
                 "editable": False,
                 "jsonData": {"implementation": "prometheus", "handleGrafanaManagedAlerts": False},
             },
@@ -145,8 +152,8 @@ def grafana_datasources(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:
     }
 
 
-def grafana_dashboard_provider() -> dict[str, Any]:
-    """Return Grafana dashboard provisioning: load the generated JSON files into folder DDP."""
+def grafana_dashboard_provider(path: str = _DASHBOARD_DIR) -> dict[str, Any]:
+    """Return Grafana dashboard provisioning: load the JSON files in ``path`` into folder DDP."""
     return {
         "apiVersion": 1,
         "providers": [
@@ -157,7 +164,7 @@ def grafana_dashboard_provider() -> dict[str, Any]:
                 "disableDeletion": True,
                 "allowUiUpdates": False,
                 "updateIntervalSeconds": 30,
-                "options": {"path": _DASHBOARD_DIR, "foldersFromFilesStructure": False},
+                "options": {"path": path, "foldersFromFilesStructure": False},
             }
         ],
     }

@@ -31,9 +31,10 @@ GPU_HEALTH = "DDP_EXPORTER_GPU_HEALTH"
 WEB_CONFIG = "DDP_EXPORTER_WEB_CONFIG"
 # Set by ``ddp-exporter run`` for the command it runs (exporter.autorun).
 AUTORUN = "DDP_EXPORTER_AUTORUN"
-# Where ``ddp-exporter run`` and the demo find Prometheus and Alertmanager, when not on PATH.
+# Where ``ddp-exporter run`` finds Prometheus, Alertmanager and Grafana, when not on PATH.
 PROMETHEUS_BINARY = "DDP_EXPORTER_PROMETHEUS_BINARY"
 ALERTMANAGER_BINARY = "DDP_EXPORTER_ALERTMANAGER_BINARY"
+GRAFANA_BINARY = "DDP_EXPORTER_GRAFANA_BINARY"
 # Test-only: versions ``ddp-exporter doctor`` reports instead of the real ones (see above).
 DOCTOR_FAKE_VERSIONS = "DDP_EXPORTER_DOCTOR_FAKE_VERSIONS"
 

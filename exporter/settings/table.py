@@ -55,6 +55,7 @@ from .names import (
     GIVE_UP_EXIT_CODE,
     GLOO_SOCKET_IFNAME,
     GPU_HEALTH,
+    GRAFANA_BINARY,
     HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
@@ -424,6 +425,19 @@ SETTINGS: dict[str, Setting] = {
             "/opt/alertmanager*/, ~/.local/bin, ~/alertmanager-*/",
             meaning="The ``alertmanager`` that ``ddp-exporter run`` and the demo start, where it "
             "is not on ``PATH``.",
+        ),
+        Setting(
+            GRAFANA_BINARY,
+            "a path to the grafana (or grafana-server) executable",
+            None,
+            str.strip,
+            path,
+            "",
+            "PATH (grafana, grafana-server), then /usr/sbin, /usr/share/grafana/bin, "
+            "/opt/grafana*/bin, ~/grafana-*/bin",
+            meaning="The Grafana that ``ddp-exporter run`` starts with the dashboards "
+            "provisioned over its own Prometheus, where it is not on ``PATH``. Without one, "
+            "``run`` starts none.",
         ),
         Setting(
             DOCTOR_FAKE_VERSIONS,

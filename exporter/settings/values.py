@@ -36,6 +36,7 @@ from .names import (
     FLIGHT_RECORDER,
     GIVE_UP_EXIT_CODE,
     GPU_HEALTH,
+    GRAFANA_BINARY,
     HANG_PROBE,
     HEARTBEAT_S,
     JOB_DEADLINE,
@@ -224,8 +225,12 @@ def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def stack_binary(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """Return the path given for ``prometheus`` or ``alertmanager`` (its variable), if any."""
-    variable = {"prometheus": PROMETHEUS_BINARY, "alertmanager": ALERTMANAGER_BINARY}[name]
+    """Return the path given for ``prometheus``, ``alertmanager`` or ``grafana`` (its variable)."""
+    variable = {
+        "prometheus": PROMETHEUS_BINARY,
+        "alertmanager": ALERTMANAGER_BINARY,
+        "grafana": GRAFANA_BINARY,
+    }[name]
     return cast("str | None", resolve(variable, environ=environ)) or None
 
 

@@ -259,20 +259,22 @@ class Service:
 
 def _ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
+        with urllib.request.urlopen(url, timeout=1) as resp:
             return resp.status == 200
     except OSError:
         return False
 
 
-def _launch(name: str, cmd: list[str], workdir: Path, port: int, timeout: float) -> Service:
-    """Start ``cmd`` logging to ``workdir/<name>.log``; return it once ``/-/ready`` answers."""
+def _launch(
+    name: str, cmd: list[str], workdir: Path, port: int, timeout: float, ready: str = "/-/ready"
+) -> Service:
+    """Start ``cmd`` logging to ``workdir/<name>.log``; return it once ``ready`` answers 200."""
     with open(workdir / f"{name}.log", "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     service = Service(name, f"http://127.0.0.1:{port}", proc, workdir)
     deadline = time.monotonic() + timeout
     try:
-        while not _ready(service.url):
+        while not _ready(f"{service.url}{ready}"):
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"{name} exited {proc.returncode}: {service.log_path.read_text()[-2000:]}"
@@ -337,7 +339,10 @@ def _fast_routes(node: dict[str, Any]) -> None:
 
 
 class LocalStack:
-    """Prometheus + Alertmanager + webhook receiver on loopback, over a file_sd directory."""
+    """Prometheus + Alertmanager + webhook receiver on loopback, over a file_sd directory.
+
+    ``grafana``: also Grafana with the dashboards, where it is installed (:mod:`.localgrafana`).
+    """
 
     def __init__(
         self,
@@ -346,6 +351,7 @@ class LocalStack:
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         ready_timeout: float = 30.0,
         config: MixinConfig = FAST,
+        grafana: bool = False,
     ) -> None:
         from ..deploy.alertmanager import alertmanager_config
         from ..mixin.rules import render_rules
@@ -354,6 +360,9 @@ class LocalStack:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._services: list[Service] = []
+        #: Grafana's URL where it was asked for, found and started; why not, if it failed.
+        self.grafana_url: str | None = None
+        self.grafana_error: str | None = None
         # The demo shows what fires; a resolved alert is news only to a person on call.
         self._receiver = AlertReceiver(
             lambda alert: on_alert(alert) if on_alert and alert.get("status") == "firing" else None
@@ -390,9 +399,30 @@ class LocalStack:
             prom = start_prometheus(self.workdir, prom_cfg, timeout=ready_timeout)
             self._services.append(prom)
             self.prometheus_url = prom.url
+            if grafana:
+                self._start_grafana(config)
         except BaseException:
             self.close()
             raise
+
+    def _start_grafana(self, config: MixinConfig) -> None:
+        from .localgrafana import find_grafana, grafana_command, write_grafana_files
+
+        binary = find_grafana()
+        if binary is None:
+            return
+        folder, port = self.workdir / "grafana", free_port()
+        ini = write_grafana_files(folder, port, self.prometheus_url, self.alertmanager_url, config)
+        try:
+            # Its first start migrates a fresh database: slower than Prometheus.
+            service = _launch(
+                "grafana", grafana_command(binary, ini), folder, port, 90.0, "/api/health"
+            )
+        except (RuntimeError, OSError) as exc:
+            self.grafana_error = str(exc).splitlines()[0]
+            return
+        self._services.append(service)
+        self.grafana_url = service.url
 
     @property
     def alerts(self) -> list[tuple[float, dict[str, Any]]]:

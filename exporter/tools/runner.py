@@ -237,7 +237,9 @@ def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalS
         print(f"{PREFIX} {alert_line(alert)}", flush=True)
 
     try:
-        stack = LocalStack(os.path.join(workdir, "stack"), file_sd, on_alert=show, config=config)
+        stack = LocalStack(
+            os.path.join(workdir, "stack"), file_sd, on_alert=show, config=config, grafana=True
+        )
     except (RuntimeError, OSError) as exc:
         without = "" if args.stack else "; the command runs without them"
         print(
@@ -251,6 +253,10 @@ def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalS
         f"{windows}; alerts are printed as they arrive",
         flush=True,
     )
+    if stack.grafana_url is not None:
+        print(f"{PREFIX} dashboards at {stack.grafana_url}/d/ddp-overview", flush=True)
+    elif stack.grafana_error is not None:
+        print(f"{PREFIX} no dashboards: Grafana did not start: {stack.grafana_error}", flush=True)
     return stack
 
 
