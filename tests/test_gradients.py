@@ -4,7 +4,7 @@ Every DDP timing mode: the default (DDP's reducer times its own allreduce), the 
 and the timing hook; and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps, and tensor
 parallelism, whose functional collectives (DTensor's) it times through stand-ins, both clipping
 the gradients' total norm (``clip_grad_norm_``, functional all-reduces): loss, gradient shards and
-parameter shards.
+parameter shards. Every instrumented arm also reads a web configuration file it cannot serve.
 """
 
 import json
@@ -17,8 +17,14 @@ pytestmark = pytest.mark.job
 
 def test_gradients_bit_identical(tmp_path):
     out = tmp_path / "verdict.json"
-    with Job(2, [str(out)], module="tests/workers/grad_worker.py") as job:
+    # Every arm instrumented with a web configuration file that cannot be served (a field this
+    # exporter refuses): logged, nothing served, and the training the same to the bit.
+    web = tmp_path / "web.yml"
+    web.write_text("rate_limit:\n  burst: 3\n")
+    env = {"DDP_EXPORTER_WEB_CONFIG": str(web)}
+    with Job(2, [str(out)], module="tests/workers/grad_worker.py", env=env) as job:
         assert job.wait(timeout=240) == 0, job.output()
+    assert "rate_limit: not supported; nothing is served" in job.output(), job.output()
     results = json.loads(out.read_text())
     for rank, per_rank in enumerate(results):
         for name, r in per_rank.items():

@@ -9,6 +9,7 @@ when it is stopped.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -103,14 +104,26 @@ def test_an_unmodified_script_has_every_rank_watched_and_its_straggler_named(
         assert "never called optimizer.step()" not in job.text()
 
 
+def _accelerate_launch(nproc: int) -> list[str]:
+    """``accelerate launch`` of ``nproc`` processes (on a CPU it starts them through torchrun)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (extra transformers)")
+    flags = ["--multi_gpu", "--num_processes", str(nproc), "--num_machines", "1"]
+    flags += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    flags += ["--main_process_port", str(free_port())]
+    return [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", *flags]
+
+
 @pytest.mark.job
 @pytest.mark.parametrize(
-    "launch", ["fsdp2-torchrun", "loop-torchrun", "ddp-per-rank", "ddp-instrumented"]
+    "launch",
+    ["fsdp2-torchrun", "loop-torchrun", "ddp-per-rank", "ddp-instrumented", "accelerate-launch"],
 )
 def test_every_step_of_an_unmodified_script_is_counted_once(launch):
     steps = 40
     shape = launch.split("-")[0]
     script = [WORKER, "--shape", shape, "--steps", str(steps)]
+    launcher = _accelerate_launch(2) if launch == "accelerate-launch" else _torchrun(2)
     if launch == "ddp-instrumented":
         script.append("--instrument")
     if launch == "ddp-per-rank":
@@ -121,7 +134,7 @@ def test_every_step_of_an_unmodified_script_is_counted_once(launch):
             assert job.wait(120) == {0: 0, 1: 0}, job.output()
             text = job.output()
     else:
-        with Process([*RUN, "--no-stack", "--", *_torchrun(2), *script], child_env(ENV)) as job:
+        with Process([*RUN, "--no-stack", "--", *launcher, *script], child_env(ENV)) as job:
             urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
             counted = _final_steps(job.text, urls, 2)
             assert job.wait(120) == 0, job.output()
