@@ -12,6 +12,8 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -284,3 +286,41 @@ def test_top_refuses_an_http_client_file_it_cannot_use_in_one_line(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "--http-config" in res.stderr and "basic_auth.password_file: gone" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_slow_client_is_cut_at_the_deadline_and_one_too_many_is_closed(pki, tmp_path):
+    from exporter.web import Policy, WebServer
+
+    policy = Policy(str(_config(pki, tmp_path, users=False)))
+    app = lambda environ, start: (start("200 OK", []), [b"ok"])[1]  # noqa: E731
+    server = WebServer("127.0.0.1", 0, app, policy, connection_s=1.0, most=1)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    context = ssl.create_default_context(cafile=pki.path("ca.crt"))
+    context.load_cert_chain(*pki.pair("client"))
+    try:
+        raw = socket.create_connection(("127.0.0.1", server.server_port), timeout=10)
+        with context.wrap_socket(raw, server_hostname="localhost") as slow:
+            # The one slot is taken: another connection is closed at once, unserved.
+            with socket.create_connection(("127.0.0.1", server.server_port), timeout=10) as more:
+                assert more.recv(1) == b""
+            # A request sent a byte at a time (the whole of it would take 8 s): cut at the
+            # 1 s deadline, never answered.
+            start, ended = time.monotonic(), None
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n":
+                try:
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    ended = time.monotonic()
+                    break
+                time.sleep(0.2)
+            if ended is None:  # every byte went into buffers: the end comes, not an answer
+                try:
+                    assert slow.recv(1) == b""
+                except OSError:
+                    pass
+                ended = time.monotonic()
+            assert ended - start < 5, ended - start
+    finally:
+        server.shutdown()
+        server.server_close()

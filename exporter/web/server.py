@@ -38,11 +38,12 @@ _PLAIN_TO_TLS = (
 )
 
 
-def _shut(sock: socket.socket) -> None:
+def _shut(live: list[socket.socket]) -> None:
+    """Shut the connection's socket down (the TLS one once wrapped): its reads return."""
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        live[0].shutdown(socket.SHUT_RDWR)
     except OSError:
-        pass  # already closed
+        pass  # already closed: a closed socket object never reaches another connection
 
 
 class _Quiet(WSGIRequestHandler):
@@ -59,14 +60,29 @@ def _family(addr: str, port: int) -> socket.AddressFamily:
 
 
 class WebServer(ThreadingMixIn, WSGIServer):
-    """A threading WSGI server applying ``policy`` to every connection and request."""
+    """A threading WSGI server applying ``policy`` to every connection and request.
+
+    ``connection_s``: how long one connection may last; ``most``: how many are served at once.
+    """
 
     daemon_threads = True
 
-    def __init__(self, addr: str, port: int, app: Callable[..., Any], policy: Policy) -> None:
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        app: Callable[..., Any],
+        policy: Policy,
+        *,
+        connection_s: float = CONNECTION_S,
+        most: int = MAX_CONNECTIONS,
+    ) -> None:
         self.address_family = _family(addr, port)
         self.policy = policy
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._connection_s = connection_s
+        self._slots = threading.BoundedSemaphore(most)
+        #: The socket each connection's thread serves now (``live``: the deadline's target).
+        self._local = threading.local()
         super().__init__((addr, port), _Quiet)
         self.set_app(self._guard(app))
 
@@ -82,9 +98,10 @@ class WebServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection within :data:`CONNECTION_S`, then free its slot."""
+        """Serve one connection within ``connection_s`` seconds, then free its slot."""
         # Shutting the socket down wakes a read blocked on it: the connection ends there.
-        cut = threading.Timer(CONNECTION_S, _shut, args=(request,))
+        self._local.live = live = [request]
+        cut = threading.Timer(self._connection_s, _shut, args=(live,))
         cut.daemon = True
         cut.start()
         try:
@@ -141,6 +158,9 @@ class WebServer(ThreadingMixIn, WSGIServer):
             conn = served.context.wrap_socket(request, server_side=True)
         except (OSError, ssl.SSLError):
             return  # a failed handshake: an untrusted or missing client certificate, a scan
+        live = getattr(self._local, "live", None)
+        if live is not None:
+            live[0] = conn  # the TLS socket now holds the connection; the plain one is detached
         try:
             if allowed_client(conn.getpeercert(), served.config.tls.client_allowed_sans):
                 super().finish_request(conn, client_address)
