@@ -12,22 +12,28 @@ every scrape fails with 401. The job trains on throughout.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import signal
 import subprocess
+import sys
 
 import pytest
 import yaml
-from harness import Ranks, wait_for
+from harness import REPO, Process, Ranks, child_env, free_port, wait_for
 from promstack import require, run_prometheus
 from webpki import PASSWORD, USER, bcrypt_hash, make_pki, write_config
 
 from exporter.deploy import stack
 from exporter.mixin.config import DEFAULT
+from exporter.tools.promapi import api, instant_query
 
 pytestmark = pytest.mark.stack
 
 pytest.importorskip("bcrypt")
 
 WORLD = 2
+WORKER = os.path.join(REPO, "tests", "workers", "unmodified_worker.py")
 
 
 def _web_config(pki, folder) -> str:
@@ -133,3 +139,65 @@ def test_prometheus_scrapes_and_discovers_tls_ranks_only_with_its_credentials(tm
             )
             assert not prom.query('up{job="no-password"} == 1')
         assert all(p.poll() is None for p in ranks.procs.values()), ranks.output()[-3000:]
+
+
+def test_run_watches_ranks_served_over_tls_with_its_client_file(tmp_path):
+    """``ddp-exporter run --http-config``: its own Prometheus and table read the TLS ranks."""
+    require("prometheus")
+    pki = make_pki(tmp_path / "pki")
+    write_config(tmp_path / "password", PASSWORD)
+    client = "\n".join(
+        [
+            "tls_config:",
+            f"  ca_file: {pki.path('ca.crt')}",
+            f"  cert_file: {pki.path('client.crt')}",
+            f"  key_file: {pki.path('client.key')}",
+            "basic_auth:",
+            f"  username: {USER}",
+            "  password_file: password",
+            "",
+        ]
+    )
+    client_file = write_config(tmp_path / "client.yml", client)
+    env = child_env(
+        {
+            "OMP_NUM_THREADS": "1",
+            "TMPDIR": str(tmp_path),
+            "DDP_EXPORTER_WEB_CONFIG": _web_config(pki, tmp_path),
+        }
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd = [sys.executable, "-m", "exporter.tools.cli", "run", "--stack", "--fast", "--top", "2"]
+    # On loopback, the address the server's certificate names.
+    cmd += ["--addr", "127.0.0.1", "--http-config", str(client_file)]
+    cmd += ["--", *torchrun, WORKER, "--steps", "0"]
+    with Process(cmd, env) as job:
+        found = wait_for(
+            lambda: re.search(r"Prometheus (http://127\.0\.0\.1:\d+)", job.text()) or job.poll(),
+            120,
+            "run's Prometheus",
+        )
+        assert job.poll() is None, job.output()
+        url = found.group(1)
+
+        def errors() -> list[str]:
+            active = api(url, "/api/v1/targets", {"state": "active"})["activeTargets"]
+            return [f"{t['scrapeUrl']}: {t['lastError']}" for t in active]
+
+        try:
+            wait_for(
+                lambda: len(instant_query(url, 'up{job="ddp"} == 1')) == 2,
+                120,
+                "run's Prometheus to scrape both ranks over TLS",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {errors()}") from None
+        wait_for(
+            lambda: {"0", "1"} <= set(re.findall(r"^ +(\d) ", job.text(), re.M)),
+            60,
+            "the table to show both ranks",
+        )
+        assert "DOWN" not in job.text(), job.output()
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(60) == 128 + signal.SIGTERM, job.output()

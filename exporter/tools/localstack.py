@@ -341,7 +341,8 @@ def _fast_routes(node: dict[str, Any]) -> None:
 class LocalStack:
     """Prometheus + Alertmanager + webhook receiver on loopback, over a file_sd directory.
 
-    ``grafana``: also Grafana with the dashboards, where it is installed (:mod:`.localgrafana`).
+    ``grafana``: also Grafana with the dashboards, where it is installed (:mod:`.localgrafana`);
+    ``scrape``: how to read the ranks (``tls_config``, ``basic_auth``: ranks served over TLS).
     """
 
     def __init__(
@@ -352,6 +353,7 @@ class LocalStack:
         ready_timeout: float = 30.0,
         config: MixinConfig = FAST,
         grafana: bool = False,
+        scrape: dict[str, Any] | None = None,
     ) -> None:
         from ..deploy.alertmanager import alertmanager_config
         from ..mixin.rules import render_rules
@@ -393,6 +395,7 @@ class LocalStack:
                         "file_sd_configs": [
                             {"files": [str(Path(file_sd_dir) / "*.json")], "refresh_interval": "1s"}
                         ],
+                        **(scrape or {}),
                     }
                 ],
             }

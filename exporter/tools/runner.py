@@ -28,6 +28,7 @@ from typing import Any
 from .. import settings
 from ..autorun import BOOT_DIR
 from ..mixin.config import DEFAULT, FAST, MixinConfig
+from ..web.client import HTTPClient, load_client
 from .localstack import LocalStack, add_stack_flags, stack_choice
 from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
@@ -85,6 +86,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="also print the ranks' top table every SECONDS (0: never; default)",
     )
+    d.add_argument(
+        "--http-config",
+        default=None,
+        metavar="FILE",
+        help="how the stack and the table read ranks served over TLS or with a password "
+        "(DDP_EXPORTER_WEB_CONFIG), in the format of Prometheus's HTTP client configuration: "
+        "tls_config, basic_auth with password_file, authorization",
+    )
     d.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     d.set_defaults(tool=run, parser=d)
     return d
@@ -117,10 +126,11 @@ def command_env(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, 
     return env
 
 
-#: Why ``run`` watches no job whose ranks serve a web configuration file.
+#: Why ``run`` watches no job whose ranks serve a web configuration file, without a client file.
 WEB_CONFIG_SERVED = (
-    f"the ranks serve as {settings.WEB_CONFIG} says (TLS, passwords), which run's own "
-    "Prometheus and table do not read; point your Prometheus at them (the Security page)"
+    f"the ranks serve as {settings.WEB_CONFIG} says (TLS, passwords): give --http-config "
+    "FILE (the CA, certificate and credentials to read them with) for run's own Prometheus "
+    "and table"
 )
 
 
@@ -137,13 +147,18 @@ def run(args: argparse.Namespace) -> int:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
         args.parser.error(str(exc))
-    serves_tls = settings.web_config_file(env) is not None
-    if serves_tls and (args.stack or args.top):
-        # Its own Prometheus and table read plain HTTP: every rank would look down, and page.
-        flag = "--stack" if args.stack else "--top"
-        print(f"{PREFIX} {flag}: {WEB_CONFIG_SERVED}", file=sys.stderr)
-        return 2
-    if serves_tls:
+    client = None
+    if args.http_config:
+        try:
+            client = load_client(args.http_config)
+        except (ValueError, ImportError) as exc:
+            args.parser.error(f"--http-config: {exc}")
+    if settings.web_config_file(env) is not None and client is None:
+        # Read over plain HTTP, every rank would look down, and page: neither starts.
+        if args.stack or args.top:
+            flag = "--stack" if args.stack else "--top"
+            print(f"{PREFIX} {flag}: {WEB_CONFIG_SERVED}", file=sys.stderr)
+            return 2
         print(f"{PREFIX} no alerts on this host: {WEB_CONFIG_SERVED}", file=sys.stderr)
         args.stack = False
     use_stack, missing, refused = stack_choice(args.stack, "run")
@@ -166,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             os.makedirs(file_sd, exist_ok=True)
             env.update({settings.FILE_SD: file_sd})
         if use_stack:
-            stack = _start_stack(args, workdir, file_sd)
+            stack = _start_stack(args, workdir, file_sd, client)
             if stack is None and args.stack:
                 return 1  # asked for: not trained without it
         try:
@@ -176,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             return 127 if isinstance(exc, FileNotFoundError) else 126
         if args.top:
             config = FAST if args.fast else DEFAULT
-            table = TopTable(file_sd, args.top, config).start()
+            table = TopTable(file_sd, args.top, config, client).start()
         code = proc.wait()
         return 128 - code if code < 0 else code
     except KeyboardInterrupt as exc:
@@ -229,8 +244,13 @@ def _let_it_end(proc: subprocess.Popen) -> None:
         pass
 
 
-def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalStack | None:
-    """Start Prometheus and Alertmanager over the ranks' file_sd targets; None if they fail."""
+def _start_stack(
+    args: argparse.Namespace, workdir: str, file_sd: str, client: HTTPClient | None
+) -> LocalStack | None:
+    """Start Prometheus and Alertmanager over the ranks' file_sd targets; None if they fail.
+
+    ``client``: how to read ranks served over TLS or with a password.
+    """
     config = FAST if args.fast else DEFAULT
 
     def show(alert: dict[str, Any]) -> None:
@@ -238,7 +258,12 @@ def _start_stack(args: argparse.Namespace, workdir: str, file_sd: str) -> LocalS
 
     try:
         stack = LocalStack(
-            os.path.join(workdir, "stack"), file_sd, on_alert=show, config=config, grafana=True
+            os.path.join(workdir, "stack"),
+            file_sd,
+            on_alert=show,
+            config=config,
+            grafana=True,
+            scrape=client.scrape if client is not None else None,
         )
     except (RuntimeError, OSError) as exc:
         without = "" if args.stack else "; the command runs without them"
@@ -275,8 +300,11 @@ def file_sd_targets(folder: str) -> list[str]:
 class TopTable:
     """Print ``top``'s table of the ranks listed in a file_sd folder every ``every`` seconds."""
 
-    def __init__(self, folder: str, every: float, config: MixinConfig) -> None:
+    def __init__(
+        self, folder: str, every: float, config: MixinConfig, client: HTTPClient | None = None
+    ) -> None:
         self._folder, self._every, self._config = folder, every, config
+        self._client = client
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ddp-exporter-run-top", daemon=True)
 
@@ -292,7 +320,7 @@ class TopTable:
             if not targets:
                 continue
             try:
-                rows = diagnose(fetch(targets), previous, config=self._config)
+                rows = diagnose(fetch(targets, client=self._client), previous, config=self._config)
             except Exception as exc:  # noqa: BLE001 - the table must not end run, nor repeat
                 print(f"{PREFIX} no table: {exc!r}", file=sys.stderr, flush=True)
                 return

@@ -20,7 +20,7 @@ import base64
 import os
 import ssl
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TLS_VERSIONS, WebConfigError
@@ -42,6 +42,9 @@ class HTTPClient:
     authorization: str | None = None
     #: Whether the file has a ``tls_config`` (even an empty one: the system's CAs).
     tls: bool = False
+    #: The same as a Prometheus scrape job says it (``scheme``, ``tls_config``, ``basic_auth``,
+    #: ``authorization``), paths made absolute: what a Prometheus started for the job needs.
+    scrape: dict[str, Any] = field(default_factory=dict)
 
     def open(self, url: str, timeout: float, headers: dict[str, str] | None = None) -> Any:
         """Open ``url`` with this configuration (a context manager, as urlopen returns)."""
@@ -158,4 +161,24 @@ def load_client(path: str | os.PathLike[str]) -> HTTPClient:
             raise WebConfigError(name, "authorization.credentials", "missing")
         header = f"{authz.get('type', 'Bearer')} {credentials}"
     given = "tls_config" in data
-    return HTTPClient(_context(tls, name, folder) if given else None, header, given)
+    context = _context(tls, name, folder) if given else None
+    return HTTPClient(context, header, given, _scrape(data, folder))
+
+
+def _scrape(data: dict[str, Any], folder: str) -> dict[str, Any]:
+    """Return the file as a Prometheus scrape job's parts, every ``*_file`` made absolute."""
+
+    def absolute(section: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: os.path.join(folder, str(v)) if k.endswith("_file") else v
+            for k, v in section.items()
+        }
+
+    out: dict[str, Any] = {}
+    if "tls_config" in data:
+        out["scheme"] = "https"
+        out["tls_config"] = absolute(data.get("tls_config") or {})
+    for key in ("basic_auth", "authorization"):
+        if data.get(key):
+            out[key] = absolute(data[key])
+    return out
