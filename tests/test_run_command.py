@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from harness import (
@@ -57,11 +58,13 @@ def _trained(text: str) -> dict[int, int]:
     return {int(r): int(n) for r, n in re.findall(r"^trained (\d+) (\d+)$", text, re.M)}
 
 
-def _final_steps(output: Callable[[], str], urls: dict[int, str], ranks: int) -> dict[int, float]:
+def _final_steps(
+    output: Callable[[], str], urls: dict[int, str], ranks: int, hold: Path
+) -> dict[int, float]:
     """Scrape each rank until a scrape begun after it printed its count: its final count.
 
-    Scraping all along keeps this test a recent scraper, whose next read a rank's clean end
-    waits for (then the rank is gone: each rank's final count is kept as it comes).
+    The ranks run with ``--hold``: they serve until ``hold`` exists, made once every final
+    count is read (a busy machine can starve this test past any clean end's wait).
     """
     counted: dict[int, float] = {}
 
@@ -74,7 +77,10 @@ def _final_steps(output: Callable[[], str], urls: dict[int, str], ranks: int) ->
                     counted[r] = value(parse(text), "ddp_steps_total")
         return counted if len(counted) == ranks else None
 
-    return wait_for(final, 240, "every rank's final count", interval=0.5)
+    try:
+        return wait_for(final, 240, "every rank's final count", interval=0.5)
+    finally:
+        hold.touch()
 
 
 @pytest.mark.job
@@ -119,10 +125,11 @@ def _accelerate_launch(nproc: int) -> list[str]:
     "launch",
     ["fsdp2-torchrun", "loop-torchrun", "ddp-per-rank", "ddp-instrumented", "accelerate-launch"],
 )
-def test_every_step_of_an_unmodified_script_is_counted_once(launch):
+def test_every_step_of_an_unmodified_script_is_counted_once(launch, tmp_path):
     steps = 40
     shape = launch.split("-")[0]
-    script = [WORKER, "--shape", shape, "--steps", str(steps)]
+    hold = tmp_path / "read"
+    script = [WORKER, "--shape", shape, "--steps", str(steps), "--hold", str(hold)]
     launcher = _accelerate_launch(2) if launch == "accelerate-launch" else _torchrun(2)
     if launch == "ddp-instrumented":
         script.append("--instrument")
@@ -130,13 +137,13 @@ def test_every_step_of_an_unmodified_script_is_counted_once(launch):
         # As srun starts it: one `ddp-exporter run` per rank, each around one python.
         with Ranks(2, [*RUN[1:], "--no-stack", "--", sys.executable, *script], env=ENV) as job:
             urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
-            counted = _final_steps(job.output, urls, 2)
+            counted = _final_steps(job.output, urls, 2, hold)
             assert job.wait(120) == {0: 0, 1: 0}, job.output()
             text = job.output()
     else:
         with Process([*RUN, "--no-stack", "--", *launcher, *script], child_env(ENV)) as job:
             urls = wait_for(lambda: job.urls if len(job.urls) == 2 else None, 180, "URLs")
-            counted = _final_steps(job.text, urls, 2)
+            counted = _final_steps(job.text, urls, 2, hold)
             assert job.wait(120) == 0, job.output()
             text = job.text()
     assert counted == {0: steps, 1: steps}, text

@@ -154,6 +154,12 @@ def main() -> None:
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--instrument", action="store_true", help="also call exporter.instrument()")
     p.add_argument("--warmup", type=int, default=20, help="steps before step_s is measured")
+    p.add_argument(
+        "--hold",
+        default="",
+        help="after printing its count, keep serving until this file exists (120 s at most): "
+        "a test reads the final count however late it gets to it",
+    )
     args = p.parse_args()
     if args.shape != "trainer":  # Trainer's own set-up makes the group
         dist.init_process_group("gloo")
@@ -164,6 +170,9 @@ def main() -> None:
     else:
         steps = _loop(args, rank, args.step_s + slow)
     _say(f"trained {rank} {steps}")
+    deadline = time.monotonic() + 120
+    while args.hold and not os.path.exists(args.hold) and time.monotonic() < deadline:
+        time.sleep(0.1)
     dist.barrier()
     dist.destroy_process_group()
     # What a normal exit runs (the exporter's clean end, when it is there), then no interpreter
