@@ -214,13 +214,12 @@ def _watchers(tmp_path, inflight, *, action: ActionPolicy | None = None, exits=N
     return store, watchers
 
 
-def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_it(
-    tmp_path, monkeypatch
-):
+@pytest.fixture
+def cut_n1_n2(monkeypatch):
+    """Node n1 and node n2 cannot reach each other (their listeners are rank 1's and 2's)."""
     real, real_try, me = probing.reach_all, probing.Answering._try, threading.local()
 
     def cut(targets, *args):
-        # Node n1 and node n2 cannot reach each other (their listeners are rank 1's and 2's).
         found = real(targets, *args)
         return {
             p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f for p, f in found.items()
@@ -231,8 +230,12 @@ def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_
         real_try(self, number, targets)
 
     monkeypatch.setattr(probing, "reach_all", cut)
-
     monkeypatch.setattr(probing.Answering, "_try", tagged)
+
+
+def test_a_link_that_drops_between_two_nodes_is_named_early_and_the_abort_names_it(
+    tmp_path, cut_n1_n2
+):
     exits: dict[int, int] = {}
     since = time.monotonic()
     store, watchers = _watchers(
@@ -292,23 +295,9 @@ class _Staggered:
         ]
 
 
-def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_path, monkeypatch):
+def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_path, cut_n1_n2):
     """A collective one rank completed is over for all only for a moment: ranks whose fresh
     reports keep showing it in flight are stuck in it (the broken link), not behind."""
-    real, real_try, me = probing.reach_all, probing.Answering._try, threading.local()
-
-    def cut(targets, *args):
-        found = real(targets, *args)
-        return {
-            p: PeerReach("dropped", 3.0) if {p, me.rank} == {1, 2} else f for p, f in found.items()
-        }
-
-    def tagged(self, number, targets):
-        me.rank = self._site.rank
-        real_try(self, number, targets)
-
-    monkeypatch.setattr(probing, "reach_all", cut)
-    monkeypatch.setattr(probing.Answering, "_try", tagged)
     since = time.monotonic()
     store, watchers = _watchers(tmp_path, lambda r: _Staggered(r, since))
     try:

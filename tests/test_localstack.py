@@ -57,15 +57,21 @@ def _executable(path: Path) -> Path:
     return path
 
 
-def test_the_binaries_are_found_by_their_variable_on_path_or_where_a_release_is_unpacked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _nothing_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *variables: str) -> None:
+    """An empty PATH, a fresh home folder and none of ``variables`` set."""
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for name in ("DDP_EXPORTER_PROMETHEUS_BINARY", "DDP_EXPORTER_ALERTMANAGER_BINARY"):
+    for name in variables:
         monkeypatch.delenv(name, raising=False)
+
+
+def test_the_binaries_are_found_by_their_variable_on_path_or_where_a_release_is_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variables = ("DDP_EXPORTER_PROMETHEUS_BINARY", "DDP_EXPORTER_ALERTMANAGER_BINARY")
+    _nothing_installed(tmp_path, monkeypatch, *variables)
     if Path("/usr/local/bin/prometheus").exists() or Path("/opt/prometheus").exists():
         pytest.skip("a release is installed in a searched place on this machine")
     with pytest.raises(localstack.MissingBinaryError) as missing:
@@ -96,11 +102,7 @@ def test_grafana_is_found_and_run_from_its_home_with_a_configuration_of_its_own(
     from exporter.mixin.config import DEFAULT
     from exporter.tools import localgrafana
 
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DDP_EXPORTER_GRAFANA_BINARY", raising=False)
+    _nothing_installed(tmp_path, monkeypatch, "DDP_EXPORTER_GRAFANA_BINARY")
     if any(Path(p).exists() for p in ("/usr/sbin/grafana-server", "/usr/share/grafana")):
         pytest.skip("Grafana is installed on this machine")
     assert localgrafana.find_grafana() is None

@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 from harness import child_env, wait_for
 from prometheus_client import CollectorRegistry, Counter
-from webpki import PASSWORD, USER, bcrypt_hash, fetch, make_pki, renew_server, write_config
+from webpki import (
+    PASSWORD,
+    USER,
+    bcrypt_hash,
+    client_file,
+    fetch,
+    make_pki,
+    renew_server,
+    write_config,
+)
 
 from exporter.export.server import MetricsServer
 from exporter.tools.top import fetch as fetch_rows
@@ -240,26 +249,9 @@ def test_a_long_or_strange_password_is_a_401_never_an_error(served, pki):
         assert fetch(_url(served), **good, user=(user, password))[0] == 401
 
 
-def _client_file(pki, folder: Path, *, password: str = PASSWORD) -> Path:
-    write_config(folder / "password", password + "\n")
-    text = "\n".join(
-        [
-            "tls_config:",
-            f"  ca_file: {pki.path('ca.crt')}",
-            f"  cert_file: {pki.path('client.crt')}",
-            f"  key_file: {pki.path('client.key')}",
-            "basic_auth:",
-            f"  username: {USER}",
-            "  password_file: password",  # relative: to the file's folder
-            "",
-        ]
-    )
-    return write_config(folder / "client.yml", text)
-
-
 def test_top_reads_tls_ranks_with_an_http_client_file_and_only_with_it(served, pki, tmp_path):
     target = f"localhost:{served.port}"
-    (row,) = fetch_rows([target], client=load_client(_client_file(pki, tmp_path)))
+    (row,) = fetch_rows([target], client=load_client(client_file(pki, tmp_path)))
     assert row.up
     (row,) = fetch_rows([target])
     assert not row.up
@@ -268,7 +260,7 @@ def test_top_reads_tls_ranks_with_an_http_client_file_and_only_with_it(served, p
     assert load_client(write_config(tmp_path / "empty.yml", text)).tls
     wrong = tmp_path / "wrong"
     wrong.mkdir()
-    (row,) = fetch_rows([target], client=load_client(_client_file(pki, wrong, password="no")))
+    (row,) = fetch_rows([target], client=load_client(client_file(pki, wrong, password="no")))
     assert not row.up
 
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from harness import REPO, Process, Ranks, child_env, free_port, wait_for
 from promstack import require, run_prometheus
-from webpki import PASSWORD, USER, bcrypt_hash, make_pki, write_config
+from webpki import PASSWORD, USER, bcrypt_hash, client_file, make_pki, write_config
 
 from exporter.deploy import stack
 from exporter.mixin.config import DEFAULT
@@ -145,20 +145,7 @@ def test_run_watches_ranks_served_over_tls_with_its_client_file(tmp_path):
     """``ddp-exporter run --http-config``: its own Prometheus and table read the TLS ranks."""
     require("prometheus")
     pki = make_pki(tmp_path / "pki")
-    write_config(tmp_path / "password", PASSWORD)
-    client = "\n".join(
-        [
-            "tls_config:",
-            f"  ca_file: {pki.path('ca.crt')}",
-            f"  cert_file: {pki.path('client.crt')}",
-            f"  key_file: {pki.path('client.key')}",
-            "basic_auth:",
-            f"  username: {USER}",
-            "  password_file: password",
-            "",
-        ]
-    )
-    client_file = write_config(tmp_path / "client.yml", client)
+    client = client_file(pki, tmp_path)
     env = child_env(
         {
             "OMP_NUM_THREADS": "1",
@@ -170,7 +157,7 @@ def test_run_watches_ranks_served_over_tls_with_its_client_file(tmp_path):
     torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     cmd = [sys.executable, "-m", "exporter.tools.cli", "run", "--stack", "--fast", "--top", "2"]
     # On loopback, the address the server's certificate names.
-    cmd += ["--addr", "127.0.0.1", "--http-config", str(client_file)]
+    cmd += ["--addr", "127.0.0.1", "--http-config", str(client)]
     cmd += ["--", *torchrun, WORKER, "--steps", "0"]
     with Process(cmd, env) as job:
         found = wait_for(

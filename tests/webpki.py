@@ -101,6 +101,25 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
+def client_file(pki: PKI, folder: Path, *, password: str = PASSWORD) -> Path:
+    """Write an HTTP client configuration (the CA, the client's certificate, the password in a
+    file of its own, named relative to the configuration's folder); return its path."""
+    write_config(folder / "password", password + "\n")
+    text = "\n".join(
+        [
+            "tls_config:",
+            f"  ca_file: {pki.path('ca.crt')}",
+            f"  cert_file: {pki.path('client.crt')}",
+            f"  key_file: {pki.path('client.key')}",
+            "basic_auth:",
+            f"  username: {USER}",
+            "  password_file: password",
+            "",
+        ]
+    )
+    return write_config(folder / "client.yml", text)
+
+
 def bcrypt_hash(password: str = PASSWORD) -> str:
     import bcrypt
 

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import TLS_VERSIONS, WebConfigError
+from .config import TLS_VERSIONS, WebConfigError, read_yaml
 
 __all__ = ["HTTPClient", "load_client"]
 
@@ -125,19 +125,7 @@ def load_client(path: str | os.PathLike[str]) -> HTTPClient:
     (naming the extra) where PyYAML is missing.
     """
     name = os.fspath(path)
-    try:
-        import yaml
-    except ImportError as exc:
-        raise ImportError(
-            "reading an HTTP client configuration needs PyYAML: pip install 'ddp-exporter[web]'"
-        ) from exc
-    try:
-        with open(name, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise WebConfigError(name, "", f"cannot be read ({exc.strerror or exc})") from exc
-    except yaml.YAMLError as exc:
-        raise WebConfigError(name, "", "not YAML") from exc
+    data = read_yaml(name, "an HTTP client configuration") or {}
     if not isinstance(data, dict):
         raise WebConfigError(name, "", "expected a mapping")
     for key in data:

@@ -34,6 +34,7 @@ __all__ = [
     "WebConfigError",
     "load",
     "parse",
+    "read_yaml",
 ]
 
 #: exporter-toolkit's ``client_auth_type`` values this exporter serves, as Python's verify modes.
@@ -140,22 +141,29 @@ def load(path: str | os.PathLike[str]) -> WebConfig:
     served as written, ImportError (naming the extra) where PyYAML is missing.
     """
     name = os.fspath(path)
+    data = read_yaml(name, "a web configuration file")
+    return parse(data, name)
+
+
+def read_yaml(name: str, what: str) -> Any:
+    """Return the YAML of the file ``name`` (``what`` it is, for the missing-extra message).
+
+    Raises :class:`WebConfigError` for a file that cannot be read or is not YAML, ImportError
+    (naming the extra) where PyYAML is missing.
+    """
     try:
         import yaml
     except ImportError as exc:
-        raise ImportError(
-            "reading a web configuration file needs PyYAML: pip install 'ddp-exporter[web]'"
-        ) from exc
+        raise ImportError(f"reading {what} needs PyYAML: pip install 'ddp-exporter[web]'") from exc
     try:
         with open(name, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except OSError as exc:
         raise WebConfigError(name, "", f"cannot be read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
         raise WebConfigError(name, "", "not UTF-8 text") from exc
     except yaml.YAMLError as exc:
         raise WebConfigError(name, "", f"not YAML ({exc})".replace("\n", " ")) from exc
-    return parse(data, name)
 
 
 def parse(data: Any, path: str) -> WebConfig:
