@@ -17,8 +17,10 @@ import errno
 import fcntl
 import socket
 import struct
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "gloo_address",
     "interface_address",
     "is_loopback",
+    "listen",
+    "probe_all",
     "probe_tcp",
     "resolve",
 ]
@@ -118,6 +122,50 @@ def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Rea
     if sock is not None:
         sock.close()
     return found
+
+
+def probe_all(targets: Mapping[int, str], seconds: float, workers: int = 32) -> dict[int, str]:
+    """Try every ``{member: "host:port"}`` at once (:func:`probe_tcp`, each for ``seconds``);
+    return how each attempt ended (:data:`KINDS`); an empty address is ``unresolved``."""
+
+    def attempt(address: str) -> str:
+        if not address:
+            return "unresolved"
+        host, _, port = address.rpartition(":")
+        return probe_tcp(host.strip("[]"), int(port), seconds).kind
+
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(workers, len(targets))) as pool:
+        futures = {member: pool.submit(attempt, address) for member, address in targets.items()}
+        return {member: f.result() for member, f in futures.items()}
+
+
+def listen(addr: str, backlog: int = 64) -> str:
+    """Listen on ``addr`` (a free port) and accept, then close, every connection on a daemon
+    thread, for as long as the process lives; return ``ip:port``. Raises OSError.
+
+    What a peer's :func:`probe_tcp` needs to say ``ok``: an address the backend would use that
+    takes connections.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    try:
+        sock.bind((addr, 0))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except OSError:
+                return
+
+    threading.Thread(target=accept, name="ddp-exporter-listen", daemon=True).start()
+    return f"{addr}:{sock.getsockname()[1]}"
 
 
 def interface_address(name: str) -> str | None:

@@ -22,9 +22,10 @@ doctor always ends: exit status 0 when everything passed on every rank, 1 otherw
 usage. Under torchrun the agent already hosts the store on ``MASTER_PORT`` and every rank is a
 client; with one process per rank (srun, mpirun) rank 0 hosts it, like ``init_process_group``.
 
-The package: :mod:`.checks` (what a rank checks alone; Check, Checks, Report), :mod:`.compare` (rank
-0 compares the reports), :mod:`.report` (the table), :mod:`.exchange` (one rank's run through
-the store), :mod:`.command` (the CLI).
+The package: :mod:`.checks` (what a rank checks alone; Check, Checks, Report), :mod:`.connect`
+(reaching the store), :mod:`.board` (the doctor's keys on it), :mod:`.gloo` (the all_reduce and
+the links), :mod:`.compare` (rank 0 compares the reports), :mod:`.report` (the table),
+:mod:`.exchange` (one rank's run, step by step), :mod:`.command` (the CLI).
 """
 
 from __future__ import annotations

@@ -374,7 +374,7 @@ def probe_port(addr: str, port: int, seconds: float) -> Check:
     """Connect to MASTER_ADDR:MASTER_PORT, retrying until ``seconds`` (rank 0 may start late)."""
     found = netcheck.probe_tcp(addr, port, seconds)
     if found.ok:
-        return Check(OK)
+        return Check(OK, f"{found.where()} took a connection in {found.seconds:.1f} s")
     detail, fix = netcheck.explain_master(found, socket.gethostname())
     return Check(FAIL, detail, fix)
 
