@@ -11,7 +11,12 @@ from typing import Any
 
 from .config import MixinConfig, duration_seconds
 
-__all__ = ["Alert", "selector"]
+__all__ = ["SCOPES", "Alert", "selector"]
+
+#: What one alert is about: a rank (the default: its ``rank`` label names it), a whole run (one
+#: alert per run, no ``rank``), a node across runs (``node``, no run), or the monitoring itself
+#: (a Prometheus shard: ``instance``).
+SCOPES = ("rank", "run", "node", "monitoring")
 
 
 def selector(cfg: MixinConfig, metric: str, *matchers: str) -> str:
@@ -33,6 +38,12 @@ class Alert:
     meaning: str
     confirm: str
     action: str
+    #: One of :data:`SCOPES`.
+    scope: str = "rank"
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"{self.name}: scope {self.scope!r} is not one of {SCOPES}")
 
     @property
     def anchor(self) -> str:

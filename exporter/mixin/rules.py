@@ -24,7 +24,7 @@ from typing import Any
 
 from .alert import Alert, selector
 from .alerts.collectives import collective_alerts
-from .alerts.fleet import FLEET_ALERTS, MONITORING_ALERTS, fleet_alerts
+from .alerts.fleet import fleet_alerts
 from .alerts.goodput import goodput_alerts
 from .alerts.gpu import gpu_alerts
 from .alerts.hang_action import hang_action_alerts, restart_history
@@ -66,20 +66,6 @@ __all__ = [
     "selector",
 ]
 
-#: Alerts that are one per run (a condition of the whole run: no ``rank`` label). The collective
-#: alerts are per rank for the ranks behind and per (run, pg) when every rank waits.
-RUN_ALERTS: tuple[str, ...] = (
-    "DDPJobKilled",
-    "DDPHangNetworkFault",
-    "DDPHangAborted",
-    "DDPRestartLoop",
-    "DDPTrainingStalled",
-    "DDPThroughputDrop",
-    "DDPJobWillMissDeadline",
-    "DDPExporterMisconfigured",
-    "DDPGoodputLow",
-)
-
 
 def alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     """Return every per-run alert of ``cfg``, grouped by alert name in :data:`ALERT_NAMES` order."""
@@ -102,6 +88,20 @@ def every_alert(cfg: MixinConfig = DEFAULT) -> list[Alert]:
 
 #: Every alert the mixin defines, in the order of the runbook: as each domain registers them.
 ALERT_NAMES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in every_alert()))
+
+
+def _scoped(scope: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(a.name for a in every_alert() if a.scope == scope))
+
+
+#: Alerts that are one per run (a condition of the whole run: no ``rank`` label), as their
+#: domains declare them. The collective alerts are per rank for the ranks behind and per (run,
+#: pg) when every rank waits.
+RUN_ALERTS: tuple[str, ...] = _scoped("run")
+#: Alerts about a node across runs: a ``node`` label, no run, no rank.
+FLEET_ALERTS: tuple[str, ...] = _scoped("node")
+#: Alerts about the monitoring itself (a Prometheus shard): an ``instance`` label, no run.
+MONITORING_ALERTS: tuple[str, ...] = _scoped("monitoring")
 
 
 def fleet_group(cfg: MixinConfig = DEFAULT) -> dict[str, Any]:

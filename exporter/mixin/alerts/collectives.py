@@ -191,4 +191,5 @@ def network_fault(cfg: MixinConfig = DEFAULT) -> Alert:
         "Slurm `scontrol update NodeName=... State=DRAIN`, Kubernetes `kubectl cordon`. "
         'Restart the job without it; with `on_hang="abort"` the abort line and '
         "`<dump_dir>/<run>-abort.txt` name the nodes for a requeue script to exclude.",
+        scope="run",
     )

@@ -12,18 +12,10 @@ from ..config import MixinConfig
 from ..fleet import fleet_recorded
 
 __all__ = [
-    "FLEET_ALERTS",
-    "MONITORING_ALERTS",
     "fleet_alerts",
     "shard_down_alert",
     "suspect_node_alert",
 ]
-
-#: Alerts about a node across runs: a ``node`` label, no run, no rank.
-FLEET_ALERTS: tuple[str, ...] = ("DDPSuspectNode",)
-
-#: Alerts about the monitoring itself (a Prometheus shard): an ``instance`` label, no run.
-MONITORING_ALERTS: tuple[str, ...] = ("DDPShardDown",)
 
 
 def fleet_alerts(cfg: MixinConfig) -> list[Alert]:
@@ -58,6 +50,7 @@ def shard_down_alert(cfg: MixinConfig) -> Alert:
         "count that shard's nodes from scratch. The shard's own per-run alerts keep paging "
         "while it runs; if it is down, its runs are unwatched: check them with "
         "`ddp-exporter top --targets`.",
+        scope="monitoring",
     )
 
 
@@ -102,4 +95,5 @@ def suspect_node_alert(cfg: MixinConfig) -> Alert:
         "on it, and hand it to the hardware team with the evidence. Once repaired, resume it "
         "(`scontrol update NodeName=... State=RESUME`, `kubectl uncordon`); the alert resolves "
         f"as new runs on it go unblamed or its blamed runs age out of {cfg.fleet_window}.",
+        scope="node",
     )

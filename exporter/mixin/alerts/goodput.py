@@ -92,4 +92,5 @@ def goodput_low(cfg: MixinConfig = DEFAULT) -> Alert:
         "belongs drained. lost_work: checkpoint more often, or resume from the latest "
         "checkpoint. other: a gap outside steps the exporter cannot place (a long tail at the "
         "end, an undeclared pause).",
+        scope="run",
     )

@@ -108,6 +108,7 @@ def hang_aborted(cfg: MixinConfig = DEFAULT) -> Alert:
         "again at the same place, it is a bug in the training code: the restart cannot fix "
         "it, and after `DDP_EXPORTER_ABORT_LIMIT` aborts without progress DDPRestartLoop "
         "says so.",
+        scope="run",
     )
 
 
@@ -144,4 +145,5 @@ def restart_loop(cfg: MixinConfig = DEFAULT) -> Alert:
         "NodeName=... State=DRAIN`, or requeue with `--exclude`; Kubernetes `kubectl cordon`) "
         "and resubmit. If the culprits differ but the file:line is the same, it is a bug or "
         "bad data at that step: fix it before resubmitting; a restart cannot.",
+        scope="run",
     )

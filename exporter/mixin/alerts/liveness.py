@@ -104,6 +104,7 @@ def job_killed(cfg: MixinConfig = DEFAULT) -> Alert:
         "record of the job (`sacct -j`, `kubectl describe`) says why.",
         "Read the scheduler's reason and the launcher's log. If the job hit its time limit, "
         "see DDPJobWillMissDeadline; resubmit from the last checkpoint.",
+        scope="run",
     )
 
 
@@ -137,4 +138,5 @@ def training_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         "follow that runbook. Otherwise take stack dumps of all ranks (`py-spy dump`). Wrap "
         "checkpoints and evaluation in `exporter.deadline(...)` so that they are not taken "
         "for a stall.",
+        scope="run",
     )

@@ -44,4 +44,5 @@ def misconfigured_alert(cfg: MixinConfig = DEFAULT) -> Alert:
         "line says what it accepts; the settings reference, docs/reference/settings.md, lists every variable), "
         "then restart the job from its next checkpoint. Nothing is lost meanwhile but what the "
         "default does differently.",
+        scope="run",
     )

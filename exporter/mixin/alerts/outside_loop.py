@@ -211,4 +211,5 @@ def job_will_miss_deadline(cfg: MixinConfig = DEFAULT) -> Alert:
         "Look for a concurrent DDPRankStraggler, DDPInputBound or DDPThroughputDrop and fix "
         "that cause. Otherwise make sure a checkpoint is written before the deadline "
         "(the job will be killed), and resubmit with a longer limit or more nodes.",
+        scope="run",
     )

@@ -173,6 +173,7 @@ def throughput_drop(cfg: MixinConfig = DEFAULT) -> Alert:
         "Overview dashboard: steps/s and step time per rank; Stragglers: which phase grew.",
         "Look for a concurrent DDPRankStraggler or DDPInputBound on the same run and follow "
         "it; otherwise compare the phase split before and after the drop.",
+        scope="run",
     )
 
 
