@@ -80,6 +80,7 @@ SHIFTED = dataclasses.replace(
     goodput_long_window="57m",
     goodput_node_window="51m",
     goodput_min_ettr=0.71,
+    goodput_min_evidence=0.37,
     goodput_for="27m",
 )
 

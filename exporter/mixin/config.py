@@ -247,8 +247,11 @@ class MixinConfig:
     #: DDPGoodputLow: productive time below this share of the run's unplanned time (its wall
     #: clock less startup and declared sections, which their own alerts judge) ...
     goodput_min_ettr: float = 0.85
-    #: ... over ``goodput_window``, for this long.
+    #: ... over ``goodput_window``, for this long; judged only once the window holds at least
+    #: this share of its length in unplanned time (a run's first minutes, or a window spent in
+    #: declared sections, are not judged on a few seconds of jitter).
     goodput_for: str = "15m"
+    goodput_min_evidence: float = 0.5
 
     # --- past one Prometheus: shards under a global server (exporter.deploy.sharding) ---------
     #: Prometheus shards the generated sharded deployment (deploy/sharded/) splits runs over.
@@ -343,6 +346,8 @@ class MixinConfig:
             raise ValueError("goodput_long_window must be longer than goodput_window")
         if not 0 < self.goodput_min_ettr < 1:
             raise ValueError(f"goodput_min_ettr must be in (0, 1): {self.goodput_min_ettr}")
+        if not 0 < self.goodput_min_evidence <= 1:
+            raise ValueError(f"goodput_min_evidence must be in (0, 1]: {self.goodput_min_evidence}")
 
     def _check_scrape(self) -> None:
         if self.scrape_scheme not in ("http", "https"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ... import catalog
 from ..alert import Alert, selector
 from ..cluster import clauses
-from ..config import DEFAULT, MixinConfig
+from ..config import DEFAULT, MixinConfig, duration_seconds
 from ..prose import spoken_duration
 from ..recording import PLANNED, recorded
 from .shared import finished_ranks
@@ -39,9 +39,13 @@ def _expr(cfg: MixinConfig) -> str:
     r, c = recorded(cfg), clauses(cfg)
     run = c.on("run")
     live = f"max {c.by('run')} ({selector(cfg, catalog.GOODPUT.name)})"
+    planned = "|".join(PLANNED)
+    evidence = duration_seconds(cfg.goodput_window) * cfg.goodput_min_evidence
+    unplanned = f'sum {c.by("run")} ({r.goodput_short}{{category!~"{planned}"}})'
     low = (
         f"(\n  {r.unplanned_ettr} < {cfg.goodput_min_ettr:g}\n"
-        f"  and {run} {live}\n  unless {run} max {c.by('run')} ({finished_ranks(cfg)})\n)"
+        f"  and {run} {live}\n  and {run} {unplanned} >= {evidence:g}\n"
+        f"  unless {run} max {c.by('run')} ({finished_ranks(cfg)})\n)"
     )
     badput = f'{r.goodput_short}{{category=~"{"|".join(UNPLANNED_BADPUT)}"}}'
     largest = f"(topk {c.by('run')} (1, {badput}) * 0 + 1)"
@@ -81,7 +85,9 @@ def goodput_low(cfg: MixinConfig = DEFAULT) -> Alert:
         "(beyond the run's healthy baseline), straggler (the time the other ranks waited for "
         "one rank, named with its node), hang and restart (a hang, the abort and the way back), "
         "lost_work (steps redone from an older checkpoint) or other. A run that ended cleanly "
-        "is not judged.",
+        "is not judged, nor a window holding less than "
+        f"{cfg.goodput_min_evidence:.0%} of its length in unplanned time (a run's first "
+        "minutes, a window spent in declared sections).",
         "Goodput dashboard: ETTR over time, where the time went (stacked) and the ranks and "
         "nodes that cost the most; `ddp-exporter goodput --prometheus URL --run RUN` prints the "
         "account; the run's summary `<dump_dir>/<run>-goodput.txt` at its end.",
