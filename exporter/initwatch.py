@@ -50,6 +50,7 @@ from . import catalog as c
 from . import settings, storekeys
 from .background import DONE, BackgroundLoop
 from .errors import ErrorCounter
+from .export import server
 from .export.collector import add_invalid_settings, family
 from .export.server import MetricsServer
 from .log import log
@@ -125,14 +126,10 @@ class InitWatch:
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _InitCollector(self)
         self.registry.register(self._collector)
-        self._server = (
-            MetricsServer(
-                self.registry, endpoint.addr, endpoint.port, web_config=endpoint.web_config
-            )
-            if serve
-            else None
-        )
-        self.port: int | None = self._server.start() if self._server else None
+        self._server: MetricsServer | None = None
+        self.port: int | None = None
+        if serve:
+            self._server, self.port = server.serve(self.registry, endpoint)
         self._loop = BackgroundLoop(
             "ddp-exporter-init",
             self._tick,

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from . import settings
 from .assembly import hook_steps, start_goodput, start_gpu_health, start_watchers, started
 from .errors import ErrorCounter
-from .export import discovery, push
+from .export import discovery, push, server
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
 from .sources import ending, launcher
@@ -104,14 +104,10 @@ class Observer:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        self._server = (
-            MetricsServer(
-                self.registry, endpoint.addr, endpoint.port, web_config=endpoint.web_config
-            )
-            if serve
-            else None
-        )
-        self.port: int | None = self._server.start() if self._server else None
+        self._server: MetricsServer | None = None
+        self.port: int | None = None
+        if serve:
+            self._server, self.port = server.serve(self.registry, endpoint)
         self._store = store
         self.discovery: discovery.Discovery | None = None
         self._start_discovery()

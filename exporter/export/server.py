@@ -15,10 +15,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 
 from ..log import log
-from ..settings import WEB_CONFIG, is_all_interfaces
+from ..settings import WEB_CONFIG, Endpoint, is_all_interfaces
 from ..web import Policy, WebServer
 
-__all__ = ["MetricsServer", "Scrapers", "WSGIApp"]
+__all__ = ["MetricsServer", "Scrapers", "WSGIApp", "serve"]
 
 
 #: A WSGI application: what :meth:`MetricsServer.route` mounts on a path.
@@ -199,3 +199,11 @@ class MetricsServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+
+def serve(registry: CollectorRegistry, endpoint: Endpoint) -> tuple[MetricsServer, int | None]:
+    """Serve ``registry`` where ``endpoint`` says (its address, port and web configuration);
+    return the server and the bound port (None when it could not bind: logged, training goes
+    on)."""
+    server = MetricsServer(registry, endpoint.addr, endpoint.port, web_config=endpoint.web_config)
+    return server, server.start()
