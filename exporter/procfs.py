@@ -1,4 +1,4 @@
-"""Read a process's state, parent and start time from Linux's /proc: the one reader of it.
+"""Read a process's state, parent, start time and CPU waits from Linux's /proc: the one reader.
 
 The launcher's start (the job's wall clock) and the reaper's process tree both need
 ``/proc/<pid>/stat``, whose second field (the command name, in parentheses) may itself contain
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "age_s", "boot_time", "start_unix", "stat"]
+__all__ = ["ProcStat", "age_s", "boot_time", "run_delay_s", "start_unix", "stat"]
 
 
 @dataclass(frozen=True)
@@ -74,3 +74,25 @@ def age_s(pid: int) -> float | None:
     if found is None or up is None:
         return None
     return max(0.0, up - found.start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def run_delay_s(pid: int | str = "self") -> float | None:
+    """Return the seconds the threads of ``pid`` spent runnable but waiting for a CPU, summed
+    over its live threads (the scheduler's run delay, second field of each
+    ``/proc/<pid>/task/<tid>/schedstat``); None where the kernel does not say.
+
+    A thread that ended takes its share with it: the sum can go down between two reads.
+    """
+    total, read = 0, False
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+            read = True
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total / 1e9 if read else None

@@ -109,8 +109,10 @@ class Sim:
         comm: float | None = None,
         section: tuple[int, str, float] | None = None,
         stall: tuple[int, float] | None = None,
+        cpu_wait: float = 0.0,
     ) -> None:
-        """One step; ``section``: (rank, category, seconds) before it; ``stall``: (rank, s)."""
+        """One step; ``section``: (rank, category, seconds) before it; ``stall``: (rank, s);
+        ``cpu_wait``: the seconds the monitoring rank's threads waited for a CPU meanwhile."""
         compute, data = compute or {}, data or {}
         if self.first is None:
             self.first = self.now
@@ -149,7 +151,11 @@ class Sim:
         wait = duration - d0 - c0 - self.opt
         o = self.own
         self.own = StepTotals(
-            o.steps + 1, o.data_s + d0, o.compute_s + c0 + self.opt, o.comm_s + wait
+            o.steps + 1,
+            o.data_s + d0,
+            o.compute_s + c0 + self.opt,
+            o.comm_s + wait,
+            o.cpu_wait_s + cpu_wait,
         )
 
     def totals(self) -> dict[str, float]:

@@ -163,6 +163,24 @@ def test_collectives_slowed_by_a_busy_host_are_the_healthy_pace(seed: int) -> No
     assert totals["communication"] < 0.01 * _wall(sim), totals
 
 
+def test_collectives_slowed_while_the_rank_waited_for_a_cpu_are_the_host_s_pace() -> None:
+    """Collectives slower with compute at its pace (FSDP2's overlap lost on a busy host): the
+    time the rank's threads waited for a CPU meanwhile is the host's, not the network's."""
+    sim = Sim()
+    sim.steps(100)
+    for _ in range(50):
+        sim.one_step(comm=0.105, cpu_wait=0.12)  # the collectives' threads were descheduled
+    sim.steps(50)
+    assert sim.end()["communication"] < 0.05
+    # Waits for a CPU that cover part of the slowdown excuse that part only.
+    sim = Sim()
+    sim.steps(100)
+    for _ in range(50):
+        sim.one_step(comm=0.105, cpu_wait=0.04)
+    sim.steps(50)
+    assert sim.end()["communication"] == pytest.approx(50 * 0.06, rel=0.1)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_busy_host_slows_compute_and_collectives_alike_and_loses_nothing(seed: int) -> None:
     """Other processes take the cores for a while: every rank computes and communicates slower."""

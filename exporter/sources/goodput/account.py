@@ -61,6 +61,9 @@ class StepTotals:
     compute_s: float
     #: Exposed communication (waits included).
     comm_s: float
+    #: The seconds this rank's threads waited for a CPU so far (:func:`exporter.procfs.run_delay_s`,
+    #: 0 where the kernel does not say): the host's contention, not the network's.
+    cpu_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class _Chunk:
     data: float
     compute: float
     comm: float
+    cpu_wait: float = 0.0
 
 
 @dataclass
@@ -207,6 +211,7 @@ class Account:
                 own.data_s - last.data_s,
                 own.compute_s - last.compute_s,
                 own.comm_s - last.comm_s,
+                max(0.0, own.cpu_wait_s - last.cpu_wait_s),
             )
             if chunk.steps1 > chunk.steps0 or chunk.comm or chunk.compute or chunk.data:
                 self._chunks.append(chunk)
@@ -301,6 +306,8 @@ class Account:
             if healthy:  # the baseline is what steps nobody held up needed
                 self._samples.append(ch.comm / n)
                 self._compute.append(ch.compute / n)
+        # What the rank's threads waited for a CPU meanwhile is the host's, not the network's.
+        base += min(ch.comm - base, ch.cpu_wait)
         cats["communication"] += ch.comm - base
         clean = ch.compute + base
         redone = self._redone(ch)

@@ -200,7 +200,7 @@ class GoodputTracker:
 
     def _own_steps(self) -> StepTotals:
         steps, ps, _ = self._phases()
-        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2])
+        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2], procfs.run_delay_s() or 0.0)
 
     def own_work(self) -> Work:
         """Return this rank's own work so far: what its peers compare theirs with."""
