@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "age_s", "boot_time", "run_delay_s", "start_unix", "stat"]
+__all__ = ["ProcStat", "age_s", "boot_time", "run_delays", "start_unix", "stat"]
 
 
 @dataclass(frozen=True)
@@ -76,23 +76,19 @@ def age_s(pid: int) -> float | None:
     return max(0.0, up - found.start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def run_delay_s(pid: int | str = "self") -> float | None:
-    """Return the seconds the threads of ``pid`` spent runnable but waiting for a CPU, summed
-    over its live threads (the scheduler's run delay, second field of each
-    ``/proc/<pid>/task/<tid>/schedstat``); None where the kernel does not say.
-
-    A thread that ended takes its share with it: the sum can go down between two reads.
-    """
-    total, read = 0, False
+def run_delays(pid: int | str = "self") -> dict[int, float] | None:
+    """Return, per live thread of ``pid``, the seconds it spent runnable but waiting for a CPU
+    (the scheduler's run delay, second field of ``/proc/<pid>/task/<tid>/schedstat``); None
+    where the kernel does not say."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    out: dict[int, float] = {}
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-            read = True
+                out[int(tid)] = int(f.read().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):
             continue  # the thread ended meanwhile
-    return total / 1e9 if read else None
+    return out or None

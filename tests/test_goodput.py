@@ -29,6 +29,7 @@ from exporter.sources.goodput import (
 )
 from exporter.sources.goodput.ledger import goodput_path, save
 from exporter.sources.goodput.peers import PERSIST_MIN
+from exporter.sources.goodput.tracker import CpuWait
 
 pytestmark = pytest.mark.unit
 
@@ -161,6 +162,20 @@ def test_collectives_slowed_by_a_busy_host_are_the_healthy_pace(seed: int) -> No
         sim.one_step(comm=comm * 8 if rng.random() < 0.01 else comm)
     totals = sim.end()
     assert totals["communication"] < 0.01 * _wall(sim), totals
+
+
+def test_cpu_wait_is_the_longest_wait_of_one_thread_between_reads() -> None:
+    reads = iter(
+        [
+            {1: 0.0, 2: 0.0},
+            {1: 0.5, 2: 0.3, 3: 9.0},  # thread 3 is new: it counts from here
+            {1: 0.6, 2: 1.3, 3: 9.2},
+            None,  # unreadable: nothing more
+            {2: 1.4},  # thread 1 ended: never a negative wait
+        ]
+    )
+    wait = CpuWait(lambda: next(reads))
+    assert [wait.read() for _ in range(4)] == pytest.approx([0.5, 1.5, 1.5, 1.6])
 
 
 def test_collectives_slowed_while_the_rank_waited_for_a_cpu_are_the_host_s_pace() -> None:

@@ -61,8 +61,8 @@ class StepTotals:
     compute_s: float
     #: Exposed communication (waits included).
     comm_s: float
-    #: The seconds this rank's threads waited for a CPU so far (:func:`exporter.procfs.run_delay_s`,
-    #: 0 where the kernel does not say): the host's contention, not the network's.
+    #: The seconds this rank waited for a CPU so far (:class:`.tracker.CpuWait`, 0 where the
+    #: kernel does not say): the host's contention, not the network's.
     cpu_wait_s: float = 0.0
 
 

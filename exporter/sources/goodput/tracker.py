@@ -32,12 +32,36 @@ from .ledger import goodput_path, load_carried, save, summary_path
 from .peers import PeerTally, decode_work, encode_work, work_key
 from .summary import document, render
 
-__all__ = ["GoodputTracker", "HangFeed", "SectionClock", "Snapshot"]
+__all__ = ["CpuWait", "GoodputTracker", "HangFeed", "SectionClock", "Snapshot"]
 
 #: Largest job whose monitoring rank reads every rank's work each tick, not each interval.
 FAST_READ_MAX_RANKS = 256
 #: Seconds between two writes of the run's file while the account grows.
 SAVE_EVERY_S = 1.0
+
+
+class CpuWait:
+    """How long this process waited for a CPU, as the goodput account excuses it.
+
+    Between two reads, the most that any one of its threads waited (the scheduler's run delay,
+    :func:`exporter.procfs.run_delays`): threads wait side by side, so many threads each
+    waiting a little add up to no more than the one that waited longest. A thread counts from
+    the first read that sees it; where the kernel does not say, nothing is counted.
+    """
+
+    def __init__(self, delays: Callable[[], dict[int, float] | None] = procfs.run_delays) -> None:
+        self._delays = delays
+        self._last = delays() or {}
+        self.total = 0.0
+
+    def read(self) -> float:
+        """Return the seconds counted so far, this read's included."""
+        now = self._delays()
+        if now:
+            waited = max(d - self._last.get(tid, d) for tid, d in now.items())
+            self.total += max(0.0, waited)
+            self._last = now
+        return self.total
 
 
 class HangFeed(Protocol):
@@ -149,6 +173,7 @@ class GoodputTracker:
         # and write the run's file: one at a time.
         self._busy = threading.Lock()
         self.account: Account | None = None
+        self._cpu_wait = CpuWait()
         if monitor:
             self.account = self._new_account(start_step, start_unix)
             self.account.steps(time.time(), self._own_steps())
@@ -200,7 +225,7 @@ class GoodputTracker:
 
     def _own_steps(self) -> StepTotals:
         steps, ps, _ = self._phases()
-        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2], procfs.run_delay_s() or 0.0)
+        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2], self._cpu_wait.read())
 
     def own_work(self) -> Work:
         """Return this rank's own work so far: what its peers compare theirs with."""
