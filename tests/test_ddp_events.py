@@ -157,7 +157,8 @@ def test_marks_fall_around_ddps_finalisation_and_the_straggler_shows_no_wait(tmp
     healthy, slow = per_rank[0]["straggler"], per_rank[1]["straggler"]
     # Rank 0 waits out rank 1's 0.2 s in every allreduce; rank 1 waits for nobody.
     wait = [r["phase_sum"][2] / r["steps"] for r in (healthy, slow)]
-    # (A bound for a busy machine: rank 0's own compute slows too, and eats into its wait.)
-    assert wait[0] > 0.05 and wait[1] < wait[0] / 4, wait
+    # (Bounds for a busy machine: rank 0's own compute slows too and eats into its wait, and
+    # the load delays either rank at random, so the straggler waits now and then as well.)
+    assert wait[0] > 0.05 and wait[0] - wait[1] > 0.05, wait
     latency = [r["latency_sum"] / r["count"] for r in (healthy, slow)]
     assert latency[1] < latency[0], latency

@@ -196,6 +196,9 @@ class Responder:
         monitoring rank must not mistake a full disk for a frozen rank.
         """
         site = self._site
+        # Where this rank stands now, not at its last report: the marks taken below say when it
+        # has progressed since, and a report older than the dump would say so at once.
+        self.last_states = self._inflight.read()
         folder = episode_dir(site.dump_dir, site.run, episode, site.attempt)
         base = os.path.join(folder, f"rank-{site.rank}")
         state = self._capture_guarded(base, episode)
