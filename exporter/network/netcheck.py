@@ -19,13 +19,15 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "KINDS",
     "Reach",
+    "at_once",
     "backend_address",
     "connect",
     "explain_master",
@@ -41,6 +43,7 @@ __all__ = [
 #: How a connection attempt can end.
 KINDS: tuple[str, ...] = ("ok", "refused", "dropped", "unreachable", "unresolved")
 
+_T = TypeVar("_T")
 _SIOCGIFADDR = 0x8915
 _UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL}
 
@@ -124,6 +127,20 @@ def probe_tcp(host: str, port: int, seconds: float, retry_s: float = 0.2) -> Rea
     return found
 
 
+def at_once(
+    attempt: Callable[[str], _T], targets: Mapping[int, str], workers: int, name: str
+) -> dict[int, _T]:
+    """Run ``attempt(address)`` for every ``{member: address}`` at once, on at most ``workers``
+    threads named ``name``; return each member's result (bounded by the slowest attempt)."""
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(
+        max_workers=min(workers, len(targets)), thread_name_prefix=name
+    ) as pool:
+        futures = {member: pool.submit(attempt, address) for member, address in targets.items()}
+        return {member: f.result() for member, f in futures.items()}
+
+
 def probe_all(targets: Mapping[int, str], seconds: float, workers: int = 32) -> dict[int, str]:
     """Try every ``{member: "host:port"}`` at once (:func:`probe_tcp`, each for ``seconds``);
     return how each attempt ended (:data:`KINDS`); an empty address is ``unresolved``."""
@@ -134,11 +151,7 @@ def probe_all(targets: Mapping[int, str], seconds: float, workers: int = 32) -> 
         host, _, port = address.rpartition(":")
         return probe_tcp(host.strip("[]"), int(port), seconds).kind
 
-    if not targets:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(workers, len(targets))) as pool:
-        futures = {member: pool.submit(attempt, address) for member, address in targets.items()}
-        return {member: f.result() for member, f in futures.items()}
+    return at_once(attempt, targets, workers, "ddp-exporter-reach")
 
 
 def listen(addr: str, backlog: int = 64) -> str:

@@ -23,7 +23,6 @@ import struct
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..errors import ErrorCounter
@@ -100,15 +99,9 @@ def reach_all(
     targets: Mapping[int, str], connect_s: float = CONNECT_S, move_s: float = MOVE_S
 ) -> dict[int, PeerReach]:
     """Try every ``{rank: address}`` at once (:func:`reach`); bounded by one attempt's time."""
-    if not targets:
-        return {}
-    with ThreadPoolExecutor(
-        max_workers=min(MAX_WORKERS, len(targets)), thread_name_prefix="ddp-exporter-probe"
-    ) as pool:
-        futures = {
-            rank: pool.submit(reach, addr, connect_s, move_s) for rank, addr in targets.items()
-        }
-        return {rank: f.result() for rank, f in futures.items()}
+    return netcheck.at_once(
+        lambda addr: reach(addr, connect_s, move_s), targets, MAX_WORKERS, "ddp-exporter-probe"
+    )
 
 
 @dataclass

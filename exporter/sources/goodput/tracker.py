@@ -173,7 +173,8 @@ class GoodputTracker:
         # and write the run's file: one at a time.
         self._busy = threading.Lock()
         self.account: Account | None = None
-        self._cpu_wait = CpuWait()
+        # Only the account reads it (the monitoring rank's): nothing to read on the others.
+        self._cpu_wait = CpuWait() if monitor else None
         if monitor:
             self.account = self._new_account(start_step, start_unix)
             self.account.steps(time.time(), self._own_steps())
@@ -225,7 +226,13 @@ class GoodputTracker:
 
     def _own_steps(self) -> StepTotals:
         steps, ps, _ = self._phases()
-        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2], self._cpu_wait.read())
+        return StepTotals(
+            steps,
+            ps[0],
+            ps[1] + ps[3],
+            ps[2],
+            self._cpu_wait.read() if self._cpu_wait is not None else 0.0,
+        )
 
     def own_work(self) -> Work:
         """Return this rank's own work so far: what its peers compare theirs with."""
