@@ -272,12 +272,16 @@ def test_a_throttled_gpu_and_an_xid_page_naming_rank_node_and_gpu(stack):
 HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "80"))
 
 
+def _last_minute(st: LocalStack, run: str) -> dict[str, float]:
+    """Return the run's goodput over the last minute, by category (seconds)."""
+    spent = st.query(f'increase(ddp_goodput_seconds_total{{run="{run}"}}[1m]) > 0')
+    return {a["metric"].get("category"): round(float(a["value"][1]), 2) for a in spent}
+
+
 def _explain(st: LocalStack, run: str, pending: list[dict]) -> str:
     """Return the pending alerts' labels in full and the run's goodput over the last minute."""
     alerts = [" ".join(f"{k}={v}" for k, v in sorted(a["metric"].items())) for a in pending]
-    spent = st.query(f'increase(ddp_goodput_seconds_total{{run="{run}"}}[1m]) > 0')
-    account = {a["metric"].get("category"): round(float(a["value"][1]), 2) for a in spent}
-    return f"{alerts}; goodput over the last minute: {account}"
+    return f"{alerts}; goodput over the last minute: {_last_minute(st, run)}"
 
 
 def start_accelerate(run: str, sd) -> Ranks:
@@ -320,6 +324,7 @@ def healthy_drill(stack, starts: dict[str, tuple[str, Callable[[str], Ranks]]]) 
             verdicts = [v for t in watch.reader.tables.values() for x in t for v in x.values() if v]
             assert not verdicts, verdicts  # not even a job-wide STUCK
             print(f"\ntop ({run}): {reads} reads of the healthy run, no verdict")
+            print(f"goodput ({run}) over the last minute: {_last_minute(st, run)}")
     finally:
         for watch in watches.values():
             watch.stop()

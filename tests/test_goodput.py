@@ -28,8 +28,8 @@ from exporter.sources.goodput import (
     section_category,
 )
 from exporter.sources.goodput.ledger import goodput_path, save
-from exporter.sources.goodput.peers import PERSIST_MIN
-from exporter.sources.goodput.tracker import CpuWait
+from exporter.sources.goodput.peers import PERSIST_MIN, decode_work, encode_work
+from exporter.sources.goodput.tracker import CpuWait, HostWait
 
 pytestmark = pytest.mark.unit
 
@@ -176,6 +176,29 @@ def test_cpu_wait_is_the_longest_wait_of_one_thread_between_reads() -> None:
     )
     wait = CpuWait(lambda: next(reads))
     assert [wait.read() for _ in range(4)] == pytest.approx([0.5, 1.5, 1.5, 1.6])
+
+
+def test_the_run_s_cpu_wait_is_the_longest_wait_of_one_rank_between_reads() -> None:
+    """A collective waits for its slowest participant: a peer's threads waiting to run slow
+    the monitoring rank's collectives as much as its own."""
+    wait = HostWait()
+    assert wait.read({0: 1.0}) == 0.0  # each rank counts from its first reading
+    assert wait.read({0: 1.1, 1: 5.0}) == pytest.approx(0.1)
+    assert wait.read({0: 1.2, 1: 5.5}) == pytest.approx(0.6)  # the peer waited longest
+    assert wait.read({0: 1.3}) == pytest.approx(0.7)  # no peer read this time: its own
+    assert wait.read({0: 1.3, 1: 5.4}) == pytest.approx(0.7)  # never a negative wait
+
+
+def test_a_rank_s_cpu_wait_travels_with_its_work_and_is_no_work() -> None:
+    work = Work(7, 0.5, 2.0, 0.0, 0.0, 0.0, cpu_wait_s=0.25)
+    assert decode_work(encode_work(work)) == work
+    assert decode_work(encode_work(work)).cpu_wait_s == 0.25
+    # Waiting alone is not moving: a hung rank whose threads wait does not close a window.
+    assert Work(7, 0.5, 2.0, cpu_wait_s=0.9) == work
+    assert decode_work(encode_work(work, finished=True)) is None
+    # An earlier version's reading (no CPU wait) and a later one's (a field more) still read.
+    assert decode_work("[7, 0.5, 2.0, 0, 0, 0, 0]") == Work(7, 0.5, 2.0)
+    assert decode_work("[7, 0.5, 2.0, 0, 0, 0, 0, 0.25, 3]").cpu_wait_s == 0.25
 
 
 def test_collectives_slowed_while_the_rank_waited_for_a_cpu_are_the_host_s_pace() -> None:

@@ -61,7 +61,7 @@ class StepTotals:
     compute_s: float
     #: Exposed communication (waits included).
     comm_s: float
-    #: The seconds this rank waited for a CPU so far (:class:`.tracker.CpuWait`, 0 where the
+    #: The seconds the run waited for a CPU so far (:class:`.tracker.HostWait`, 0 where the
     #: kernel does not say): the host's contention, not the network's.
     cpu_wait_s: float = 0.0
 
@@ -306,7 +306,7 @@ class Account:
             if healthy:  # the baseline is what steps nobody held up needed
                 self._samples.append(ch.comm / n)
                 self._compute.append(ch.compute / n)
-        # What the rank's threads waited for a CPU meanwhile is the host's, not the network's.
+        # What the ranks' threads waited for a CPU meanwhile is the host's, not the network's.
         base += min(ch.comm - base, ch.cpu_wait)
         cats["communication"] += ch.comm - base
         clean = ch.compute + base

@@ -20,8 +20,9 @@ exactly one category; they add up to the wall clock.
 - ``data``: time the step waited for its DataLoader (the run waits on input). One rank whose
   input alone is slow holds up the others: that is ``straggler`` with cause data.
 - ``communication``: exposed communication beyond the healthy baseline, lasting past the slack,
-  that no slower rank and no wait for a CPU explains (the monitoring rank's threads waiting to
-  run are the host's contention): a slow or congested network, a collective that got slower.
+  that no slower rank and no wait for a CPU explains (any rank's threads waiting to run, its
+  collectives' among them, are the host's contention: a collective waits for the slowest
+  participant): a slow or congested network, a collective that got slower.
 - ``straggler``: the time the other ranks waited for one slow rank: whenever one rank's own work
   (compute and data, :data:`CAUSES`) over a window exceeded the typical rank's (the median) by
   more than :data:`STRAGGLER_SHARE` of it, and that rank also stood out over the recent windows
@@ -54,7 +55,7 @@ too. ETTR, effective training time ratio, is ``productive`` over the wall clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ... import catalog
 
@@ -126,6 +127,8 @@ class Work:
 
     ``compute_s`` is the compute phase (the optimizer's is the same on every rank and not
     blamed); the section times are its declared sections that interrupted its training.
+    ``cpu_wait_s`` rides along: how long the rank's threads waited for a CPU so far
+    (:class:`.tracker.CpuWait`). It is no work: a rank whose work stands still has not moved.
     """
 
     steps: int = 0
@@ -134,6 +137,7 @@ class Work:
     checkpoint_s: float = 0.0
     evaluation_s: float = 0.0
     section_s: float = 0.0
+    cpu_wait_s: float = field(default=0.0, compare=False)
 
     def parts(self) -> dict[str, float]:
         """Return the work by cause: data, compute and each section category."""

@@ -59,19 +59,30 @@ def encode_work(work: Work, finished: bool = False) -> str:
             round(work.evaluation_s, 4),
             round(work.section_s, 4),
             int(finished),
+            round(work.cpu_wait_s, 4),
         ]
     )
 
 
 def decode_work(raw: bytes | str) -> Work | None:
-    """Read a rank's work; None for a rank that ended cleanly or wrote nothing readable."""
+    """Read a rank's work; None for a rank that ended cleanly or wrote nothing readable.
+
+    A reading without the CPU wait (the seven fields of earlier versions) waited for none;
+    fields past the ones known are a later version's, not read.
+    """
     try:
         fields: Any = json.loads(raw)
-        steps, data, compute, ckpt, evaluation, section, finished = fields
+        steps, data, compute, ckpt, evaluation, section, finished, *more = fields
         if finished:
             return None
         return Work(
-            int(steps), float(data), float(compute), float(ckpt), float(evaluation), float(section)
+            int(steps),
+            float(data),
+            float(compute),
+            float(ckpt),
+            float(evaluation),
+            float(section),
+            float(more[0]) if more else 0.0,
         )
     except (ValueError, TypeError):
         return None

@@ -32,7 +32,7 @@ from .ledger import goodput_path, load_carried, save, summary_path
 from .peers import PeerTally, decode_work, encode_work, work_key
 from .summary import document, render
 
-__all__ = ["CpuWait", "GoodputTracker", "HangFeed", "SectionClock", "Snapshot"]
+__all__ = ["CpuWait", "GoodputTracker", "HangFeed", "HostWait", "SectionClock", "Snapshot"]
 
 #: Largest job whose monitoring rank reads every rank's work each tick, not each interval.
 FAST_READ_MAX_RANKS = 256
@@ -61,6 +61,27 @@ class CpuWait:
             waited = max(d - self._last.get(tid, d) for tid, d in now.items())
             self.total += max(0.0, waited)
             self._last = now
+        return self.total
+
+
+class HostWait:
+    """How long the run waited for a CPU, as the monitoring rank's account excuses it.
+
+    Between two reads, the most that any one rank waited (each rank's :class:`CpuWait`, its own
+    read fresh and its peers' as they published it): a collective waits for its slowest
+    participant, whose threads may be the ones waiting to run. A rank counts from its first
+    reading.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}
+        self.total = 0.0
+
+    def read(self, waits: dict[int, float]) -> float:
+        """Take each rank's CPU wait so far; return the seconds counted so far."""
+        waited = [w - self._last.get(rank, w) for rank, w in waits.items()]
+        self._last.update(waits)
+        self.total += max([0.0, *waited])
         return self.total
 
 
@@ -173,11 +194,13 @@ class GoodputTracker:
         # and write the run's file: one at a time.
         self._busy = threading.Lock()
         self.account: Account | None = None
-        # Only the account reads it (the monitoring rank's): nothing to read on the others.
-        self._cpu_wait = CpuWait() if monitor else None
+        # Every rank's, published with its work: the monitoring rank's account excuses the
+        # run's waits for a CPU (HostWait).
+        self._cpu_wait = CpuWait()
+        self._host_wait = HostWait()
         if monitor:
             self.account = self._new_account(start_step, start_unix)
-            self.account.steps(time.time(), self._own_steps())
+            self.account.steps(time.time(), self._own_steps({}))
         self._loop = BackgroundLoop(
             "ddp-exporter-goodput",
             self._tick,
@@ -224,21 +247,25 @@ class GoodputTracker:
         with rec.lock:  # one consistent read, as a scrape takes it
             return rec.steps, list(rec.phase_sum), rec.step_hist.sum
 
-    def _own_steps(self) -> StepTotals:
+    def _own_steps(self, peers: dict[int, float]) -> StepTotals:
+        """Return this rank's steps so far, with the run's CPU wait (``peers``' as published)."""
         steps, ps, _ = self._phases()
-        return StepTotals(
-            steps,
-            ps[0],
-            ps[1] + ps[3],
-            ps[2],
-            self._cpu_wait.read() if self._cpu_wait is not None else 0.0,
-        )
+        waits = {**peers, self.identity.rank: self._cpu_wait.read()}
+        return StepTotals(steps, ps[0], ps[1] + ps[3], ps[2], self._host_wait.read(waits))
 
     def own_work(self) -> Work:
         """Return this rank's own work so far: what its peers compare theirs with."""
         steps, ps, _ = self._phases()
         sec = self._clock.totals()
-        return Work(steps, ps[0], ps[1], sec["checkpoint"], sec["evaluation"], sec["section"])
+        return Work(
+            steps,
+            ps[0],
+            ps[1],
+            sec["checkpoint"],
+            sec["evaluation"],
+            sec["section"],
+            self._cpu_wait.read(),
+        )
 
     def _publish(self, finished: bool = False) -> None:
         if self._store is not None:
@@ -258,14 +285,16 @@ class GoodputTracker:
 
     def _account(self, account: Account, now: float) -> None:
         small = len(self._keys) <= FAST_READ_MAX_RANKS
+        peers: dict[int, float] = {}
         if self._store is not None and (small or self._ticks % self._every == 1):
             works = [decode_work(v) for v in self._store.multi_get(self._keys)]
+            peers = {r: w.cpu_wait_s for r, w in enumerate(works) if w is not None}
             found = self._tally.observe(works, now)
             if found is not None:
                 account.excess(found)
         self._first_step(account)
         account.sections(self._clock.totals())
-        account.steps(now, self._own_steps())
+        account.steps(now, self._own_steps(peers))
         hangs = self._hangs
         if hangs is not None:
             account.hang(now, hangs.latest(), self._rec.steps)
