@@ -180,8 +180,7 @@ class CollectiveTiming(Patcher):
         return per_op[op]
 
     def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
-        rec, errors, timed = self._rec, self._errors, self._timed
-        training = self._thread
+        rec, errors = self._rec, self._errors
 
         world = getattr(dist.distributed_c10d, "_world", None)  # private: feature-detected
 
@@ -199,28 +198,23 @@ class CollectiveTiming(Patcher):
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)
                 return fn(*args, **kwargs)
-            try:
-                work = fn(*args, **kwargs)
-            except BaseException:
-                rec.collective_finished(stats, t0, timed=False)
-                raise
-            try:
-                if work is None:  # synchronous: completed on return
-                    rec.collective_finished(stats, t0, timed)
-                    # torch waits for a synchronous collective with Work.wait(), which is timed
-                    # already where it could be wrapped.
-                    if timed and self._wait is None and threading.get_ident() == training:
-                        rec.comm_blocked(rec.clock() - t0)
-                elif self._wait is None:  # waits unseen: nothing will say when it ends
-                    rec.collective_finished(stats, t0, timed=False)
-                else:
-                    self._track(work, stats, t0)
-            except Exception as exc:  # noqa: BLE001
-                rec.collective_finished(stats, t0, timed=False)
-                errors.record("comm_timing", exc)
-            return work
+            return self._issue(fn, args, kwargs, stats, t0, self._settle)
 
         return collective
+
+    def _settle(self, work: Any, stats: CollectiveStats, t0: float) -> None:
+        """Record what a collective returned: done (synchronous), untimed, or to wait for."""
+        rec = self._rec
+        if work is None:  # synchronous: completed on return
+            rec.collective_finished(stats, t0, self._timed)
+            # torch waits for a synchronous collective with Work.wait(), which is timed
+            # already where it could be wrapped.
+            if self._timed and self._wait is None and threading.get_ident() == self._thread:
+                rec.comm_blocked(rec.clock() - t0)
+        elif self._wait is None:  # waits unseen: nothing will say when it ends
+            rec.collective_finished(stats, t0, timed=False)
+        else:
+            self._track(work, stats, t0)
 
     def _track(self, work: Any, stats: CollectiveStats, t0: float) -> None:
         """Remember an asynchronous collective until its ``wait()`` returns (bounded)."""

@@ -241,8 +241,8 @@ class FunctionalCollectiveTiming(Patcher):
 
     # -- stand-ins --------------------------------------------------------------------------------
     def _wrap_launch(self, packet: Any, name: str, op: str, at: int) -> Any:
-        rec, errors, remember = self._rec, self._errors, self._remember
-        stats_of, launched = self._stats, rec.collective_launched
+        errors, remember, issue = self._errors, self._remember, self._issue
+        stats_of, launched = self._stats, self._rec.collective_launched
 
         def launch(_self: Any, *args: Any, **kwargs: Any) -> Any:
             if _is_compiling():  # traced into a graph: the graph's ops, not this call
@@ -258,17 +258,7 @@ class FunctionalCollectiveTiming(Patcher):
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)
                 return packet(*args, **kwargs)
-            try:
-                out = packet(*args, **kwargs)
-            except BaseException:
-                rec.collective_finished(stats, t0, timed=False)
-                raise
-            try:
-                remember(out, stats, t0)
-            except Exception as exc:  # noqa: BLE001
-                rec.collective_finished(stats, t0, timed=False)
-                errors.record("comm_timing", exc)
-            return out
+            return issue(packet, args, kwargs, stats, t0, remember)
 
         launch.__name__ = name
         return launch

@@ -10,12 +10,13 @@ their own replacement (another patcher may have wrapped it since).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 
 from ..errors import ErrorCounter
-from .recorder import Recorder
+from .recorder import CollectiveStats, Recorder
 
 __all__ = ["Patcher", "payload_bytes"]
 
@@ -60,6 +61,33 @@ class Patcher:
     def instrumented(self) -> bool:
         """Say whether the replacements are in place."""
         return bool(self._patched)
+
+    def _issue(
+        self,
+        call: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stats: CollectiveStats,
+        t0: float,
+        settle: Callable[[Any, CollectiveStats, float], None],
+    ) -> Any:
+        """Issue a collective whose launch was recorded at ``t0``; return what it returns.
+
+        ``settle`` records what the call returned (its Work or its output) for the wait that
+        ends it. Where the call raises, or ``settle`` fails, the collective ends untimed: it is
+        never left in flight.
+        """
+        try:
+            out = call(*args, **kwargs)
+        except BaseException:
+            self._rec.collective_finished(stats, t0, timed=False)
+            raise
+        try:
+            settle(out, stats, t0)
+        except Exception as exc:  # noqa: BLE001 - never in the way of the collective
+            self._rec.collective_finished(stats, t0, timed=False)
+            self._errors.record("comm_timing", exc)
+        return out
 
     def _replace(self, name: str, original: Any, replacement: Any) -> None:
         setattr(self._ns, name, replacement)
