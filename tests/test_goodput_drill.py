@@ -108,10 +108,11 @@ def test_every_lost_second_lands_in_its_category(tmp_path: Path) -> None:
     assert _near(totals["hang"], aborted - measured["onset"]), report
     assert blame[("hang", 2)]["node"] == host, doc["blame"]
     assert _near(totals["restart"], measured["first_step"] - aborted), report
-    # Lost work: the steps redone after resuming from the checkpoint, at the healthy pace.
+    # Lost work: the steps redone after resuming from the checkpoint, at the pace they were
+    # redone (on a busy host the second attempt's steps are slower than the first's).
     redone = HANG - CHECKPOINT
-    assert abs(totals["lost_work"] - redone * measured["healthy_step"]) <= (
-        0.10 * redone * measured["healthy_step"]
+    assert abs(totals["lost_work"] - redone * measured["redo_step"]) <= (
+        0.10 * redone * measured["redo_step"]
     ), report
     (hang,) = doc["hangs"]
     assert (hang["culprit_rank"], hang["how"]) == (2, "aborted"), doc["hangs"]

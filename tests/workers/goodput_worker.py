@@ -15,6 +15,7 @@ What each period took, by the worker's own clock, for the test to compare with t
     measure checkpoint S        rank 0: the declared checkpoint's length
     measure onset UNIX          rank 2, as it blocks
     measure first_step UNIX     rank 0, attempt 1, as its first step starts
+    measure redo_step S         rank 0, attempt 1: mean wall time of the steps it redid
     measure end UNIX            rank 0, last attempt, just before it closes the exporter
 
 argv: WORKDIR --port P [--steps N] [--straggle S] [--straggle-steps A:B] [--no-checkpoint]
@@ -120,6 +121,11 @@ def main() -> None:
             if step == HANG:  # the next step hangs: say now what the healthy ones took
                 spans = marks[STRAGGLE] - marks[10] + marks[HANG] - marks[CHECKPOINT + 10]
                 say(f"measure healthy_step {spans / (STRAGGLE - 10 + HANG - CHECKPOINT - 10)}")
+        if not first and rank == 0 and step in (CHECKPOINT + 10, HANG):
+            marks[step] = time.time()
+            if step == HANG:  # the redone steps' pace: the host's now, not attempt 0's
+                span = marks[HANG] - marks[CHECKPOINT + 10]
+                say(f"measure redo_step {span / (HANG - CHECKPOINT - 10)}")
         if first and rank == 1 and step == min(straggle_to, args.steps):
             say(f"measure straggler {added}")
         time.sleep(STEP_S)
