@@ -180,7 +180,7 @@ class CollectiveTiming(Patcher):
         return per_op[op]
 
     def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
-        rec, errors = self._rec, self._errors
+        rec, errors, issue, settle = self._rec, self._errors, self._issue, self._settle
 
         world = getattr(dist.distributed_c10d, "_world", None)  # private: feature-detected
 
@@ -198,7 +198,7 @@ class CollectiveTiming(Patcher):
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)
                 return fn(*args, **kwargs)
-            return self._issue(fn, args, kwargs, stats, t0, self._settle)
+            return issue(fn, args, kwargs, stats, t0, settle)
 
         return collective
 
