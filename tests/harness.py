@@ -26,7 +26,7 @@ from typing import TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 import exporter.tools.top as top
-from exporter.mixin.config import FAST
+from exporter.mixin.config import FAST, duration_seconds
 from exporter.tools.demo import metrics_urls
 from exporter.tools.localstack import free_port
 from exporter.tools.reaper import stop_tree
@@ -378,9 +378,16 @@ class TopReader:
             if mode == "targets":
                 rows = top.fetch(self.targets)
             else:
-                rows = top.fetch_prometheus(self.prometheus_url, self.run, window=FAST.rate_window)
+                if self.prev[mode] is None:  # as top's first read: one window back
+                    back = top.diagnose(self._prometheus(duration_seconds(FAST.rate_window)))
+                    self.prev[mode] = {r.target: r for r in back}
+                rows = self._prometheus(0.0)
             rows = top.diagnose(rows, self.prev[mode])
             self.prev[mode] = {r.target: r for r in rows}
             out[mode] = {r.rank: r.verdict for r in rows}
             self.tables[mode].append(out[mode])
         return out
+
+    def _prometheus(self, back: float) -> list:
+        at = time.time() - back
+        return top.fetch_prometheus(self.prometheus_url, self.run, window=FAST.rate_window, at=at)

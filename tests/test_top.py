@@ -12,7 +12,7 @@ import pytest
 from harness import REPO, Job, TopReader, wait_for
 
 import exporter.tools.top as top
-from exporter.mixin.config import FAST
+from exporter.mixin.config import FAST, duration_seconds
 from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 
 
@@ -74,6 +74,33 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     assert _reads(slow, later, waiting)[2][1].startswith("straggler")
     verdicts = _reads(slow, hung, hung)[2]
     assert verdicts[1].startswith("HUNG") and not verdicts[0] + verdicts[2], verdicts
+
+
+def _windowed(rows, at, window_s=20.0):
+    """Return ``rows`` as Prometheus reads them: increases over a window ending at ``at``."""
+    for r in rows:
+        r.window = {
+            "ddp_steps_total": r.steps,
+            "ddp_step_duration_seconds_sum": r.step_sum,
+            **{f"ddp_step_phase_seconds_sum:{k}": v for k, v in r.phase_sum.items()},
+        }
+        r.read_at, r.window_s = at, window_s
+    return rows
+
+
+@pytest.mark.unit
+def test_a_straggler_from_prometheus_must_hold_over_windows_that_do_not_overlap():
+    """Reads of overlapping windows see one burst twice: only reads a window apart confirm."""
+
+    def read(at, compute=0.1):
+        return _windowed([_row(0, 5), _row(1, 5, compute=compute), _row(2, 5)], at)
+
+    burst = _reads(read(100.0), read(102.0), read(110.0), read(118.0), read(121.0, 0.05))
+    assert not any(v for table in burst for v in table.values()), burst
+    lasting = _reads(read(100.0), read(110.0), read(120.0), read(122.0))
+    assert [t[1] for t in lasting[:2]] == ["", ""], lasting
+    assert all(t[1].startswith("straggler: compute 100 ms") for t in lasting[2:]), lasting
+    assert not any(t[0] + t[2] for t in lasting), lasting
 
 
 @pytest.mark.unit
@@ -383,9 +410,11 @@ def test_straggler_is_named_in_every_table_after_the_first(tmp_path):
     ]
     with st, Job(3, args, env={"DDP_EXPORTER_RUN": run}) as job:
         job.wait_urls()
-        # Prometheus has a full rate window of the straggling job.
-        window = f'count_over_time(ddp_steps_total{{run="{run}"}}[{FAST.rate_window}]) > 15'
-        wait_for(lambda: len(st.query(window)) == 3, 90, "a full rate window of scrapes")
+        # Prometheus has two full rate windows of the straggling job: top's first read from it
+        # looks one window back.
+        seconds = 2 * duration_seconds(FAST.rate_window)
+        window = f'count_over_time(ddp_steps_total{{run="{run}"}}[{seconds}s]) > {seconds - 5}'
+        wait_for(lambda: len(st.query(window)) == 3, 120, "two full rate windows of scrapes")
         reader = TopReader([job.urls[r] for r in sorted(job.urls)], st.prometheus_url, run)
         for _ in range(8):
             reader.read()

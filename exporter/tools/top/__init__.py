@@ -9,7 +9,9 @@ Verdicts follow the same definitions as the generated alerts: a straggler by com
 time per step (:class:`~exporter.mixin.config.MixinConfig` thresholds: pass the config the rules
 were generated with), a hang by :mod:`exporter.hangs.definition`. Every accusation (DOWN, HUNG,
 straggler) must hold in two consecutive reads, as an alert must hold for its ``for`` duration:
-one slow scrape or one odd interval accuses nobody.
+one slow scrape or one odd interval accuses nobody. A straggler's pace must hold over two
+intervals that do not overlap: from Prometheus, reads a rate window apart (the first read looks
+one window back), since a burst of jitter shows in every window that holds it.
 
 The job's edges accuse nobody either: a rank inside a declared section within its deadline
 (``exporter.deadline``) and the ranks waiting for it get a note, not a verdict; a rank that

@@ -59,7 +59,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument(
         "--once",
         action="store_true",
-        help="judge two intervals, --refresh apart, print one table and exit",
+        help="judge two intervals, --refresh apart (from Prometheus, after a read one rate "
+        "window back), print one table and exit",
     )
     t.set_defaults(tool=run, parser=t)
     return t
@@ -95,25 +96,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(f"--window: {exc}")
 
-    def read() -> list[RankRow]:
+    def read(first: bool) -> list[RankRow]:
         if targets:
             return fetch(targets, client=client)
+        # The first read looks one window back: a straggler's pace is judged over two windows
+        # that do not overlap from the start.
+        at = time.time() - duration_seconds(window) if first else None
         return fetch_prometheus(
-            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
+            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg, at=at
         )
 
-    # A verdict needs a suspicion in two consecutive judged reads, like an alert's "for". A
-    # rank's endpoint gives counters since its start: its first read only sets the baseline of
-    # the intervals that follow (judged alone, a straggler that began mid-run would be
-    # averaged away). Prometheus gives each read its own rate window. So --once judges what the
-    # streaming view judges by its third read from endpoints, by its second from Prometheus.
-    reads_before_once = 2 if targets else 1
+    # A verdict needs a suspicion in two consecutive judged reads, like an alert's "for"; a
+    # straggler's, in two intervals that do not overlap. A rank's endpoint gives counters since
+    # its start: its first read only sets the baseline of the intervals that follow (judged
+    # alone, a straggler that began mid-run would be averaged away). Prometheus gives each read
+    # its own rate window, the first one a window back. So --once judges what the streaming
+    # view judges by its third read.
+    reads_before_once = 2
     previous: dict[str, RankRow] | None = None
     reads = 0
     try:
         while True:
             try:
-                rows = diagnose(read(), previous, config=cfg)
+                rows = diagnose(read(previous is None), previous, config=cfg)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1

@@ -3,7 +3,8 @@
 The same definitions as the generated alerts: a straggler by compute or data time per step
 (:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
 :mod:`exporter.hangs.definition`, a slow link by the store round trips of the ranks behind it.
-Every accusation must hold in two consecutive reads, as an alert must hold for its ``for``.
+Every accusation must hold in two consecutive reads, as an alert must hold for its ``for``; a
+straggler's in two reads whose intervals do not overlap (from Prometheus, a rate window apart).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def diagnose(
 ) -> list[RankRow]:
     """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
 
-    A suspicion becomes a verdict only when the previous read held the same suspicion.
+    A suspicion becomes a verdict only when the previous read held the same suspicion; a
+    straggler's only once the reads holding it cover two intervals that do not overlap (each
+    read from Prometheus covers its rate window, ending at ``read_at``).
     Strongest first: DOWN, HUNG (behind in a stalled collective), straggler; a weaker
     signal never replaces a stronger one. ``STUCK`` (every rank inside a stalled collective,
     nobody behind) and "waiting" notes describe the job and accuse no rank; nor do a declared
@@ -266,6 +269,13 @@ def _verdict(r: RankRow, p: RankRow | None, top_seq: dict[str, float]) -> None:
     else:
         r.seq_lag = max((top_seq[pg] - seq for pg, seq in r.pg_seq.items()), default=0.0)
     confirmed = bool(r.suspect) and p is not None and p.suspect == r.suspect
+    r.suspect_since = p.suspect_since if confirmed and p is not None else r.read_at
+    if confirmed and p is not None and r.suspect.startswith("straggler"):
+        # A pace holds over two intervals that do not overlap: from endpoints, consecutive
+        # reads never do; from Prometheus, reads a rate window apart (a burst of jitter fills
+        # the window of every read it is in).
+        begins = r.read_at - r.window_s if r.window is not None else p.read_at
+        confirmed = r.suspect_since <= begins
     if not confirmed:
         if r.suspect == "down":
             r.note = "unreachable in this read"

@@ -6,13 +6,14 @@ reads); from Prometheus, the increases over a rate window, so each read stands o
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from ... import catalog as c
 from ...mixin.alerts.gpu import SLOWDOWN_REASONS
 from ...mixin.cluster import cluster_matcher
-from ...mixin.config import DEFAULT, MixinConfig
+from ...mixin.config import DEFAULT, MixinConfig, duration_seconds
 from ...web.client import HTTPClient
 from ..promapi import instant_query
 from .rows import COUNTERS, RankRow
@@ -32,7 +33,7 @@ def _read(target: str, timeout: float, client: HTTPClient | None) -> RankRow:
             text = resp.read().decode()
     except OSError:
         return row
-    row.up = True
+    row.up, row.read_at = True, time.time()
     # Imported here: a command line that never reads an endpoint starts without it.
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -139,17 +140,20 @@ def fetch_prometheus(
     *,
     cluster: str = "",
     config: MixinConfig = DEFAULT,
+    at: float | None = None,
 ) -> list[RankRow]:
     """Read one run's ranks from Prometheus with six or seven queries (any number of ranks).
 
     Per-step figures come from the increase over ``window`` (the alerts' rate window by
     default), so each table stands on its own whatever the scrape and refresh intervals.
     ``cluster`` picks the run of that cluster (``config.cluster_label``); a run name found in
-    several clusters without it is an error, never two runs merged.
+    several clusters without it is an error, never two runs merged. ``at``: read the run as
+    it was at that Unix time (default now).
     """
+    at = time.time() if at is None else at
 
     def query(expr: str) -> list[dict]:
-        return instant_query(url, expr, timeout)
+        return instant_query(url, expr, timeout, at=at)
 
     quoted = run.replace("\\", "\\\\").replace('"', '\\"')
     run_sel = ", ".join(m for m in (f'run="{quoted}"', cluster_matcher(config, cluster)) if m)
@@ -166,7 +170,9 @@ def fetch_prometheus(
 
     def row_of(lab: dict[str, str]) -> RankRow:
         key = f"rank {lab.get('rank', '?')}"
-        row = rows.setdefault(key, RankRow(key, up=True, window={}))
+        row = rows.setdefault(
+            key, RankRow(key, up=True, window={}, read_at=at, window_s=duration_seconds(window))
+        )
         if lab.get("rank", "").isdigit():
             row.rank = int(lab["rank"])
         return row

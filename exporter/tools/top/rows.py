@@ -60,6 +60,10 @@ class RankRow:
     #: Increases over a window, when the source computed them (Prometheus); None: diagnose()
     #: takes the difference to the previous read.
     window: dict[str, float] | None = None
+    #: The Unix time the read's figures end at, and (Prometheus) the length of their window:
+    #: a read from endpoints covers the time since the previous read.
+    read_at: float = 0.0
+    window_s: float = 0.0
     # Derived by diagnose():
     step_time: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
@@ -68,6 +72,8 @@ class RankRow:
     #: What this read alone suggests ("down", "behind", "stuck", "straggler:<phase>"); an
     #: accusation needs the same suspicion in the previous read too.
     suspect: str = ""
+    #: ``read_at`` of the first read of the consecutive reads holding this suspicion.
+    suspect_since: float = 0.0
     verdict: str = ""
     note: str = ""
 
