@@ -178,15 +178,15 @@ def test_cpu_wait_is_the_longest_wait_of_one_thread_between_reads() -> None:
     assert [wait.read() for _ in range(4)] == pytest.approx([0.5, 1.5, 1.5, 1.6])
 
 
-def test_the_run_s_cpu_wait_is_the_longest_wait_of_one_rank_between_reads() -> None:
-    """A collective waits for its slowest participant: a peer's threads waiting to run slow
+def test_the_run_s_cpu_wait_is_every_rank_s_wait_between_reads() -> None:
+    """A collective waits for each participant in turn: a peer's threads waiting to run slow
     the monitoring rank's collectives as much as its own."""
     wait = HostWait()
     assert wait.read({0: 1.0}) == 0.0  # each rank counts from its first reading
     assert wait.read({0: 1.1, 1: 5.0}) == pytest.approx(0.1)
-    assert wait.read({0: 1.2, 1: 5.5}) == pytest.approx(0.6)  # the peer waited longest
-    assert wait.read({0: 1.3}) == pytest.approx(0.7)  # no peer read this time: its own
-    assert wait.read({0: 1.3, 1: 5.4}) == pytest.approx(0.7)  # never a negative wait
+    assert wait.read({0: 1.2, 1: 5.5}) == pytest.approx(0.7)  # both held the run up
+    assert wait.read({0: 1.3}) == pytest.approx(0.8)  # no peer read this time: its own
+    assert wait.read({0: 1.3, 1: 5.4}) == pytest.approx(0.8)  # never a negative wait
 
 
 def test_a_rank_s_cpu_wait_travels_with_its_work_and_is_no_work() -> None:
@@ -217,6 +217,25 @@ def test_collectives_slowed_while_the_rank_waited_for_a_cpu_are_the_host_s_pace(
         sim.one_step(comm=0.105, cpu_wait=0.04)
     sim.steps(50)
     assert sim.end()["communication"] == pytest.approx(50 * 0.06, rel=0.1)
+
+
+def test_a_wait_read_a_heartbeat_after_the_steps_it_slowed_still_explains_them() -> None:
+    """The other ranks publish their waits once a heartbeat: a wait arrives after the steps
+    it slowed, and explains them within the account's hold; long after, it explains nothing."""
+    sim = Sim()
+    sim.steps(100)
+    for _ in range(5):
+        sim.steps(5, comm=0.105)  # slowed: no wait read yet
+        sim.one_step(cpu_wait=0.5)  # a peer's reading, a beat later
+    sim.steps(50)
+    assert sim.end()["communication"] < 0.05
+    sim = Sim()
+    sim.steps(100)
+    sim.steps(25, comm=0.105)
+    sim.steps(60)
+    sim.one_step(cpu_wait=2.5)
+    sim.steps(50)
+    assert sim.end()["communication"] == pytest.approx(25 * 0.1, rel=0.1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -104,7 +104,12 @@ class _Chunk:
     data: float
     compute: float
     comm: float
-    cpu_wait: float = 0.0
+
+
+@dataclass
+class _Wait:
+    unix: float
+    seconds: float
 
 
 @dataclass
@@ -161,6 +166,8 @@ class Account:
         self.nodes: dict[int, str] = dict(carried.nodes) if carried else {}
         self._chunks: deque[_Chunk] = deque()
         self._credits: deque[_Credit] = deque()
+        #: The run's waits for a CPU, by tick, until a chunk within ``hold_s`` of them used them.
+        self._waits: deque[_Wait] = deque()
         self._last: StepTotals | None = None
         self._samples: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
         #: This rank's own compute per step in the same healthy chunks: the host's pace.
@@ -211,10 +218,12 @@ class Account:
                 own.data_s - last.data_s,
                 own.compute_s - last.compute_s,
                 own.comm_s - last.comm_s,
-                max(0.0, own.cpu_wait_s - last.cpu_wait_s),
             )
             if chunk.steps1 > chunk.steps0 or chunk.comm or chunk.compute or chunk.data:
                 self._chunks.append(chunk)
+            waited = own.cpu_wait_s - last.cpu_wait_s
+            if waited > 0:
+                self._waits.append(_Wait(now, waited))
 
     def excess(self, found: Excess) -> None:
         """Take one window's excess of a slower rank: what the run waited for it, by cause."""
@@ -279,6 +288,8 @@ class Account:
         ttl = 0.0 if everything else 3 * self.hold_s
         while self._credits and self._credits[0].unix < now - ttl:
             self._credits.popleft()  # the run never waited for it (or the wait was a hang's)
+        while self._waits and self._waits[0].unix < now - ttl:
+            self._waits.popleft()
 
     def _take(self, chunk: _Chunk, part: str, seconds: float) -> float:
         have = getattr(chunk, part)
@@ -307,7 +318,7 @@ class Account:
                 self._samples.append(ch.comm / n)
                 self._compute.append(ch.compute / n)
         # What the ranks' threads waited for a CPU meanwhile is the host's, not the network's.
-        base += min(ch.comm - base, ch.cpu_wait)
+        base += self._host_wait(ch, ch.comm - base)
         cats["communication"] += ch.comm - base
         clean = ch.compute + base
         redone = self._redone(ch)
@@ -317,6 +328,27 @@ class Account:
         self.split["input"] += ch.data
         self.split["compute"] += ch.compute
         self.split["communication"] += ch.comm
+
+    def _host_wait(self, ch: _Chunk, excess: float) -> float:
+        """Return how much of ``excess`` communication the run's waits for a CPU explain.
+
+        A wait counts within ``hold_s`` of the chunk either way: the other ranks publish theirs
+        once a heartbeat, so a wait is read up to a heartbeat after the steps it slowed. Each
+        second of waiting explains one second once.
+        """
+        explained = 0.0
+        for wait in self._waits:
+            if excess - explained <= 0 or wait.unix > ch.unix + self.hold_s:
+                break
+            if wait.unix >= ch.unix - self.hold_s:
+                taken = min(wait.seconds, excess - explained)
+                wait.seconds -= taken
+                explained += taken
+        while self._waits and (
+            self._waits[0].seconds <= 1e-9 or self._waits[0].unix < ch.unix - self.hold_s
+        ):
+            self._waits.popleft()
+        return explained
 
     def _host_slowdown(self, compute: float) -> float:
         """Return how much slower than usual this rank's own compute ran (1: not slower).
