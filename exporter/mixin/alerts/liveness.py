@@ -29,13 +29,15 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
     info = selector(cfg, catalog.RANK_INFO.name)
     stale = f"{cfg.heartbeat_stale_seconds:g}"
+    # Two scrapes in a row: one scrape that timed out on a busy host is not a rank gone.
+    missed = f"{2 * settings.duration_seconds(cfg.scrape_interval)}s"
     rank = c.by("run, rank")
     monitor = settings.SETTINGS[settings.MONITOR_RANK].default
     return Alert(
         "DDPRankDown",
         "critical",
         (
-            f"(\n  max {rank} ({up} == 0)\n  or\n"
+            f"(\n  max {rank} (max_over_time({up}[{missed}]) == 0)\n  or\n"
             f"  max {rank} ({r.peer_heartbeat_age} > {stale})\n  or\n"
             f"  max {rank} (last_over_time({info}[{cfg.baseline_window}]))\n"
             f"  unless {c.on('run, rank')} max {rank} ({info})\n)\n"
@@ -45,9 +47,8 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
         cfg.rank_down_for,
         "A training rank is down while the rest of its run goes on.",
         (
-            f"{WHERE.capitalize()} is down: its scrape target is down, the monitoring rank "
-            "has not "
-            f"seen its heartbeat for over {stale}s, or its series "
+            f"{WHERE.capitalize()} is down: its endpoint missed two scrapes in a row, the "
+            f"monitoring rank has not seen its heartbeat for over {stale}s, or its series "
             "disappeared, while the rest of the run still reports and the rank did not end "
             "cleanly."
         ),
