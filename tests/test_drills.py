@@ -273,9 +273,15 @@ HEALTHY_SECONDS = float(os.environ.get("DDP_DRILL_HEALTHY_SECONDS", "80"))
 
 
 def _last_minute(st: LocalStack, run: str) -> dict[str, float]:
-    """Return the run's goodput over the last minute, by category (seconds)."""
+    """Return the run's goodput over the last minute, by category (seconds), and the part
+    each rank was blamed for (``category rank N``)."""
     spent = st.query(f'increase(ddp_goodput_seconds_total{{run="{run}"}}[1m]) > 0')
-    return {a["metric"].get("category"): round(float(a["value"][1]), 2) for a in spent}
+    out = {a["metric"].get("category"): round(float(a["value"][1]), 2) for a in spent}
+    blamed = st.query(f'increase(ddp_goodput_blame_seconds_total{{run="{run}"}}[1m]) > 0')
+    for a in blamed:
+        key = f"{a['metric'].get('category')} rank {a['metric'].get('culprit_rank')}"
+        out[key] = round(float(a["value"][1]), 2)
+    return out
 
 
 def _explain(st: LocalStack, run: str, pending: list[dict]) -> str:
