@@ -104,6 +104,8 @@ class _Chunk:
     data: float
     compute: float
     comm: float
+    #: When the previous chunk was taken: the steps in this one ran after it.
+    since: float = 0.0
 
 
 @dataclass
@@ -166,8 +168,9 @@ class Account:
         self.nodes: dict[int, str] = dict(carried.nodes) if carried else {}
         self._chunks: deque[_Chunk] = deque()
         self._credits: deque[_Credit] = deque()
-        #: The run's waits for a CPU, by tick, until a chunk within ``hold_s`` of them used them.
+        #: The run's waits for a CPU, by tick, until the chunks they may explain used them.
         self._waits: deque[_Wait] = deque()
+        self._chunk_unix: float | None = None
         self._last: StepTotals | None = None
         self._samples: deque[float] = deque(maxlen=_BASELINE_SAMPLES)
         #: This rank's own compute per step in the same healthy chunks: the host's pace.
@@ -218,9 +221,11 @@ class Account:
                 own.data_s - last.data_s,
                 own.compute_s - last.compute_s,
                 own.comm_s - last.comm_s,
+                now if self._chunk_unix is None else self._chunk_unix,
             )
             if chunk.steps1 > chunk.steps0 or chunk.comm or chunk.compute or chunk.data:
                 self._chunks.append(chunk)
+                self._chunk_unix = now
             waited = own.cpu_wait_s - last.cpu_wait_s
             if waited > 0:
                 self._waits.append(_Wait(now, waited))
@@ -332,21 +337,21 @@ class Account:
     def _host_wait(self, ch: _Chunk, excess: float) -> float:
         """Return how much of ``excess`` communication the run's waits for a CPU explain.
 
-        A wait counts within ``hold_s`` of the chunk either way: the other ranks publish theirs
-        once a heartbeat, so a wait is read up to a heartbeat after the steps it slowed. Each
-        second of waiting explains one second once.
+        A wait is read after the steps it slowed: this rank's own with them, the other ranks'
+        up to a heartbeat later (they publish theirs once a heartbeat). So the waits that explain
+        a chunk are those read since the previous chunk, up to ``hold_s`` after it; each second
+        of waiting explains one second once, earlier chunks first.
         """
         explained = 0.0
         for wait in self._waits:
             if excess - explained <= 0 or wait.unix > ch.unix + self.hold_s:
                 break
-            if wait.unix >= ch.unix - self.hold_s:
+            if wait.unix > ch.since:
                 taken = min(wait.seconds, excess - explained)
                 wait.seconds -= taken
                 explained += taken
-        while self._waits and (
-            self._waits[0].seconds <= 1e-9 or self._waits[0].unix < ch.unix - self.hold_s
-        ):
+        # Read with or before this chunk's steps: no later chunk's steps ran before them.
+        while self._waits and (self._waits[0].seconds <= 1e-9 or self._waits[0].unix <= ch.unix):
             self._waits.popleft()
         return explained
 

@@ -21,8 +21,8 @@ exactly one category; they add up to the wall clock.
   input alone is slow holds up the others: that is ``straggler`` with cause data.
 - ``communication``: exposed communication beyond the healthy baseline, lasting past the slack,
   that no slower rank and no wait for a CPU explains (any rank's threads waiting to run, its
-  collectives' among them, are the host's contention: a collective waits for each participant
-  in turn): a slow or congested network, a collective that got slower.
+  collectives' among them, are the host's contention: a collective waits for the slowest
+  participant): a slow or congested network, a collective that got slower.
 - ``straggler``: the time the other ranks waited for one slow rank: whenever one rank's own work
   (compute and data, :data:`CAUSES`) over a window exceeded the typical rank's (the median) by
   more than :data:`STRAGGLER_SHARE` of it, and that rank also stood out over the recent windows

@@ -67,12 +67,11 @@ class CpuWait:
 class HostWait:
     """How long the run waited for a CPU, as the monitoring rank's account excuses it.
 
-    Between two reads, what the ranks waited, added up (each rank's :class:`CpuWait`, its own
-    read fresh and its peers' as they published it): a collective waits for each of its
-    participants in turn, so one rank's threads waiting to run hold up every rank, and
-    another's a moment later hold them up again. Where ranks wait at the same moment this
-    counts more than the run lost: the account never excuses more than the communication
-    beyond the baseline. A rank counts from its first reading.
+    Between two reads, the most that any one rank waited (each rank's :class:`CpuWait`, its own
+    read fresh and its peers' as they published it): a collective waits for its slowest
+    participant, whose threads may be the ones waiting to run; ranks wait side by side, so
+    many ranks each waiting a little add up to no more than the one that waited longest. A
+    rank counts from its first reading.
     """
 
     def __init__(self) -> None:
@@ -83,7 +82,7 @@ class HostWait:
         """Take each rank's CPU wait so far; return the seconds counted so far."""
         waited = [w - self._last.get(rank, w) for rank, w in waits.items()]
         self._last.update(waits)
-        self.total += sum(w for w in waited if w > 0)
+        self.total += max([0.0, *waited])
         return self.total
 
 
