@@ -10,9 +10,9 @@ Serving: the monitoring rank reads that key once a second (one ``get``; backing 
 16 s while nothing new arrives) until every rank has registered, parses only the lines appended
 since its last read, and keeps the Prometheus HTTP service discovery answer (``http_sd_configs``: a list
 of ``{"targets": [...], "labels": {...}}``) ready in memory, plain and gzipped; a request for
-``/sd`` never touches the store. A rank that dies stays in the list, so ``up == 0`` pages for
-it. When the monitoring rank itself dies, ``/sd`` is unreachable and Prometheus keeps the
-targets of its last successful refresh.
+``/sd`` never touches the store. A rank that dies stays in the list, so its failed scrapes
+(``up == 0``) page for it. When the monitoring rank itself dies, ``/sd`` is unreachable and
+Prometheus keeps the targets of its last successful refresh.
 
 ``DDP_EXPORTER_FILE_SD=DIR`` makes every rank also write its own file_sd target file into DIR
 (atomically; removed when the rank closes cleanly, kept when it dies).

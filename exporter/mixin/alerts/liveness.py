@@ -29,15 +29,19 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
     info = selector(cfg, catalog.RANK_INFO.name)
     stale = f"{cfg.heartbeat_stale_seconds:g}"
-    # Two scrapes in a row: one scrape that timed out on a busy host is not a rank gone.
-    missed = f"{2 * settings.duration_seconds(cfg.scrape_interval)}s"
     rank = c.by("run, rank")
+    # Down once its last scrape failed and none answered within one and a half intervals: one
+    # scrape that timed out on a busy host is not a rank gone. Where no sample is that recent
+    # (a Prometheus that scrapes less often than the config says) the last scrape decides.
+    recent = f"{round(1500 * settings.duration_seconds(cfg.scrape_interval))}ms"
+    answered = f"max {rank} (max_over_time({up}[{recent}]) == 1)"
+    down = f"(\n    max {rank} ({up} == 0)\n    unless {c.on('run, rank')}\n    {answered}\n  )"
     monitor = settings.SETTINGS[settings.MONITOR_RANK].default
     return Alert(
         "DDPRankDown",
         "critical",
         (
-            f"(\n  max {rank} (max_over_time({up}[{missed}]) == 0)\n  or\n"
+            f"(\n  {down}\n  or\n"
             f"  max {rank} ({r.peer_heartbeat_age} > {stale})\n  or\n"
             f"  max {rank} (last_over_time({info}[{cfg.baseline_window}]))\n"
             f"  unless {c.on('run, rank')} max {rank} ({info})\n)\n"
