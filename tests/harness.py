@@ -378,16 +378,16 @@ class TopReader:
             if mode == "targets":
                 rows = top.fetch(self.targets)
             else:
-                if self.prev[mode] is None:  # as top's first read: one window back
-                    back = top.diagnose(self._prometheus(duration_seconds(FAST.rate_window)))
-                    self.prev[mode] = {r.target: r for r in back}
-                rows = self._prometheus(0.0)
+                if self.prev[mode] is None:  # as top's baseline: a read one window back
+                    back = time.time() - duration_seconds(FAST.rate_window)
+                    rows = top.diagnose(self._prometheus(back), now=back)
+                    self.prev[mode] = {r.target: r for r in rows}
+                rows = self._prometheus(None)
             rows = top.diagnose(rows, self.prev[mode])
             self.prev[mode] = {r.target: r for r in rows}
             out[mode] = {r.rank: r.verdict for r in rows}
             self.tables[mode].append(out[mode])
         return out
 
-    def _prometheus(self, back: float) -> list:
-        at = time.time() - back
+    def _prometheus(self, at: float | None) -> list:
         return top.fetch_prometheus(self.prometheus_url, self.run, window=FAST.rate_window, at=at)

@@ -60,7 +60,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--once",
         action="store_true",
         help="judge two intervals, --refresh apart (from Prometheus, after a read one rate "
-        "window back), print one table and exit",
+        "window back that is not shown), print one table and exit",
     )
     t.set_defaults(tool=run, parser=t)
     return t
@@ -96,12 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(f"--window: {exc}")
 
-    def read(first: bool) -> list[RankRow]:
+    def read(at: float | None = None) -> list[RankRow]:
         if targets:
             return fetch(targets, client=client)
-        # The first read looks one window back: a straggler's pace is judged over two windows
-        # that do not overlap from the start.
-        at = time.time() - duration_seconds(window) if first else None
         return fetch_prometheus(
             args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg, at=at
         )
@@ -110,15 +107,19 @@ def run(args: argparse.Namespace) -> int:
     # straggler's, in two intervals that do not overlap. A rank's endpoint gives counters since
     # its start: its first read only sets the baseline of the intervals that follow (judged
     # alone, a straggler that began mid-run would be averaged away). Prometheus gives each read
-    # its own rate window, the first one a window back. So --once judges what the streaming
-    # view judges by its third read.
-    reads_before_once = 2
+    # its own rate window; a read one window back, never shown, is the baseline of the first,
+    # so a lasting straggler is judged over two windows from the start. So --once judges what
+    # the streaming view judges by its third read from endpoints, by its second from Prometheus.
+    reads_before_once = 2 if targets else 1
     previous: dict[str, RankRow] | None = None
     reads = 0
     try:
         while True:
             try:
-                rows = diagnose(read(previous is None), previous, config=cfg)
+                if previous is None and not targets:
+                    back = time.time() - duration_seconds(window)
+                    previous = {r.target: r for r in diagnose(read(back), config=cfg, now=back)}
+                rows = diagnose(read(), previous, config=cfg)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1
