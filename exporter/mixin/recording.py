@@ -30,6 +30,7 @@ __all__ = [
     "group_interval",
     "recorded",
     "recording_groups",
+    "unplanned_seconds",
 ]
 
 #: Goodput categories a healthy job spends by design (exporter.sources.goodput's PLANNED).
@@ -417,12 +418,15 @@ def _ratio(c: Clauses, by: str, series: str) -> str:
     return f'sum {c.by(by)} ({series}{{category="productive"}})\n/\n(sum {c.by(by)} ({series}) > 0)'
 
 
+def unplanned_seconds(cfg: MixinConfig = DEFAULT) -> str:
+    """Return a run's time over the goodput window less what it spent by design (PLANNED)."""
+    planned = "|".join(PLANNED)
+    return f'sum {clauses(cfg).by("run")} ({recorded(cfg).goodput_short}{{category!~"{planned}"}})'
+
+
 def _goodput_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
     """Return the goodput records: the run's account per category, ETTR per run and cluster."""
     run = "run, category"
-    # The time a healthy job spends by design, judged by its own alerts (a copy of
-    # exporter.sources.goodput.PLANNED: the mixin does not import the library's sources).
-    planned = "|".join(PLANNED)
     return [
         {
             "record": r.goodput,
@@ -440,7 +444,7 @@ def _goodput_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
             "record": r.unplanned_ettr,
             "expr": (
                 f'sum {c.by("run")} ({r.goodput_short}{{category="productive"}})\n/\n'
-                f'(sum {c.by("run")} ({r.goodput_short}{{category!~"{planned}"}}) > 0)'
+                f"({unplanned_seconds(cfg)} > 0)"
             ),
         },
         {

@@ -15,7 +15,7 @@ from ..alert import Alert, selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig, duration_seconds
 from ..prose import spoken_duration
-from ..recording import PLANNED, recorded
+from ..recording import PLANNED, recorded, unplanned_seconds
 from .shared import finished_ranks
 
 __all__ = ["UNPLANNED_BADPUT", "goodput_alerts", "goodput_low"]
@@ -39,9 +39,8 @@ def _expr(cfg: MixinConfig) -> str:
     r, c = recorded(cfg), clauses(cfg)
     run = c.on("run")
     live = f"max {c.by('run')} ({selector(cfg, catalog.GOODPUT.name)})"
-    planned = "|".join(PLANNED)
     evidence = duration_seconds(cfg.goodput_window) * cfg.goodput_min_evidence
-    unplanned = f'sum {c.by("run")} ({r.goodput_short}{{category!~"{planned}"}})'
+    unplanned = unplanned_seconds(cfg)
     low = (
         f"(\n  {r.unplanned_ettr} < {cfg.goodput_min_ettr:g}\n"
         f"  and {run} {live}\n  and {run} {unplanned} >= {evidence:g}\n"
