@@ -126,7 +126,7 @@ def test_straggler_never_blames_collective_latency() -> None:
 
 def _shape(text: str) -> str:
     """Return an expression with durations and numbers blanked, to compare configs' shapes."""
-    text = re.sub(r"\d+[smhd]\b", "D", text)  # [20s], rate1m, mean_rate5m ...
+    text = re.sub(r"\d+(ms|[smhd])\b", "D", text)  # [20s], [1500ms], rate1m, mean_rate5m ...
     return re.sub(r"\b\d+(\.\d+)?\b", "N", text)
 
 
