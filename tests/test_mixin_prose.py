@@ -82,6 +82,7 @@ SHIFTED = dataclasses.replace(
     goodput_min_ettr=0.71,
     goodput_min_evidence=0.37,
     goodput_for="27m",
+    scrape_interval="7s",
 )
 
 #: The exporter's defaults the prose states, changed the same way.

@@ -15,7 +15,12 @@ from ..config import DEFAULT, MixinConfig
 from ..recording import recorded
 from .shared import WHERE, aborted_runs, finished_ranks, looping_runs
 
-__all__ = ["job_killed", "liveness_alerts", "rank_down", "training_stalled"]
+__all__ = ["SILENCE_MIN_S", "job_killed", "liveness_alerts", "rank_down", "training_stalled"]
+
+#: The fewest seconds a rank's endpoint must answer no scrape before DDPRankDown calls it down,
+#: however short the scrape interval: on a busy host a live rank's threads can wait seconds for
+#: a CPU and the interpreter lock, and its scrapes time out meanwhile.
+SILENCE_MIN_S = 5.0
 
 
 def liveness_alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
@@ -30,10 +35,12 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     info = selector(cfg, catalog.RANK_INFO.name)
     stale = f"{cfg.heartbeat_stale_seconds:g}"
     rank = c.by("run, rank")
-    # Down once its last scrape failed and none answered within one and a half intervals: one
-    # scrape that timed out on a busy host is not a rank gone. Where no sample is that recent
-    # (a Prometheus that scrapes less often than the config says) the last scrape decides.
-    recent = f"{round(1500 * settings.duration_seconds(cfg.scrape_interval))}ms"
+    # Down once its last scrape failed and none answered within one and a half intervals, and
+    # within SILENCE_MIN_S: scrapes that timed out on a busy host are not a rank gone. Where no
+    # sample is that recent (a Prometheus that scrapes less often than the config says) the
+    # last scrape decides.
+    silence = max(1.5 * settings.duration_seconds(cfg.scrape_interval), SILENCE_MIN_S)
+    recent = f"{round(1000 * silence)}ms"
     answered = f"max {rank} (max_over_time({up}[{recent}]) == 1)"
     down = f"(\n    max {rank} ({up} == 0)\n    unless {c.on('run, rank')}\n    {answered}\n  )"
     monitor = settings.SETTINGS[settings.MONITOR_RANK].default
@@ -51,7 +58,7 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
         cfg.rank_down_for,
         "A training rank is down while the rest of its run goes on.",
         (
-            f"{WHERE.capitalize()} is down: its endpoint missed two scrapes in a row, the "
+            f"{WHERE.capitalize()} is down: its endpoint answered no scrape for {silence:g}s, the "
             f"monitoring rank has not seen its heartbeat for over {stale}s, or its series "
             "disappeared, while the rest of the run still reports and the rank did not end "
             "cleanly."
