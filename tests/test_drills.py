@@ -327,7 +327,13 @@ def healthy_drill(stack, starts: dict[str, tuple[str, Callable[[str], Ranks]]]) 
             watch.stop()
             reads = {m: len(t) for m, t in watch.reader.tables.items()}
             assert min(reads.values()) >= HEALTHY_SECONDS / 4, reads
-            verdicts = [v for t in watch.reader.tables.values() for x in t for v in x.values() if v]
+            verdicts = [
+                (mode, f"read {i}", f"rank {rank}", verdict)
+                for mode, tables in watch.reader.tables.items()
+                for i, table in enumerate(tables)
+                for rank, verdict in table.items()
+                if verdict
+            ]
             assert not verdicts, verdicts  # not even a job-wide STUCK
             print(f"\ntop ({run}): {reads} reads of the healthy run, no verdict")
             print(f"goodput ({run}) over the last minute: {_last_minute(st, run)}")
