@@ -26,7 +26,7 @@ from typing import TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 import exporter.tools.top as top
-from exporter.mixin.config import FAST, duration_seconds
+from exporter.mixin.config import FAST
 from exporter.tools.demo import metrics_urls
 from exporter.tools.localstack import free_port
 from exporter.tools.reaper import stop_tree
@@ -378,16 +378,12 @@ class TopReader:
             if mode == "targets":
                 rows = top.fetch(self.targets)
             else:
-                if self.prev[mode] is None:  # as top's baseline: a read one window back
-                    back = time.time() - duration_seconds(FAST.rate_window)
-                    rows = top.diagnose(self._prometheus(back), now=back)
-                    self.prev[mode] = {r.target: r for r in rows}
-                rows = self._prometheus(None)
+                url, window = self.prometheus_url, FAST.rate_window
+                if self.prev[mode] is None:  # as top's: a read one window back
+                    self.prev[mode] = top.prometheus_baseline(url, self.run, window)
+                rows = top.fetch_prometheus(url, self.run, window=window)
             rows = top.diagnose(rows, self.prev[mode])
             self.prev[mode] = {r.target: r for r in rows}
             out[mode] = {r.rank: r.verdict for r in rows}
             self.tables[mode].append(out[mode])
         return out
-
-    def _prometheus(self, at: float | None) -> list:
-        return top.fetch_prometheus(self.prometheus_url, self.run, window=FAST.rate_window, at=at)

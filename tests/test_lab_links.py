@@ -24,7 +24,7 @@ from harness import wait_for
 from lab import lab
 from promstack import fast_config, firing, require, run_prometheus, sd_scrape
 
-from exporter.mixin.config import FAST, duration_seconds
+from exporter.mixin.config import FAST
 from exporter.mixin.fleet import fleet_recorded
 from exporter.tools import top
 
@@ -119,14 +119,9 @@ def test_a_slow_link_is_named_at_run_time_and_by_the_doctor_and_no_healthy_node_
             # top, from the same Prometheus: two reads a window apart (as its first two), the
             # same verdict, the node named.
             url, window = prom.url, FAST.rate_window
-            back = time.time() - duration_seconds(window)
-            first = top.diagnose(
-                top.fetch_prometheus(url, "link", window=window, at=back), config=FAST
-            )
+            first = top.prometheus_baseline(url, "link", window, config=FAST)
             rows = top.diagnose(
-                top.fetch_prometheus(url, "link", window=window),
-                {r.target: r for r in first},
-                config=FAST,
+                top.fetch_prometheus(url, "link", window=window), first, config=FAST
             )
             verdicts = {r.rank: r.verdict for r in rows}
             assert verdicts[2].startswith("straggler: link: store round trip"), verdicts

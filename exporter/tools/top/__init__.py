@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from .command import add_parser, run
 from .diagnose import ACCUSATIONS, accuses, diagnose
-from .fetch import fetch, fetch_prometheus
+from .fetch import fetch, fetch_prometheus, prometheus_baseline
 from .render import render, restart_line
 from .rows import RankRow
 
@@ -37,6 +37,7 @@ __all__ = [
     "diagnose",
     "fetch",
     "fetch_prometheus",
+    "prometheus_baseline",
     "render",
     "restart_line",
     "run",

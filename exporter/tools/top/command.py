@@ -10,7 +10,7 @@ from typing import Any
 from ...mixin.config import DEFAULT, duration_seconds, load_config
 from ...web.client import load_client
 from .diagnose import diagnose
-from .fetch import fetch, fetch_prometheus
+from .fetch import fetch, fetch_prometheus, prometheus_baseline
 from .render import render
 from .rows import RankRow
 
@@ -96,11 +96,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(f"--window: {exc}")
 
-    def read(at: float | None = None) -> list[RankRow]:
+    def read() -> list[RankRow]:
         if targets:
             return fetch(targets, client=client)
         return fetch_prometheus(
-            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg, at=at
+            args.prometheus, args.run, window=window, cluster=args.cluster, config=cfg
         )
 
     # A verdict needs a suspicion in two consecutive judged reads, like an alert's "for"; a
@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         while True:
             try:
                 if previous is None and not targets:
-                    back = time.time() - duration_seconds(window)
-                    previous = {r.target: r for r in diagnose(read(back), config=cfg, now=back)}
+                    previous = prometheus_baseline(
+                        args.prometheus, args.run, window, cluster=args.cluster, config=cfg
+                    )
                 rows = diagnose(read(), previous, config=cfg)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)

@@ -16,9 +16,10 @@ from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig, duration_seconds
 from ...web.client import HTTPClient
 from ..promapi import instant_query
+from .diagnose import diagnose
 from .rows import COUNTERS, RankRow
 
-__all__ = ["fetch", "fetch_prometheus"]
+__all__ = ["fetch", "fetch_prometheus", "prometheus_baseline"]
 
 
 def _read(target: str, timeout: float, client: HTTPClient | None) -> RankRow:
@@ -151,6 +152,7 @@ def fetch_prometheus(
     it was at that Unix time (default now).
     """
     at = time.time() if at is None else at
+    window_s = duration_seconds(window)
 
     def query(expr: str) -> list[dict]:
         return instant_query(url, expr, timeout, at=at)
@@ -170,9 +172,7 @@ def fetch_prometheus(
 
     def row_of(lab: dict[str, str]) -> RankRow:
         key = f"rank {lab.get('rank', '?')}"
-        row = rows.setdefault(
-            key, RankRow(key, up=True, window={}, read_at=at, window_s=duration_seconds(window))
-        )
+        row = rows.setdefault(key, RankRow(key, up=True, window={}, read_at=at, window_s=window_s))
         if lab.get("rank", "").isdigit():
             row.rank = int(lab["rank"])
         return row
@@ -206,6 +206,22 @@ def fetch_prometheus(
     for s in query(f"last_over_time({c.FINISHED.name}{{{run_sel}}}[{window}])"):
         row_of(s["metric"]).finished = float(s["value"][1])
     return sorted(rows.values(), key=lambda r: r.rank)
+
+
+def prometheus_baseline(
+    url: str,
+    run: str,
+    window: str = DEFAULT.rate_window,
+    *,
+    cluster: str = "",
+    config: MixinConfig = DEFAULT,
+) -> dict[str, RankRow]:
+    """Return the run read and judged one ``window`` ago, by target: the previous read of the
+    first one shown, so that a lasting straggler is judged over two windows that do not overlap.
+    """
+    back = time.time() - duration_seconds(window)
+    rows = fetch_prometheus(url, run, window=window, cluster=cluster, config=config, at=back)
+    return {r.target: r for r in diagnose(rows, config=config, now=back)}
 
 
 def fetch(
