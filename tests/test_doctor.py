@@ -162,7 +162,7 @@ def test_missing_rank_is_named_and_doctor_ends_within_its_deadline():
         out = ranks.out(0)
         assert codes == {0: 1, 1: 1}, ranks.output()
         rows = _table(out)
-        assert rows["2"]["env"] == "missing" and rows["1"]["store"] == "ok", out
+        assert rows["2"]["env"] == "missing" and rows["1"]["store"] == "ok", ranks.output()
         assert rows["0"]["gloo"] == "skip"  # no collective without every rank: it would hang
         assert "gloo all_reduce skipped" in out
         assert "FAIL rank 2 missing: it never reported" in out
@@ -172,14 +172,33 @@ def test_missing_rank_is_named_and_doctor_ends_within_its_deadline():
         assert wall < 15 + doctor.VERDICT_GRACE_S + 60, wall
 
 
+# Rank 0 starts later than a step lasts, as on a slow node: the others wait for its store.
+LATE_START_S = 8
+
+
+def _late_rank0(args: list[str]):
+    def cmd(rank: int) -> list[str]:
+        if rank:
+            return ["-m", "exporter.doctor", *args]
+        code = (
+            f"import sys, time; time.sleep({LATE_START_S}); "
+            "from exporter.tools.doctor.command import main; sys.exit(main(sys.argv[1:]))"
+        )
+        return ["-c", code, *args]
+
+    return cmd
+
+
 @pytest.mark.job
-def test_version_skew_names_the_rank_and_the_versions():
+def test_version_skew_names_the_rank_and_the_versions_though_rank_0_starts_late():
     fake = {1: {settings.DOCTOR_FAKE_VERSIONS: "torch=9.9.9"}}
-    with _doctor_ranks(3, [0, 1, 2], ["--timeout", "60"], fake) as ranks:
+    args = ["--timeout", "60", "--step-timeout", str(LATE_START_S / 2)]
+    with Ranks(3, _late_rank0(args), env={"OMP_NUM_THREADS": "1"}, per_rank=fake) as ranks:
         codes = ranks.wait(timeout=150)
         out = ranks.out(0)
         assert codes == {0: 1, 1: 1, 2: 1}, ranks.output()
         rows = _table(out)
+        assert [rows[r]["port"] for r in "12"] == ["ok", "ok"], ranks.output()
         assert [rows[r]["versions"] for r in "012"] == ["ok", "FAIL", "ok"], out
         assert all(rows[r]["gloo"] == "ok" for r in "012"), out
         want = f"torch differs: rank 1 has 9.9.9, ranks 0,2 have {torch.__version__}"

@@ -19,8 +19,10 @@ own failures (a rank that cannot reach the store can tell nobody else).
 
 Every step has its own deadline (``--step-timeout``) inside the overall one (``--timeout``), so
 doctor always ends: exit status 0 when everything passed on every rank, 1 otherwise, 2 for bad
-usage. Under torchrun the agent already hosts the store on ``MASTER_PORT`` and every rank is a
-client; with one process per rank (srun, mpirun) rank 0 hosts it, like ``init_process_group``.
+usage. Only waiting for rank 0 to listen on ``MASTER_PORT`` lasts longer than a step: as long as
+rank 0 waits for the others, since a rank may start late. Under torchrun the agent already
+hosts the store on ``MASTER_PORT`` and every rank is a client; with one process per rank (srun,
+mpirun) rank 0 hosts it, like ``init_process_group``.
 
 The package: :mod:`.checks` (what a rank checks alone; Check, Checks, Report), :mod:`.connect`
 (reaching the store), :mod:`.board` (the doctor's keys on it), :mod:`.gloo` (the all_reduce and

@@ -51,7 +51,8 @@ def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--step-timeout",
         type=float,
         default=DEFAULT_STEP_TIMEOUT_S,
-        help="seconds for each network step: port, store, collective (default %(default)s)",
+        help="seconds for each network step: store, collective; a rank waits for rank 0's "
+        "MASTER_PORT as long as rank 0 waits for the ranks (default %(default)s)",
     )
     p.add_argument(
         "--links",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,9 +41,15 @@ def connect_store(
     dl: Deadline,
     checks: Checks,
     prefix: str,
+    arrive_by: float,
 ) -> Any:
     """Return a client of the job's store (rank 0 without a launcher's store hosts it), None
-    when it cannot be reached; set ``checks``' addr, port, store and restart as it goes."""
+    when it cannot be reached; set ``checks``' addr, port, store and restart as it goes.
+
+    A client waits for ``MASTER_PORT`` to take a connection until ``arrive_by`` (monotonic),
+    however short a step is: rank 0 may start late (a slow node, a busy one importing torch),
+    and it gathers the reports until then on its own clock.
+    """
     from torch.distributed import TCPStore
 
     addr, port = env[settings.MASTER_ADDR], int(env[settings.MASTER_PORT])
@@ -69,7 +76,7 @@ def connect_store(
             return None
         checks.port = Check(OK, f"listening on {port}")
     else:
-        checks.port = probe_port(addr, port, dl.step())
+        checks.port = probe_port(addr, port, max(dl.step(), arrive_by - time.monotonic()))
         if made_and_failed(checks.port):
             return None
         finished, store = bounded(lambda: TCPStore(addr, port, None, False, timeout), dl.step() + 1)

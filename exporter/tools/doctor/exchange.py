@@ -59,6 +59,9 @@ class Exchange:
         self.columns = CHECKS + (("links",) if links_mib > 0 else ())
         self.dl = Deadline(timeout, step)
         self.timeout = timeout
+        # Rank 0 gathers the reports until then, and the others wait for its store until then:
+        # what is left is for the collective after the gather, unless a rank never comes.
+        self.arrive_by = self.dl.end - min(step + 2, timeout / 2)
         self.rank = settings.int_or_none(environ, settings.RANK)
         self.world = settings.int_or_none(environ, settings.WORLD_SIZE)
         self.prefix = storekeys.doctor_prefix(settings.restart_count(environ))
@@ -86,7 +89,9 @@ class Exchange:
             or settings.int_or_none(self.env, settings.MASTER_PORT) is None
         ):
             return self._alone()
-        store = connect_store(self.env, self.rank, self.agent_store, self.dl, checks, self.prefix)
+        store = connect_store(
+            self.env, self.rank, self.agent_store, self.dl, checks, self.prefix, self.arrive_by
+        )
         if store is None:
             return self._alone()
         self.board = Board(store, self.prefix)
@@ -138,9 +143,7 @@ class Exchange:
 
     def _rank0(self) -> int:
         assert self.world is not None
-        # Leave time for the collective after the gather, unless a rank never comes.
-        reserve = min(self.dl.step_s + 2, self.timeout / 2)
-        reports = self.board.gather(self.world, self.dl.end - reserve)
+        reports = self.board.gather(self.world, self.arrive_by)
         rows, notes = compare(reports, self.world)
         complete = all(isinstance(r, Report) for r in rows) and len(rows) == self.world
         if complete:
