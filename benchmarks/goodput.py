@@ -27,6 +27,7 @@ from torch.distributed import TCPStore
 
 from exporter.errors import ErrorCounter
 from exporter.settings import DEFAULT_HEARTBEAT_S, identity
+from exporter.sources.context import RankContext
 from exporter.sources.goodput import GoodputTracker, Work
 from exporter.sources.goodput.peers import encode_work, work_key
 from exporter.sources.recorder import Recorder
@@ -39,14 +40,16 @@ def _tracker(store: TCPStore, world: int, folder: str) -> GoodputTracker:
     ident = identity(run="bench", group=(0, world), environ={})
     rec = Recorder("explicit")
     return GoodputTracker(
-        ident,
-        store,
-        recorder=rec,
-        sections=REGISTRY,
-        interval_s=DEFAULT_HEARTBEAT_S,
-        monitor=True,
-        dump_dir=folder,
-        errors=ErrorCounter(),
+        RankContext(
+            identity=ident,
+            store=store,
+            recorder=rec,
+            sections=REGISTRY,
+            interval_s=DEFAULT_HEARTBEAT_S,
+            monitor=True,
+            dump_dir=folder,
+            errors=ErrorCounter(),
+        )
     )
 
 

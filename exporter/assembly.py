@@ -22,6 +22,7 @@ from .hangs.episodes import EpisodeFeed
 from .hangs.watcher import HangWatcher
 from .log import log
 from .sources.commtiming import CommTiming, start_comm_timing
+from .sources.context import RankContext
 from .sources.ending import End
 from .sources.flight import InFlight
 from .sources.goodput import GoodputTracker
@@ -37,6 +38,7 @@ __all__ = [
     "StepHooks",
     "Watchers",
     "hook_steps",
+    "rank_context",
     "start_goodput",
     "start_gpu_health",
     "start_watchers",
@@ -156,6 +158,24 @@ class Watchers:
     hangs: HangWatcher | None
 
 
+def rank_context(
+    cfg: settings.InstrumentSettings, store: Any, recorder: Recorder, errors: ErrorCounter
+) -> RankContext:
+    """Return what the rank's hang watcher and goodput account share."""
+    identity, endpoint = cfg.identity, cfg.endpoint
+    return RankContext(
+        identity=identity,
+        store=store,
+        recorder=recorder,
+        sections=SECTIONS,
+        interval_s=endpoint.heartbeat_s,
+        monitor=identity.rank == endpoint.monitor_rank,
+        dump_dir=cfg.dump_dir,
+        errors=errors,
+        start_step=cfg.start_step,
+    )
+
+
 def start_watchers(
     cfg: settings.InstrumentSettings,
     store: Any,
@@ -193,19 +213,11 @@ def start_watchers(
             errors,
             "forensics",
             lambda: HangWatcher(
-                identity,
-                store,
+                rank_context(cfg, store, hooks.recorder, errors),
                 inflight=hooks.inflight,
-                recorder=hooks.recorder,
-                sections=SECTIONS,
-                interval_s=beat,
-                monitor=monitor,
-                dump_dir=cfg.dump_dir,
-                errors=errors,
                 action=action,
                 publish_abort=publish_abort,
                 restart=restart,
-                start_step=cfg.start_step,
                 probe=cfg.hang_probe,
             ).start(),
         )
@@ -233,22 +245,13 @@ def start_goodput(
     """
     if watchers.heartbeat is None or store is None:
         return None
-    identity, endpoint = cfg.identity, cfg.endpoint
-    monitor = identity.rank == endpoint.monitor_rank
-    watcher = watchers.hangs if monitor else None
+    ctx = rank_context(cfg, store, recorder, errors)
+    watcher = watchers.hangs if ctx.monitor else None
 
     def start() -> GoodputTracker:
         tracker = GoodputTracker(
-            identity,
-            store,
-            recorder=recorder,
-            sections=SECTIONS,
-            interval_s=endpoint.heartbeat_s,
-            monitor=monitor,
-            dump_dir=cfg.dump_dir,
-            errors=errors,
-            start_step=cfg.start_step,
-            hangs=EpisodeFeed(store, identity, watcher) if watcher is not None else None,
+            ctx,
+            hangs=EpisodeFeed(store, ctx.identity, watcher) if watcher is not None else None,
             end=end,
         )
         if watcher is not None:

@@ -19,6 +19,7 @@ from exporter import catalog
 from exporter.errors import ErrorCounter
 from exporter.export.collector import DDPCollector, RankSources
 from exporter.settings import identity
+from exporter.sources.context import RankContext
 from exporter.sources.flight import InFlight
 from exporter.sources.goodput import (
     CATEGORIES,
@@ -148,15 +149,18 @@ class _Aborted:
 
 def test_an_abort_ends_the_account_at_the_decision_and_writes_it(tmp_path) -> None:
     now = time.time()
-    tracker = GoodputTracker(
-        identity(run="r", group=(0, 2), environ={}),
-        None,
+    ctx = RankContext(
+        identity=identity(run="r", group=(0, 2), environ={}),
+        store=None,
         recorder=Recorder("explicit"),
         sections=REGISTRY,
         interval_s=1.0,
         monitor=True,
         dump_dir=str(tmp_path),
         errors=ErrorCounter(),
+    )
+    tracker = GoodputTracker(
+        ctx,
         hangs=_Aborted(now - 0.5),
         start_unix=now - 10.0,
     )

@@ -41,6 +41,7 @@ from exporter.network import judge as network
 from exporter.network.probe import Listener, reach, reach_all
 from exporter.settings import Identity
 from exporter.sources import ras
+from exporter.sources.context import RankContext
 from exporter.sources.flight import PGState
 from exporter.tools.top import diagnose
 from exporter.tools.top.rows import RankRow
@@ -191,16 +192,19 @@ def _watchers(tmp_path, inflight, *, action: ActionPolicy | None = None, exits=N
     policy = HangPolicy(stall_min_seconds=0.5, symmetric_min_seconds=30.0)
     for rank in range(3):
         identity = Identity(rank=rank, world_size=3, local_rank=0, run="probe", node=f"n{rank}")
-        w = HangWatcher(
-            identity,
-            store,
-            inflight=inflight(rank),
+        ctx = RankContext(
+            identity=identity,
+            store=store,
             recorder=_Recorder(),
             sections=_Sections(),
             interval_s=0.2,
             monitor=rank == 0,
             dump_dir=str(tmp_path),
             errors=ErrorCounter(),
+        )
+        w = HangWatcher(
+            ctx,
+            inflight=inflight(rank),
             policy=policy,
             action=action,
             forget=lambda: None,

@@ -25,6 +25,7 @@ from exporter.hangs.definition import HangPolicy
 from exporter.hangs.protocol import Ack, Frame, PgReport, Report, Summary
 from exporter.hangs.watcher import HangWatcher
 from exporter.settings import Identity
+from exporter.sources.context import RankContext
 from exporter.sources.flight import PGState
 
 pytestmark = pytest.mark.unit
@@ -291,16 +292,19 @@ def test_three_ranks_dump_judge_and_leave_together(tmp_path):
     watchers = []
     for rank in range(3):
         identity = Identity(rank=rank, world_size=3, local_rank=rank, run="proto", node=f"n{rank}")
-        w = HangWatcher(
-            identity,
-            store,
-            inflight=_InFlight(rank, since),
+        ctx = RankContext(
+            identity=identity,
+            store=store,
             recorder=_Recorder(),
             sections=_Sections(),
             interval_s=0.2,
             monitor=rank == 0,
             dump_dir=str(tmp_path),
             errors=ErrorCounter(),
+        )
+        w = HangWatcher(
+            ctx,
+            inflight=_InFlight(rank, since),
             policy=policy,
             action=ActionPolicy(after_s=1.0, publish_s=0.2),
             forget=lambda: None,

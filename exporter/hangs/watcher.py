@@ -51,11 +51,9 @@ from ..errors import ErrorCounter
 from ..log import log
 from ..network import netcheck
 from ..network.probe import Listener
-from ..settings import Identity
 from ..sources import launcher
+from ..sources.context import RankContext
 from ..sources.flight import InFlight
-from ..sources.recorder import Recorder
-from ..sources.sections import SectionRegistry
 from .action import ActionPolicy
 from .channel import Channel, Site, Store
 from .definition import DEFAULT_POLICY, HangPolicy
@@ -116,31 +114,18 @@ class HangWatcher:
 
     def __init__(
         self,
-        identity: Identity,
-        store: Store,
+        ctx: RankContext,
         *,
         inflight: InFlight,
-        recorder: Recorder,
-        sections: SectionRegistry,
-        interval_s: float,
-        monitor: bool,
-        dump_dir: str,
-        errors: ErrorCounter,
         policy: HangPolicy = DEFAULT_POLICY,
         action: ActionPolicy | None = None,
         publish_abort: Callable[[], None] = lambda: None,
         restart: RestartPolicy | None = None,
-        start_step: int | None = None,
         forget: Callable[[], None] | None = None,
         probe: bool = True,
     ) -> None:
-        self.rank = identity.rank
+        identity, store, errors = ctx.identity, ctx.store, ctx.errors
         self.world_size = identity.world_size
-        self.interval = interval_s
-        self.monitor = monitor
-        self.dump_dir = dump_dir
-        self.policy = policy
-        self._errors = errors
         self._action = action
         site = Site(
             identity.run,
@@ -149,9 +134,9 @@ class HangWatcher:
             identity.world_size,
             identity.local_rank,
             identity.node or socket.gethostname(),
-            monitor,
-            interval_s,
-            dump_dir,
+            ctx.monitor,
+            ctx.interval_s,
+            ctx.dump_dir,
             policy,
             errors,
         )
@@ -165,22 +150,22 @@ class HangWatcher:
             site,
             channel,
             inflight=inflight,
-            recorder=recorder,
-            sections=sections,
+            recorder=ctx.recorder,
+            sections=ctx.sections,
             action=action,
             publish_abort=publish_abort,
             forget=forget if forget is not None else _forgetting(store),
             probe=answering,
         )
         self._monitor: Monitor | None = None
-        if monitor:
+        if ctx.monitor:
             rounds = Rounds(site, channel, enabled=probe, backend=backend)
             self._monitor = Monitor(
                 site,
                 channel,
                 action=action,
                 restart=restart,
-                start_step=start_step,
+                start_step=ctx.start_step,
                 answer=self._rank.check_request,
                 leave=self._rank.leave,
                 keep=self._rank.keep,
@@ -189,7 +174,7 @@ class HangWatcher:
         self._loop = BackgroundLoop(
             "ddp-exporter-forensics",
             self._tick_once,
-            max(interval_s / 4.0, 0.05),
+            max(ctx.interval_s / 4.0, 0.05),
             errors=errors,
             where="forensics",
         )

@@ -16,16 +16,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ... import procfs, storekeys
 from ...background import BackgroundLoop
-from ...errors import ErrorCounter
 from ...log import log
-from ...settings import Identity
+from ..context import RankContext
 from ..ending import End
-from ..recorder import Recorder
-from ..sections import SectionRegistry
 from .account import Account, Episode, StepTotals
 from .categories import SECTION_CATEGORIES, Work, section_category
 from .ledger import goodput_path, load_carried, save, summary_path
@@ -159,35 +156,28 @@ class GoodputTracker:
 
     def __init__(
         self,
-        identity: Identity,
-        store: Any,
+        ctx: RankContext,
         *,
-        recorder: Recorder,
-        sections: SectionRegistry,
-        interval_s: float,
-        monitor: bool,
-        dump_dir: str,
-        errors: ErrorCounter,
-        start_step: int | None = None,
         hangs: HangFeed | None = None,
         start_unix: float | None = None,
         end: End | None = None,
     ) -> None:
+        identity, recorder = ctx.identity, ctx.recorder
         self.identity = identity
-        self._store = store
+        self._store = ctx.store
         self._rec = recorder
-        self._registry = sections
-        self._errors = errors
+        self._registry = ctx.sections
+        self._errors = ctx.errors
         self._hangs = hangs
-        self._dump_dir = dump_dir
-        self.interval_s = interval_s
+        self._dump_dir = ctx.dump_dir
+        self.interval_s = ctx.interval_s
         self._prefix = storekeys.for_run(identity.run, identity.attempt).prefix
         self._key = work_key(self._prefix, identity.rank)
         self._keys = [work_key(self._prefix, r) for r in range(identity.world_size)]
         self._clock = SectionClock(lambda: recorder.steps, threading.main_thread().ident)
-        sections.listen(self._clock)
-        self._tick_s = max(interval_s / 4.0, 0.05)
-        self._every = max(1, round(interval_s / self._tick_s))
+        ctx.sections.listen(self._clock)
+        self._tick_s = max(ctx.interval_s / 4.0, 0.05)
+        self._every = max(1, round(ctx.interval_s / self._tick_s))
         self._ticks = 0
         self._saved = 0.0
         self._tally = PeerTally()
@@ -199,14 +189,14 @@ class GoodputTracker:
         # run's waits for a CPU (HostWait).
         self._cpu_wait = CpuWait()
         self._host_wait = HostWait()
-        if monitor:
-            self.account = self._new_account(start_step, start_unix)
+        if ctx.monitor:
+            self.account = self._new_account(ctx.start_step, start_unix)
             self.account.steps(time.time(), self._own_steps({}))
         self._loop = BackgroundLoop(
             "ddp-exporter-goodput",
             self._tick,
             self._tick_s,
-            errors=errors,
+            errors=ctx.errors,
             where="goodput",
             first_wait=0.0,
         )
