@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..hangs.definition import DEFAULT_POLICY, HangPolicy
-from ..settings import DEFAULT_PORT, duration_seconds
-from ..version import RUNBOOK_URL
+from ...hangs.definition import DEFAULT_POLICY, HangPolicy
+from ...settings import DEFAULT_PORT, duration_seconds
+from ...version import RUNBOOK_URL
 
 __all__ = [
     "CONFIG_FILE",
