@@ -13,7 +13,7 @@ import inspect
 import re
 
 from .. import catalog, settings
-from ..mixin.config import DEFAULT, FAST, MixinConfig
+from ..mixin.config import DEFAULT, DOMAINS, FAST, MixinConfig
 from ..mixin.dashboards import dashboard_specs
 from ..mixin.rules import ALERT_NAMES, every_alert
 from .markdown import code, md_text, page, table
@@ -156,26 +156,27 @@ def render_settings() -> str:
     )
 
 
-#: A section header of MixinConfig's body, e.g. ``# --- thresholds ------``.
-_SECTION = re.compile(r"^ {4}# -+ (.+?) -*$")
 _COMMENT = re.compile(r"^ {4}#: ?(.*)$")
 _FIELD = re.compile(r"^ {4}(\w+): [\w\[\]| ]+ = ")
 
 
 def config_fields() -> list[tuple[str, str, str]]:
-    """Return ``(section, field, comment)`` for every MixinConfig field, from its source."""
+    """Return ``(section, field, comment)`` for every MixinConfig field, from its domains' source.
+
+    The section is the domain's title; the comment, the ``#:`` lines above the field.
+    """
     out: list[tuple[str, str, str]] = []
-    section, comment = "", []
-    for line in inspect.getsource(MixinConfig).splitlines():
-        if m := _SECTION.match(line):
-            section, comment = m.group(1), []
-        elif m := _COMMENT.match(line):
-            comment.append(m.group(1))
-        elif m := _FIELD.match(line):
-            out.append((section, m.group(1), " ".join(comment)))
-            comment = []
-        elif not line.strip() or line.lstrip().startswith(("def ", "@")):
-            comment = []
+    for domain in DOMAINS:
+        own = {f.name for f in dataclasses.fields(domain)}
+        comment: list[str] = []
+        for line in inspect.getsource(domain).splitlines():
+            if m := _COMMENT.match(line):
+                comment.append(m.group(1))
+            elif (m := _FIELD.match(line)) and m.group(1) in own:
+                out.append((domain.TITLE, m.group(1), " ".join(comment)))
+                comment = []
+            elif not line.strip() or line.lstrip().startswith(("def ", "@")):
+                comment = []
     return out
 
 

@@ -1,0 +1,65 @@
+"""Test the mixin's configuration: one flat MixinConfig assembled from per-domain dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from exporter.mixin.config import DEFAULT, DOMAINS, FAST, MixinConfig, config_from
+from exporter.mixin.config.fleet import FleetConfig
+from exporter.mixin.config.goodput import GoodputConfig
+from exporter.mixin.config.windows import WindowConfig
+
+pytestmark = pytest.mark.unit
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def test_the_fields_keep_the_order_of_the_domains() -> None:
+    # dashboards/mixin.json and the reference page follow this order.
+    assert MixinConfig.__bases__ == DOMAINS[::-1]
+    assert _names(MixinConfig) == [name for domain in DOMAINS for name in _names(domain)]
+
+
+def test_each_domain_owns_its_fields_and_a_title_of_its_own() -> None:
+    names = [name for domain in DOMAINS for name in _names(domain)]
+    assert len(names) == len(set(names))
+    titles = [domain.TITLE for domain in DOMAINS]
+    assert all(titles) and len(titles) == len(set(titles))
+
+
+def test_each_domain_works_alone_with_the_defaults_of_the_whole() -> None:
+    for domain in DOMAINS:
+        alone = domain()
+        assert all(getattr(alone, n) == getattr(DEFAULT, n) for n in _names(domain)), domain
+
+
+@pytest.mark.parametrize(
+    ("domain", "changes", "message"),
+    [
+        (GoodputConfig, {"goodput_min_ettr": 1.0}, "goodput_min_ettr must be in (0, 1): 1.0"),
+        (FleetConfig, {"fleet_carry": "1s"}, "fleet_carry must be at least twice fleet_interval"),
+        (
+            WindowConfig,
+            {"restart_loop_window": "1m"},
+            "restart_loop_window must be at least baseline_window",
+        ),
+    ],
+)
+def test_a_domain_refuses_a_bad_value_alone_and_in_the_whole(domain, changes, message) -> None:
+    for make in (domain, MixinConfig, lambda **kw: dataclasses.replace(FAST, **kw)):
+        with pytest.raises(ValueError) as err:
+            make(**changes)
+        assert str(err.value) == message
+
+
+def test_the_public_api_stays_flat() -> None:
+    cfg = MixinConfig(job="train", goodput_window="2h")
+    assert (cfg.job, cfg.goodput_window, cfg.stalled_for) == ("train", "2h", DEFAULT.stalled_for)
+    assert dataclasses.replace(DEFAULT, stalled_for="5m").stalled_for == "5m"
+    assert config_from({"shards": 3}).shards == 3 and config_from({}) == DEFAULT
+    assert DEFAULT.hang_policy.stall_min_seconds == DEFAULT.stall_min_seconds
+    assert not DEFAULT.receivers_set and "TITLE" not in _names(MixinConfig)
