@@ -37,7 +37,9 @@ pytestmark = pytest.mark.lab
 MASTER_PORT = 29500
 WORKER = os.path.join("tests", "workers", "restart_worker.py")
 PORT = 19400
-DOCTOR = [sys.executable, "-m", "exporter.doctor", "--timeout", "30", "--step-timeout", "8"]
+# The others wait for rank 0's store until 30 s: on a loaded machine node 0's doctor may start
+# its store many seconds after theirs.
+DOCTOR = [sys.executable, "-m", "exporter.doctor", "--timeout", "40", "--step-timeout", "8"]
 
 
 def _doctor(the_lab: Lab, env_of: dict[int, dict[str, str]] | None = None) -> tuple[list, str]:
@@ -63,8 +65,9 @@ def _doctor(the_lab: Lab, env_of: dict[int, dict[str, str]] | None = None) -> tu
 def _row(text: str, rank: int) -> dict[str, str]:
     """Return rank ``rank``'s row of node 0's table as {column: value}."""
     lines = text.splitlines()
-    header = next(line for line in lines if line.startswith("rank "))
-    row = next(line for line in lines if re.match(rf"{rank}\s+lab-node-", line))
+    header = next((line for line in lines if line.startswith("rank ")), None)
+    row = next((line for line in lines if re.match(rf"{rank}\s+lab-node-", line)), None)
+    assert header is not None and row is not None, f"no row of rank {rank} in:\n{text}"
     return dict(zip(header.split(), row.split(), strict=True))
 
 
