@@ -22,8 +22,8 @@ from conftest import train_epoch
 from harness import REPO, Job, Ranks, parse, scrape_text, value, wait_for
 
 import exporter
-from exporter.hangs import codec
 from exporter.hangs.capture import capture, innermost_user_frame, summarize
+from exporter.hangs.protocol import DumpRequest
 from exporter.tools import cli
 
 WORKER = os.path.join("tests", "workers", "hang_worker.py")
@@ -205,8 +205,7 @@ def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
         model, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0.5, dump_dir=tmp_path / "d"
     )
     train_epoch(model, loader, opt)
-    asked = {"episode": 7, "behind": [0], "pg": "0", "seq": 1}
-    summary = obs.hangs.dump(7, codec.request_from_dict(asked))
+    summary = obs.hangs.dump(7, DumpRequest(7, "0", "", 1, behind=(0,)))
     folder = glob.glob(os.path.join(root, "*-hang-7"))[0]
     with open(os.path.join(folder, "rank-0.json")) as f:
         dump = json.load(f)
@@ -223,6 +222,6 @@ def test_dump_in_process_files_metrics_and_flight_recorder_off(ddp, tmp_path):
     wait_for(lambda: obs.hangs.location is None, 10, "the location to be withdrawn")
 
     obs.inflight.fail(RuntimeError("FR broke"))  # from now on: comm-hook bookkeeping only
-    obs.hangs.dump(8, codec.request_from_dict({"episode": 8}))
+    obs.hangs.dump(8, DumpRequest(8, "", "", 0))
     with open(glob.glob(os.path.join(root, "*-hang-8", "rank-0.json"))[0]) as f:
         assert not json.load(f)["flight_recorder"]["available"]

@@ -32,7 +32,7 @@ from exporter import settings, storekeys
 from exporter.errors import ErrorCounter
 from exporter.hangs import action, codec
 from exporter.hangs.definition import HangFinding
-from exporter.hangs.protocol import Episode
+from exporter.hangs.protocol import DumpRequest, Episode, Located, Summary
 from exporter.settings import validate
 from exporter.tools.localstack import free_port
 
@@ -67,23 +67,14 @@ def _line_of(marker: str) -> int:
 
 
 # -- the decision, on its own -------------------------------------------------------------------
-#: The monitoring rank's dump request, as it travels (the episode's first fields too).
-ASKED = {
-    "episode": 1,
-    "pg": "0",
-    "kind": "behind",
-    "seq": 36.0,
-    "threshold": 10.0,
-    "behind": [1],
-    "run": "r",
-}
-REQUEST = codec.request_from_dict(ASKED)
+#: The monitoring rank's dump request (the episode's first fields too).
+REQUEST = DumpRequest(1, "0", "behind", 36.0, behind=(1,), threshold=10.0)
 STEPS = {0: 30, 1: 30, 2: 30}
 
 
 def _opened(**change) -> Episode:
     """Return the episode of the request (with ``change``) as the monitoring rank opens it."""
-    return codec.episode_from_dict({**ASKED, **change})
+    return Episode(replace(REQUEST, **change), run="r")
 
 
 def _finding(kind: str = "behind", seq: float = 36.0, age: float = 31.0) -> HangFinding:
@@ -136,7 +127,7 @@ def _episode(**change) -> tuple[Episode, object]:
         **change,
     }
     typed = codec.episode_from_dict(episode)
-    answered = {int(r): s and codec.summary_from_dict(s) for r, s in summaries.items()}
+    answered = {int(r): s and codec.from_dict(Summary, s) for r, s in summaries.items()}
     return typed, verdict.verdict(typed, answered)
 
 
@@ -193,8 +184,8 @@ def test_due_only_for_a_hang_that_still_holds(finding, age, steps, acts):
 @pytest.mark.unit
 def test_a_symmetric_hang_acts_on_its_own_threshold():
     policy = action.ActionPolicy()
-    symmetric = {"kind": "symmetric", "threshold": 60.0, "behind": []}
-    request = codec.request_from_dict({**ASKED, **symmetric})
+    symmetric = {"kind": "symmetric", "threshold": 60.0, "behind": ()}
+    request = replace(REQUEST, **symmetric)
     finding = _finding("symmetric", age=100.0)
     assert not action.due(policy, request, finding, reported_age=100.0, steps=STEPS, timeout=None)
     assert action.due(policy, request, finding, reported_age=121.0, steps=STEPS, timeout=None)
@@ -206,11 +197,7 @@ def test_a_symmetric_hang_acts_on_its_own_threshold():
 
 @pytest.mark.unit
 def test_the_line_names_culprit_place_folder_and_code():
-    located = [
-        codec.located_from_dict(
-            {"rank": 1, "file": "/job/train.py", "line": 42, "function": "load_batch"}
-        )
-    ]
+    located = [Located(1, "", 0, "", "/job/train.py", 42, "load_batch")]
     plan = action.decide(
         action.ActionPolicy(exit_code=76), _opened(), located, "/d/r-hang-1", 31.4, 1800.0
     )

@@ -28,6 +28,9 @@ from exporter.hangs.definition import HangFinding, HangPolicy, SeqState, find_ha
 from exporter.hangs.dumps import render_dump
 from exporter.hangs.protocol import (
     DumpRequest,
+    Frame,
+    InflightOp,
+    Network,
     PeerReach,
     PgSeqs,
     ProbeRequest,
@@ -359,17 +362,15 @@ def test_a_deadlock_across_two_groups_is_not_the_network(tmp_path, monkeypatch):
 
 # -- the first collective a rank missed: verdict, top and the dump agree -------------------------
 def _summary(rank: int, last_enqueued: int, last_completed: int, inflight: list[int]) -> Summary:
-    frames = [{"file": "/job/train.py", "line": 40, "function": "train_step"}]
-    return codec.summary_from_dict(
-        {
-            "rank": rank,
-            "step": 9,
-            "phase": "collective",
-            "frames": frames,
-            "where": frames[0],
-            "inflight": [{"op": "all_reduce", "seq": s, "pg": "0"} for s in inflight],
-            "seqs": {"0": {"last_enqueued": last_enqueued, "last_completed": last_completed}},
-        }
+    frame = Frame("/job/train.py", 40, "train_step")
+    return Summary(
+        rank,
+        9,
+        "collective",
+        (frame,),
+        frame,
+        tuple(InflightOp("all_reduce", s, "0") for s in inflight),
+        {"0": PgSeqs(last_enqueued, last_completed)},
     )
 
 
@@ -498,7 +499,7 @@ def test_the_probe_messages_travel_through_the_codec_unchanged():
     result = ProbeResult(2, 3, {0: PeerReach("dropped", 3.0)})
     assert codec.decode_probe_result(codec.encode_probe_result(result)) == result
     found = _round({1: {2: "dropped"}, 2: {1: "dropped"}})
-    assert codec.network_from_dict(codec.network_to_dict(found)) == found
+    assert codec.from_dict(Network, codec.to_dict(found)) == found
     assert HangFinding  # the definition's type is what the monitor opens early episodes with
 
 

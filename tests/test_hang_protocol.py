@@ -154,15 +154,15 @@ def test_files_are_written_as_before():
 
 
 def test_partial_dicts_read_with_defaults_and_wrong_types_are_refused():
-    request = codec.request_from_dict({"episode": 8})
+    request = codec.decode_request('{"episode": 8}')
     assert (request.episode, request.behind, request.threshold) == (8, (), 0.0)
-    assert codec.request_from_dict({}).episode == -1  # never matches a real episode
-    assert codec.summary_from_dict({"rank": 3}) == Summary(3)
+    assert codec.decode_request("{}").episode == -1  # never matches a real episode
+    assert codec.decode_ack('{"summary": {"rank": 3}}').summary == Summary(3)
     assert codec.decode_ack("{}") == Ack(0, "")
     with pytest.raises(KeyError):
-        codec.summary_from_dict({"step": 1})  # whose summary?
+        codec.decode_ack('{"summary": {"step": 1}}')  # whose summary?
     with pytest.raises((TypeError, ValueError)):
-        codec.request_from_dict({"episode": 1, "behind": [None]})
+        codec.decode_request('{"episode": 1, "behind": [null]}')
     with pytest.raises(ValueError):
         codec.decode_report("[1, 2]")
     with pytest.raises(ValueError):

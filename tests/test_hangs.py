@@ -9,6 +9,7 @@ import pytest
 
 from exporter.hangs import codec
 from exporter.hangs import verdict as hangs
+from exporter.hangs.protocol import Summary
 from exporter.ranklist import format_ranks
 from exporter.tools import cli
 
@@ -97,7 +98,7 @@ def test_culprits_first_then_waiting_then_groups():
 
 def _verdict(episode: dict, summaries: dict) -> hangs.Verdict:
     """Return the verdict of an episode and summaries written as the files hold them."""
-    typed = {r: None if s is None else codec.summary_from_dict(s) for r, s in summaries.items()}
+    typed = {r: None if s is None else codec.from_dict(Summary, s) for r, s in summaries.items()}
     return hangs.verdict(codec.episode_from_dict(episode), typed)
 
 

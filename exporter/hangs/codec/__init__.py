@@ -35,7 +35,6 @@ from ..protocol import (
     Frame,
     LedgerEntry,
     Located,
-    Network,
     ProbeRequest,
     ProbeResult,
     RankDump,
@@ -48,8 +47,6 @@ from .generic import JSON, Raw, decode, encode, from_dict, load, to_dict
 __all__ = [
     "JSON",
     "Raw",
-    "action_from_dict",
-    "action_to_dict",
     "decode",
     "decode_ack",
     "decode_action",
@@ -66,11 +63,8 @@ __all__ = [
     "encode_probe_result",
     "encode_report",
     "encode_request",
-    "entry_from_dict",
-    "entry_to_dict",
     "episode_from_dict",
     "episode_json",
-    "episode_to_dict",
     "flight_available",
     "flight_entries",
     "flight_error",
@@ -80,15 +74,9 @@ __all__ = [
     "from_dict",
     "ledger_from_json",
     "ledger_json",
-    "located_from_dict",
     "located_to_dict",
-    "network_from_dict",
-    "network_to_dict",
-    "request_from_dict",
-    "request_to_dict",
     "state_from_dict",
     "state_to_dict",
-    "summary_from_dict",
     "summary_to_dict",
     "to_dict",
 ]
@@ -117,19 +105,6 @@ summary_to_dict: Callable[[Summary], JSON] = to_dict
 located_to_dict: Callable[[Located], JSON] = to_dict
 dump_from_dict: Callable[[Mapping[str, Any]], RankDump] = partial(from_dict, RankDump)
 episode_from_dict: Callable[[Mapping[str, Any]], Episode] = partial(from_dict, Episode)
-
-# -- only tests use these (next: they build typed values) --------------------------------------------
-request_to_dict: Callable[[DumpRequest], JSON] = to_dict
-request_from_dict: Callable[[Mapping[str, Any]], DumpRequest] = partial(from_dict, DumpRequest)
-summary_from_dict: Callable[[Mapping[str, Any]], Summary] = partial(from_dict, Summary)
-located_from_dict: Callable[[Mapping[str, Any]], Located] = partial(from_dict, Located)
-network_to_dict: Callable[[Network], JSON] = to_dict
-network_from_dict: Callable[[Mapping[str, Any]], Network] = partial(from_dict, Network)
-action_to_dict: Callable[[Action], JSON] = to_dict
-action_from_dict: Callable[[Mapping[str, Any]], Action] = partial(from_dict, Action)
-entry_to_dict: Callable[[LedgerEntry], JSON] = to_dict
-entry_from_dict: Callable[[Mapping[str, Any]], LedgerEntry] = partial(from_dict, LedgerEntry)
-episode_to_dict: Callable[[Episode], JSON] = to_dict
 
 
 # -- the files ---------------------------------------------------------------------------------------
