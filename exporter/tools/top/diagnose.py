@@ -181,31 +181,16 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
     return states
 
 
-def _work(r: RankRow) -> float:
-    """Return what a rank does alone each step, before its peers can wait for it."""
-    return r.phases.get("compute", 0.0) + r.phases.get("data", 0.0)
-
-
 def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
-    """Suspect a rank by its compute or data time per step (never by collective latency).
-
-    Only a rank that holds the others up: its compute and data together exceed the run's
-    median by the minimum excess. A rank whose compute is slow while another's data wait is
-    slower waits for that one like the rest (on a busy host the monitoring rank's compute
-    grows first: its background threads want the interpreter lock too).
-    """
+    """Suspect a rank by its compute or data time per step (never by collective latency)."""
     straggler_ratio = config.straggler_ratio
     straggler_min_excess = config.straggler_min_excess_seconds
-    works = [_work(r) for r in live if r.phases]
-    med_work = statistics.median(works) if works else 0.0
     for key in ("compute", "data"):
         values = [r.phases.get(key, 0.0) for r in live if r.phases]
         med = statistics.median(values) if values else 0.0
         for r in live:
             v = r.phases.get(key, 0.0)
             if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
-                if _work(r) - med_work <= straggler_min_excess:
-                    continue  # it waits for a slower rank, as its peers do
                 if not r.suspect:
                     r.suspect = f"straggler:{key}"
                     r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
