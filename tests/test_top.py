@@ -76,6 +76,45 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
     assert verdicts[1].startswith("HUNG") and not verdicts[0] + verdicts[2], verdicts
 
 
+@pytest.mark.unit
+def test_a_rank_slow_in_compute_that_waits_for_a_later_rank_is_not_a_straggler():
+    # A loaded rehearsal's FSDP2 slow-data drill: rank 2 waits 400 ms for data each step, the
+    # other two wait for it; rank 0 (the monitoring rank, on a busy host) computes 171 ms, rank
+    # 1 106 ms. Rank 0 waits for rank 2 like rank 1: only rank 2 holds the job up.
+    def table(n):
+        return [
+            _row(0, n, compute=0.171, data=0.0005, steps=n),
+            _row(1, n, compute=0.106, data=0.0005, steps=n),
+            _row(2, n, compute=0.100, data=0.400, steps=n),
+        ]
+
+    *_, last = _reads(table(100), table(200), table(300))
+    assert last[2].startswith("straggler: data 400 ms") and not last[0] + last[1], last
+    # Without the later rank, the same compute holds the others up: named.
+    alone = [_row(0, 9, compute=0.171), _row(1, 9, compute=0.106), _row(2, 9, compute=0.100)]
+    later = [
+        _row(0, 9, compute=0.171, steps=200),
+        _row(1, 9, compute=0.106, steps=200),
+        _row(2, 9, compute=0.100, steps=200),
+    ]
+    assert _reads(alone, later)[1][0].startswith("straggler: compute 171 ms"), _reads(alone, later)
+
+
+@pytest.mark.unit
+def test_a_data_straggler_whose_wait_its_peers_spend_in_compute_is_named():
+    # DDP broadcasts its buffers as the forward begins: the peers of a rank that waits 60 ms
+    # for data wait for it there, inside their compute, and arrive with it.
+    def table(n):
+        return [
+            _row(0, n, compute=0.110, data=0.0005, steps=n),
+            _row(1, n, compute=0.110, data=0.0005, steps=n),
+            _row(2, n, compute=0.050, data=0.060, steps=n),
+        ]
+
+    *_, last = _reads(table(100), table(200), table(300))
+    assert last[2].startswith("straggler: data 60 ms") and not last[0] + last[1], last
+
+
 def _windowed(rows, at, window_s=20.0):
     """Return ``rows`` as Prometheus reads them: increases over a window ending at ``at``."""
     for r in rows:

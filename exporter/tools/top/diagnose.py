@@ -181,15 +181,29 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
     return states
 
 
+def _arrival(r: RankRow) -> float:
+    """Return when a rank reaches its step's collectives: its compute and data time per step."""
+    return r.phases.get("compute", 0.0) + r.phases.get("data", 0.0)
+
+
 def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
-    """Suspect a rank by its compute or data time per step (never by collective latency)."""
+    """Suspect a rank by its compute or data time per step (never by collective latency).
+
+    Only a rank that arrives last holds the others up: its compute and data time together
+    within the minimum excess of the run's latest. A rank slow in compute while another waits
+    far longer for its data waits for that one like its peers (on a busy host the monitoring
+    rank's compute grows first: its background threads want the interpreter lock too).
+    """
     straggler_ratio = config.straggler_ratio
     straggler_min_excess = config.straggler_min_excess_seconds
+    latest = max((_arrival(r) for r in live if r.phases), default=0.0)
     for key in ("compute", "data"):
         values = [r.phases.get(key, 0.0) for r in live if r.phases]
         med = statistics.median(values) if values else 0.0
         for r in live:
             v = r.phases.get(key, 0.0)
+            if latest - _arrival(r) > straggler_min_excess:
+                continue  # it waits for a later rank, as its peers do
             if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
                 if not r.suspect:
                     r.suspect = f"straggler:{key}"
