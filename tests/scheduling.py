@@ -21,10 +21,14 @@ fast and honest:
   in a folder the controller makes for the run); a solo test waiting keeps new shared holders
   out, so it waits only for the tests already running. The solo tests run as one block: one
   group (``solo``), so one worker, holding the exclusive lock from the first to the last, so
-  that the costly tests drain once rather than before each. They are ordered last, after the
-  fast tiers too: those run beside the other costly tests, and a solo test finds nothing but
-  the tail of them beside it (an in-process test can load the CPU as much as a job: a type
-  check, a wheel build, the docs site).
+  that the costly tests drain once rather than before each.
+- **Fast tiers in the gaps.** The solo block comes after the costly tests and before the
+  modules that hold only ``unit`` and ``tool`` tests. A worker runs those at the lowest CPU
+  priority (nice 19), so they use the cores the solo tests leave idle (about half of them: the
+  drills' ranks mostly sleep) as a busy loop at that priority would, the load the solo tests
+  must stand anyway, instead of running alone after the block. A worker never runs a costly
+  test after them (they come last); where one would, it takes its priority back first where
+  the system lets it (root).
 
 Without xdist (``-n 0``) every test runs alone anyway and nothing is locked.
 """
@@ -48,6 +52,8 @@ __all__ = [
     "SERIAL",
     "SHARING",
     "SOLO_GROUP",
+    "YIELD_NICE",
+    "Priority",
     "SoloBlock",
     "pytest_collection_modifyitems",
     "pytest_configure",
@@ -71,6 +77,12 @@ LOCKS = "DDP_EXPORTER_TEST_LOCKS"
 
 #: The xdist group of every solo test (one worker runs them one after another).
 SOLO_GROUP = "solo"
+
+#: The nice value a worker runs the fast modules' tests at, beside the solo block.
+YIELD_NICE = 19
+
+#: Tests that yield the CPU: those of the modules holding only fast tiers (not solo).
+_YIELDS = pytest.StashKey[bool]()
 
 #: The lock folder this session made (a controller's): only its maker removes it.
 _MADE = pytest.StashKey[str]()
@@ -133,10 +145,14 @@ def pytest_collection_modifyitems(
         module = item.nodeid.split("::")[0]
         cost[module] = min(cost.get(module, len(ORDER)), ORDER.index(tier_of(item)))
 
-    def key(item: pytest.Item) -> float:
-        # After every other test: see the module docstring.
-        return len(ORDER) if _solo(item) else cost[item.nodeid.split("::")[0]]
+    fast = ORDER.index("tool")
 
+    def key(item: pytest.Item) -> float:
+        # After the costly tests, before the modules of fast tests only: see the docstring.
+        return fast - 0.5 if _solo(item) else cost[item.nodeid.split("::")[0]]
+
+    for item in items:
+        item.stash[_YIELDS] = key(item) >= fast
     # A stable sort: every xdist worker computes the same order, as it must.
     items.sort(key=key)
 
@@ -187,12 +203,39 @@ class SoloBlock:
 _block = SoloBlock()
 
 
+class Priority:
+    """This worker's CPU priority: lowered for the fast tests, taken back where allowed."""
+
+    def __init__(self) -> None:
+        self._before: int | None = None
+
+    def yield_cpu(self) -> None:
+        """Run at :data:`YIELD_NICE` from now on (the calling thread and what it starts)."""
+        if self._before is None:
+            self._before = os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, 0, max(self._before, YIELD_NICE))
+
+    def take_back(self) -> None:
+        """Run at the priority from before :meth:`yield_cpu`, where the system allows it."""
+        if self._before is not None:
+            with contextlib.suppress(PermissionError):  # raising it takes root
+                os.setpriority(os.PRIO_PROCESS, 0, self._before)
+                self._before = None
+
+
+_priority = Priority()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     """Run a costly test under the shared lock, a run of solo tests under the exclusive one."""
     folder = os.environ.get(LOCKS)
     if not folder or not hasattr(item.config, "workerinput"):
         return (yield)
+    if item.stash.get(_YIELDS, False):
+        _priority.yield_cpu()
+    else:
+        _priority.take_back()
     if not _solo(item):
         if tier_of(item) not in SHARING:
             return (yield)

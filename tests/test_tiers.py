@@ -61,7 +61,7 @@ def test_a_module_mark_is_the_tier_of_each_of_its_tests(pytester: pytest.Pyteste
     result.assert_outcomes(passed=1)
 
 
-def test_the_costliest_tests_come_first_and_solo_tests_last(
+def test_the_costliest_tests_come_first_then_solo_tests_then_fast_modules(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makeconftest('pytest_plugins = ["tiers", "scheduling"]\n')
@@ -83,8 +83,8 @@ def test_the_costliest_tests_come_first_and_solo_tests_last(
         "test_b_mixed.py::test_cheap",  # its module goes where its costliest test puts it
         "test_b_mixed.py::test_drill",
         "test_c_jobs.py::test_j",
-        "test_a_units.py::test_u",
         "test_b_mixed.py::test_healthy",
+        "test_a_units.py::test_u",
     ]
 
 
@@ -223,3 +223,29 @@ def test_a_waiting_solo_test_keeps_new_shared_holders_out(tmp_path) -> None:
     release["B"].set()
     for t in threads.values():
         t.join(10)
+
+
+def test_a_worker_yields_the_cpu_for_the_fast_tests_and_takes_it_back_where_allowed() -> None:
+    import contextlib
+    import threading
+
+    from scheduling import YIELD_NICE, Priority
+
+    seen: dict[str, int] = {}
+
+    def worker() -> None:  # a thread: its priority is its own, as a worker's main thread's is
+        with contextlib.suppress(PermissionError):  # root: start where a worker starts
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, 0)
+        priority = Priority()
+        priority.yield_cpu()
+        seen["yielded"] = os.getpriority(os.PRIO_PROCESS, 0)
+        priority.take_back()
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, 0)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(30)
+    assert seen["yielded"] == max(seen["before"], YIELD_NICE), seen
+    if os.geteuid() == 0:
+        assert seen["after"] == seen["before"], seen
