@@ -189,10 +189,13 @@ def _arrival(r: RankRow) -> float:
 def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
     """Suspect a rank by its compute or data time per step (never by collective latency).
 
-    Only a rank that arrives last holds the others up: its compute and data time together
-    within the minimum excess of the run's latest. A rank slow in compute while another waits
-    far longer for its data waits for that one like its peers (on a busy host the monitoring
-    rank's compute grows first: its background threads want the interpreter lock too).
+    Not a rank that waits for a later one: where another rank's compute and data time
+    together exceed its own by the straggler thresholds (ratio and minimum excess), it waits
+    for that rank like its peers. A rank slow in compute while another waits far longer for
+    its data is such a rank (on a busy host the monitoring rank's compute grows first: its
+    background threads want the interpreter lock too). Where the ranks that wait spend their
+    wait inside their compute (DDP's data straggler on gloo), every rank arrives together and
+    none is left out.
     """
     straggler_ratio = config.straggler_ratio
     straggler_min_excess = config.straggler_min_excess_seconds
@@ -202,7 +205,8 @@ def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
         med = statistics.median(values) if values else 0.0
         for r in live:
             v = r.phases.get(key, 0.0)
-            if latest - _arrival(r) > straggler_min_excess:
+            own = _arrival(r)
+            if latest > straggler_ratio * own and latest - own > straggler_min_excess:
                 continue  # it waits for a later rank, as its peers do
             if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
                 if not r.suspect:
