@@ -28,6 +28,22 @@ def liveness_alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     return [rank_down(cfg), job_killed(cfg), training_stalled(cfg)]
 
 
+def _silence_seconds(cfg: MixinConfig) -> float:
+    """Return how long an endpoint answers no scrape before its rank counts as gone."""
+    return max(1.5 * settings.duration_seconds(cfg.scrape_interval), SILENCE_MIN_S)
+
+
+def _answered(cfg: MixinConfig) -> str:
+    """Return the ranks whose endpoint answered a scrape within :func:`_silence_seconds`.
+
+    Where no sample is that recent (a Prometheus that scrapes less often than the config says)
+    the last scrape decides.
+    """
+    up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
+    recent = f"{round(1000 * _silence_seconds(cfg))}ms"
+    return f"max {clauses(cfg).by('run, rank')} (max_over_time({up}[{recent}]) == 1)"
+
+
 def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     """Return DDPRankDown: one rank gone while the rest of its run still reports."""
     r, c = recorded(cfg), clauses(cfg)
@@ -36,12 +52,11 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     stale = f"{cfg.heartbeat_stale_seconds:g}"
     rank = c.by("run, rank")
     # Down once its last scrape failed and none answered within one and a half intervals, and
-    # within SILENCE_MIN_S: scrapes that timed out on a busy host are not a rank gone. Where no
-    # sample is that recent (a Prometheus that scrapes less often than the config says) the
-    # last scrape decides.
-    silence = max(1.5 * settings.duration_seconds(cfg.scrape_interval), SILENCE_MIN_S)
-    recent = f"{round(1000 * silence)}ms"
-    answered = f"max {rank} (max_over_time({up}[{recent}]) == 1)"
+    # within SILENCE_MIN_S: scrapes that timed out on a busy host are not a rank gone. Its
+    # series gone count only where no scrape answered that recently either: a failed scrape
+    # marks every series of the target stale at once.
+    silence = _silence_seconds(cfg)
+    answered = _answered(cfg)
     down = f"(\n    max {rank} ({up} == 0)\n    unless {c.on('run, rank')}\n    {answered}\n  )"
     monitor = settings.SETTINGS[settings.MONITOR_RANK].default
     return Alert(
@@ -51,7 +66,8 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
             f"(\n  {down}\n  or\n"
             f"  max {rank} ({r.peer_heartbeat_age} > {stale})\n  or\n"
             f"  max {rank} (last_over_time({info}[{cfg.baseline_window}]))\n"
-            f"  unless {c.on('run, rank')} max {rank} ({info})\n)\n"
+            f"  unless {c.on('run, rank')} max {rank} ({info})\n"
+            f"  unless {c.on('run, rank')} {answered}\n)\n"
             f"unless {c.on('run, rank')}\n{finished_ranks(cfg)}\n"
             f"and {c.on('run')}\nmax {c.by('run')} ({info})"
         ),
@@ -78,17 +94,23 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
 
 
 def job_killed(cfg: MixinConfig = DEFAULT) -> Alert:
-    """Return DDPJobKilled: every rank of a run gone at once, without a clean end."""
+    """Return DDPJobKilled: every rank of a run gone at once, without a clean end.
+
+    A rank's series gone count only where its endpoint answered no scrape lately either, as
+    for DDPRankDown: a Prometheus whose scrapes of every rank failed once is no job killed.
+    """
     c = clauses(cfg)
     info = selector(cfg, catalog.RANK_INFO.name)
     rank, run = c.by("run, rank"), c.on("run")
+    answered = _answered(cfg)
     return Alert(
         "DDPJobKilled",
         "critical",
         (
             f"count {c.by('run')} (\n"
             f"  max {rank} (last_over_time({info}[{cfg.baseline_window}]))\n"
-            f"  unless {c.on('run, rank')} max {rank} ({info})\n)\n"
+            f"  unless {c.on('run, rank')} max {rank} ({info})\n"
+            f"  unless {c.on('run, rank')} {answered}\n)\n"
             f"unless {run}\nmax {c.by('run')} ({info})\n"
             f"unless {run}\nmax {c.by('run')} ({finished_ranks(cfg)})\n"
             f"unless {run}\n{aborted_runs(cfg)}\n"
