@@ -33,7 +33,7 @@ except Exception:
 fi
 "$PY" -m pip install -q -e ".[test]"
 # The checkout's bytecode, compiled once: where PYTHONDONTWRITEBYTECODE is set, every process the
-# suite starts (several hundred ranks) would compile the exporter again, 0.2 s of CPU each.
+# suite starts (several hundred ranks) would compile the exporter again, 0.15 s of CPU each.
 "$PY" -m compileall -q -j 0 exporter tests examples >/dev/null
 # The compose-spec JSON schema for validating docker-compose.yml ships inside this old package;
 # --no-deps because its own requirements pin PyYAML below 6.
