@@ -33,21 +33,25 @@ def _silence_seconds(cfg: MixinConfig) -> float:
     return max(1.5 * settings.duration_seconds(cfg.scrape_interval), SILENCE_MIN_S)
 
 
+def _up(cfg: MixinConfig) -> str:
+    """Return the selector of the ranks' scrape health (``up`` of the job, with a rank)."""
+    return selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
+
+
 def _answered(cfg: MixinConfig) -> str:
     """Return the ranks whose endpoint answered a scrape within :func:`_silence_seconds`.
 
     Where no sample is that recent (a Prometheus that scrapes less often than the config says)
     the last scrape decides.
     """
-    up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
     recent = f"{round(1000 * _silence_seconds(cfg))}ms"
-    return f"max {clauses(cfg).by('run, rank')} (max_over_time({up}[{recent}]) == 1)"
+    return f"max {clauses(cfg).by('run, rank')} (max_over_time({_up(cfg)}[{recent}]) == 1)"
 
 
 def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     """Return DDPRankDown: one rank gone while the rest of its run still reports."""
     r, c = recorded(cfg), clauses(cfg)
-    up = selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
+    up = _up(cfg)
     info = selector(cfg, catalog.RANK_INFO.name)
     stale = f"{cfg.heartbeat_stale_seconds:g}"
     rank = c.by("run, rank")
