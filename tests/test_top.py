@@ -14,6 +14,7 @@ from harness import REPO, Job, TopReader, wait_for
 import exporter.tools.top as top
 from exporter.mixin.config import FAST, duration_seconds
 from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
+from exporter.tools.top.diagnose import ENDPOINT_HOLD_S
 
 
 def _row(rank, seq, age=0.0, compute=0.05, data=0.001, steps=100.0, up=True):
@@ -27,9 +28,11 @@ def _row(rank, seq, age=0.0, compute=0.05, data=0.001, steps=100.0, up=True):
 
 
 def _reads(*tables):
-    """Diagnose consecutive reads; return each table's {rank: verdict}."""
+    """Diagnose consecutive reads 10 s apart; return each table's {rank: verdict}."""
     previous, out = None, []
-    for rows in tables:
+    for i, rows in enumerate(tables):
+        for r in rows:
+            r.read_at = r.read_at or 10.0 * i
         rows = top.diagnose(rows, previous)
         previous = {r.target: r for r in rows}
         out.append({r.rank: r.verdict for r in rows})
@@ -115,6 +118,26 @@ def test_a_data_straggler_whose_wait_its_peers_spend_in_compute_is_named(rank_0_
 
     *_, last = _reads(table(100), table(200), table(300))
     assert last[1].startswith("straggler: data 403 ms") and not last[0] + last[2], last
+
+
+@pytest.mark.unit
+def test_a_straggler_read_from_the_endpoints_a_second_apart_holds_for_seconds_first():
+    # A loaded rehearsal: a healthy FSDP2 rank's compute doubled in two reads a second apart.
+    def read(at, steps):
+        rows = [_row(0, 5, steps=steps), _row(1, 5, compute=0.125, steps=steps), _row(2, 5)]
+        for r in rows:
+            r.read_at = at
+        rows[2].steps, rows[2].phase_sum = steps, {"compute": 0.06 * steps, "data": 0.0}
+        return rows
+
+    previous, named = None, []
+    for i in range(8):
+        rows = top.diagnose(read(1000.0 + i, 100.0 * (i + 1)), previous)
+        previous = {r.target: r for r in rows}
+        named.append(rows[1].verdict)
+    held = int(ENDPOINT_HOLD_S)
+    assert not any(named[:held]), named
+    assert named[held].startswith("straggler: compute 125 ms"), named
 
 
 def _windowed(rows, at, window_s=20.0):

@@ -4,7 +4,8 @@ The same definitions as the generated alerts: a straggler by compute or data tim
 (:class:`~exporter.mixin.config.MixinConfig` thresholds), a hang by
 :mod:`exporter.hangs.definition`, a slow link by the store round trips of the ranks behind it.
 Every accusation must hold in two consecutive reads, as an alert must hold for its ``for``; a
-straggler's in two reads whose intervals do not overlap (from Prometheus, a rate window apart).
+straggler's in two reads whose intervals do not overlap (from Prometheus, a rate window apart)
+and, read from the ranks' endpoints, in every read over :data:`ENDPOINT_HOLD_S`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from ...network.judge import series_text
 from ...ranklist import format_ranks
 from .rows import COUNTERS, RankRow
 
-__all__ = ["ACCUSATIONS", "accuses", "diagnose"]
+__all__ = ["ACCUSATIONS", "ENDPOINT_HOLD_S", "accuses", "diagnose"]
+
+#: Seconds a straggler read from the ranks' endpoints must hold, read after read, before it is
+#: named: reads a second apart can both fall inside one burst of contention on a busy host
+#: (a loaded rehearsal had a healthy FSDP2 rank's compute double in two such reads).
+ENDPOINT_HOLD_S = 5.0
 
 
 def _increases(r: RankRow, p: RankRow | None) -> dict[str, float]:
@@ -290,9 +296,12 @@ def _verdict(r: RankRow, p: RankRow | None, top_seq: dict[str, float]) -> None:
     r.suspect_since = p.suspect_since if confirmed and p is not None else r.read_at
     if confirmed and p is not None and r.suspect.startswith("straggler"):
         # A pace holds over two intervals that do not overlap: from endpoints, consecutive
-        # reads never do; from Prometheus, reads a rate window apart (a burst of jitter fills
-        # the window of every read it is in).
-        begins = r.read_at - r.window_s if r.window is not None else p.read_at
+        # reads never do, but must span ENDPOINT_HOLD_S too; from Prometheus, reads a rate
+        # window apart (a burst of jitter fills the window of every read it is in).
+        if r.window is not None:
+            begins = r.read_at - r.window_s
+        else:
+            begins = min(p.read_at, r.read_at - ENDPOINT_HOLD_S)
         confirmed = r.suspect_since <= begins
     if not confirmed:
         if r.suspect == "down":
