@@ -9,7 +9,7 @@ from typing import Any
 
 from ...mixin.config import DEFAULT, duration_seconds, load_config
 from ...web.client import load_client
-from .diagnose import diagnose
+from .diagnose import ENDPOINT_HOLD_S, diagnose, holding
 from .fetch import fetch, fetch_prometheus, prometheus_baseline
 from .render import render
 from .rows import RankRow
@@ -60,7 +60,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--once",
         action="store_true",
         help="judge two intervals, --refresh apart (from Prometheus, after a read one rate "
-        "window back that is not shown), print one table and exit",
+        "window back that is not shown; from the ranks, as long as a suspected straggler "
+        f"needs to hold, up to {ENDPOINT_HOLD_S:g} s more), print one table and exit",
     )
     t.set_defaults(tool=run, parser=t)
     return t
@@ -110,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
     # its own rate window; a read one window back, never shown, is the baseline of the first,
     # so a lasting straggler is judged over two windows from the start. So --once judges what
     # the streaming view judges by its third read from endpoints, by its second from Prometheus.
+    # From endpoints a straggler must also hold for ENDPOINT_HOLD_S: --once reads on while one
+    # is suspected and not yet named, as the streaming view would, and no longer than that.
     reads_before_once = 2 if targets else 1
     previous: dict[str, RankRow] | None = None
     reads = 0
+    hold_ends: float | None = None
     try:
         while True:
             try:
@@ -125,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1
             previous, reads = {r.target: r for r in rows}, reads + 1
-            if args.once and reads <= reads_before_once:
+            if args.once and reads == reads_before_once:
+                hold_ends = time.monotonic() + ENDPOINT_HOLD_S + args.refresh
+            if args.once and (reads <= reads_before_once or _holds(targets, rows, hold_ends)):
                 time.sleep(args.refresh)
                 continue
             tty = sys.stdout.isatty()
@@ -137,3 +143,8 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(args.refresh)
     except KeyboardInterrupt:
         return 130
+
+
+def _holds(targets: list[str], rows: list[RankRow], ends: float | None) -> bool:
+    """Say whether ``--once`` reads on: a straggler read from endpoints still holding."""
+    return bool(targets) and ends is not None and time.monotonic() < ends and holding(rows)

@@ -21,7 +21,7 @@ from ...network.judge import series_text
 from ...ranklist import format_ranks
 from .rows import COUNTERS, RankRow
 
-__all__ = ["ACCUSATIONS", "ENDPOINT_HOLD_S", "accuses", "diagnose"]
+__all__ = ["ACCUSATIONS", "ENDPOINT_HOLD_S", "accuses", "diagnose", "holding"]
 
 #: Seconds a straggler read from the ranks' endpoints must hold, read after read, before it is
 #: named: reads a second apart can both fall inside one burst of contention on a busy host
@@ -330,3 +330,8 @@ ACCUSATIONS = ("DOWN", "HUNG", "straggler")
 def accuses(row: RankRow) -> bool:
     """Say whether the row's verdict blames this rank (DOWN, HUNG or straggler)."""
     return row.verdict.startswith(ACCUSATIONS)
+
+
+def holding(rows: list[RankRow]) -> bool:
+    """Say whether a rank is suspected a straggler but not yet for long enough to be named."""
+    return any(r.suspect.startswith("straggler") and not r.verdict for r in rows)
