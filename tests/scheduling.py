@@ -21,7 +21,10 @@ fast and honest:
   in a folder the controller makes for the run); a solo test waiting keeps new shared holders
   out, so it waits only for the tests already running. The solo tests run as one block: one
   group (``solo``), so one worker, holding the exclusive lock from the first to the last, so
-  that the costly tests drain once rather than before each.
+  that the costly tests drain once rather than before each. The block begins once every
+  shared test of the run has ended (each one that ends is counted in the lock folder): a
+  worker draws its next tests before it runs them, and one it drew behind the block would
+  otherwise wait for the whole block, then run alone at the end of the run.
 - **Fast tiers in the gaps.** The solo block comes after the costly tests and before the
   modules that hold only ``unit`` and ``tool`` tests. A worker runs those at the lowest CPU
   priority (nice 19), so they use the cores the solo tests leave idle (about half of them: the
@@ -40,6 +43,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,9 +56,12 @@ __all__ = [
     "SERIAL",
     "SHARING",
     "SOLO_GROUP",
+    "SOLO_PATIENCE_S",
     "YIELD_NICE",
     "Priority",
     "SoloBlock",
+    "Tally",
+    "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_runtest_protocol",
@@ -80,6 +87,13 @@ SOLO_GROUP = "solo"
 
 #: The nice value a worker runs the fast modules' tests at, beside the solo block.
 YIELD_NICE = 19
+
+#: Seconds without a shared test ending after which the solo block stops waiting for the rest
+#: (a test whose worker crashed never ends); longer than any one test takes.
+SOLO_PATIENCE_S = 600.0
+
+#: The number of shared tests (the ``SHARING`` tiers' tests, not solo) in the session.
+_SHARED = pytest.StashKey[int]()
 
 #: Tests that yield the CPU: those of the modules holding only fast tiers (not solo).
 _YIELDS = pytest.StashKey[bool]()
@@ -155,6 +169,49 @@ def pytest_collection_modifyitems(
         item.stash[_YIELDS] = key(item) >= fast
     # A stable sort: every xdist worker computes the same order, as it must.
     items.sort(key=key)
+
+
+def _shared(item: pytest.Item) -> bool:
+    return not _solo(item) and tier_of(item) in SHARING
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count the session's shared tests (after deselection: what every worker runs between them)."""
+    session.config.stash[_SHARED] = sum(1 for item in session.items if _shared(item))
+
+
+class Tally:
+    """The run's count of ended shared tests: a file in the lock folder, a byte per test."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "ended"
+
+    def add(self) -> None:
+        """Count one more ended test (an appended byte: atomic, whichever worker writes it)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+
+    def count(self) -> int:
+        """Return how many shared tests have ended so far."""
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def wait(self, total: int, patience: float = SOLO_PATIENCE_S, poll: float = 0.5) -> bool:
+        """Wait until ``total`` tests have ended; False once none ended for ``patience`` s."""
+        seen, since = self.count(), time.monotonic()
+        while seen < total:
+            if time.monotonic() - since > patience:
+                return False
+            time.sleep(poll)
+            now = self.count()
+            if now != seen:
+                seen, since = now, time.monotonic()
+        return True
 
 
 @contextlib.contextmanager
@@ -239,8 +296,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not _solo(item):
         if tier_of(item) not in SHARING:
             return (yield)
-        with turn(Path(folder), exclusive=False):
-            return (yield)
+        try:
+            with turn(Path(folder), exclusive=False):
+                return (yield)
+        finally:
+            Tally(Path(folder)).add()
+    if not _block.held:
+        Tally(Path(folder)).wait(item.config.stash.get(_SHARED, 0))
     _block.enter(Path(folder))
     try:
         return (yield)

@@ -181,6 +181,25 @@ def test_a_run_of_solo_tests_keeps_the_room_from_the_first_to_the_last(tmp_path)
     waiter.join(10)
 
 
+def test_the_solo_block_waits_for_every_shared_test_of_the_run(tmp_path) -> None:
+    import threading
+
+    from harness import wait_for
+    from scheduling import Tally
+
+    tally, result = Tally(tmp_path), []
+    waiter = threading.Thread(target=lambda: result.append(tally.wait(3, poll=0.01)))
+    waiter.start()
+    for _ in range(2):
+        tally.add()  # each from another worker, in the run
+    assert tally.count() == 2 and not result
+    tally.add()
+    wait_for(lambda: result == [True], 10, "the block's turn once the third test ended")
+    waiter.join(10)
+    # A test that never ends (its worker crashed) holds the block only for the patience.
+    assert Tally(tmp_path).wait(4, patience=0.05, poll=0.01) is False
+
+
 def test_a_waiting_solo_test_keeps_new_shared_holders_out(tmp_path) -> None:
     import fcntl
     import threading
