@@ -15,7 +15,14 @@ from ..config import DEFAULT, MixinConfig
 from ..recording import recorded
 from .shared import WHERE, aborted_runs, finished_ranks, looping_runs
 
-__all__ = ["SILENCE_MIN_S", "job_killed", "liveness_alerts", "rank_down", "training_stalled"]
+__all__ = [
+    "SILENCE_MIN_S",
+    "job_killed",
+    "liveness_alerts",
+    "rank_down",
+    "silence_seconds",
+    "training_stalled",
+]
 
 #: The fewest seconds a rank's endpoint must answer no scrape before DDPRankDown calls it down,
 #: however short the scrape interval: on a busy host a live rank's threads can wait seconds for
@@ -28,7 +35,7 @@ def liveness_alerts(cfg: MixinConfig = DEFAULT) -> list[Alert]:
     return [rank_down(cfg), job_killed(cfg), training_stalled(cfg)]
 
 
-def _silence_seconds(cfg: MixinConfig) -> float:
+def silence_seconds(cfg: MixinConfig) -> float:
     """Return how long an endpoint answers no scrape before its rank counts as gone."""
     return max(1.5 * settings.duration_seconds(cfg.scrape_interval), SILENCE_MIN_S)
 
@@ -39,12 +46,12 @@ def _up(cfg: MixinConfig) -> str:
 
 
 def _answered(cfg: MixinConfig) -> str:
-    """Return the ranks whose endpoint answered a scrape within :func:`_silence_seconds`.
+    """Return the ranks whose endpoint answered a scrape within :func:`silence_seconds`.
 
     Where no sample is that recent (a Prometheus that scrapes less often than the config says)
     the last scrape decides.
     """
-    recent = f"{round(1000 * _silence_seconds(cfg))}ms"
+    recent = f"{round(1000 * silence_seconds(cfg))}ms"
     return f"max {clauses(cfg).by('run, rank')} (max_over_time({_up(cfg)}[{recent}]) == 1)"
 
 
@@ -59,7 +66,7 @@ def rank_down(cfg: MixinConfig = DEFAULT) -> Alert:
     # within SILENCE_MIN_S: scrapes that timed out on a busy host are not a rank gone. Its
     # series gone count only where no scrape answered that recently either: a failed scrape
     # marks every series of the target stale at once.
-    silence = _silence_seconds(cfg)
+    silence = silence_seconds(cfg)
     answered = _answered(cfg)
     down = f"(\n    max {rank} ({up} == 0)\n    unless {c.on('run, rank')}\n    {answered}\n  )"
     monitor = settings.SETTINGS[settings.MONITOR_RANK].default

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ... import catalog as c
 from ...mixin.alerts.gpu import SLOWDOWN_REASONS
+from ...mixin.alerts.liveness import silence_seconds
 from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig, duration_seconds
 from ...web.client import HTTPClient
@@ -196,7 +197,12 @@ def fetch_prometheus(
     trip = f"{c.STORE_ROUND_TRIP.name}{{{run_sel}}}"
     for s in query(f"max by (rank) (quantile_over_time(0.5, {trip}[{window}]))"):
         row_of(s["metric"]).store_rtt = float(s["value"][1])
-    for s in query(f"up{{{run_sel}}}"):
+    # Up where it answered any scrape within DDPRankDown's silence: on a busy host one scrape
+    # in a row can time out (the latest sample alone would make two reads a second apart DOWN).
+    # Where no sample is that recent (slower scrapes than the config says) the last decides.
+    recent = f"{round(1000 * silence_seconds(config))}ms"
+    up = f"up{{{run_sel}}}"
+    for s in query(f"max_over_time({up}[{recent}]) or last_over_time({up}[{window}])"):
         row_of(s["metric"]).up = float(s["value"][1]) == 1.0
     # A rank that went down has no fresh series: its node from its last info over the window.
     for s in query(f"last_over_time({c.RANK_INFO.name}{{{run_sel}}}[{window}])"):
