@@ -61,28 +61,29 @@ def test_exiting_cleanly_at_interpreter_exit(end, clean):
 
 @pytest.mark.unit
 def test_waiting_for_a_final_scrape_waits_for_recent_scrapers_only():
-    scrapers = Scrapers()
+    # Real time plus an offset the test moves on: scrapes a second apart take no second, and
+    # no scheduling delay of a scraping thread on a busy machine decides the outcome.
+    offset = [0.0]
+    scrapers = Scrapers(clock=lambda: time.monotonic() + offset[0])
     assert scrapers.wait_after(scrapers.now(), cap=5.0) == (True, 0.0)  # nobody scrapes
     scrapers.scraped("old")
     scrapers.scraped("old")  # its interval is a few microseconds: soon not recent any more
-    stop = threading.Event()
-
-    def scrape() -> None:
-        while not stop.wait(0.2):
-            scrapers.scraped("prometheus")
-
-    thread = threading.Thread(target=scrape, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: scrapers.recent(scrapers.now()) == ["prometheus"], 10, "a recent scraper")
-        came, waited = scrapers.wait_after(scrapers.now(), cap=5.0)
-        assert came and waited < 2.0, waited
-    finally:
-        stop.set()
-        thread.join()
+    offset[0] += 1.0
+    scrapers.scraped("prometheus")
+    offset[0] += 1.0
+    scrapers.scraped("prometheus")  # every second
+    offset[0] += 0.5
+    assert scrapers.recent(scrapers.now()) == ["prometheus"]
+    since, result = scrapers.now(), []
+    waiter = threading.Thread(target=lambda: result.append(scrapers.wait_after(since, 5.0)))
+    waiter.start()
+    offset[0] += 0.2
+    scrapers.scraped("prometheus")  # its next scrape, whether the waiter waits already or not
+    waiter.join(10)
+    assert result and result[0][0] and result[0][1] < 1.0, result
     # A scraper that stopped is waited for 1.5 of its intervals at most, then given up on.
     came, waited = scrapers.wait_after(scrapers.now(), cap=5.0)
-    assert not came and waited < 2.0, waited
+    assert not came and 0.5 < waited < 5.0, waited
 
 
 def _scraper(url: str, stop: threading.Event, seen: list[str]) -> None:
