@@ -345,15 +345,13 @@ class Ranks:
 
 
 def top_accuses(targets: list[str], rank: int, verdict: str) -> Callable[[], dict[int, str] | None]:
-    """Return a check for :func:`wait_for` reading ``targets`` with ``top``, each read against
-    the one before: the accusations when ``rank`` alone is accused, its verdict starting with
+    """Return a check for :func:`wait_for` reading ``targets`` with ``top``, each read judged as
+    top judges it: the accusations when ``rank`` alone is accused, its verdict starting with
     ``verdict``, else None."""
-    previous: dict = {}
+    history = top.ReadHistory()
 
     def check() -> dict[int, str] | None:
-        rows = top.diagnose(top.fetch(targets), previous)
-        previous.clear()
-        previous.update({row.target: row for row in rows})
+        rows = history.judge(top.fetch(targets))
         accused = {row.rank: row.verdict for row in rows if top.accuses(row)}
         return accused if list(accused) == [rank] and accused[rank].startswith(verdict) else None
 
@@ -368,6 +366,7 @@ class TopReader:
     def __init__(self, targets: list[str], prometheus_url: str, run: str) -> None:
         self.targets, self.prometheus_url, self.run = targets, prometheus_url, run
         self.prev: dict[str, dict | None] = dict.fromkeys(self.MODES)
+        self.history = top.ReadHistory()  # as top's, from the endpoints
         #: Every table read so far, per mode: ``{rank: verdict}``.
         self.tables: dict[str, list[dict[int, str]]] = {m: [] for m in self.MODES}
 
@@ -376,13 +375,13 @@ class TopReader:
         out = {}
         for mode in self.MODES:
             if mode == "targets":
-                rows = top.fetch(self.targets)
+                rows = self.history.judge(top.fetch(self.targets))
             else:
                 url, window = self.prometheus_url, FAST.rate_window
                 if self.prev[mode] is None:  # as top's: a read one window back
                     self.prev[mode] = top.prometheus_baseline(url, self.run, window)
                 rows = top.fetch_prometheus(url, self.run, window=window)
-            rows = top.diagnose(rows, self.prev[mode])
+                rows = top.diagnose(rows, self.prev[mode])
             self.prev[mode] = {r.target: r for r in rows}
             out[mode] = {r.rank: r.verdict for r in rows}
             self.tables[mode].append(out[mode])

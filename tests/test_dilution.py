@@ -44,13 +44,11 @@ def test_a_mild_straggler_is_named_with_clip_grad_norm():
         throttle = Throttle(int(pids[str(SLOW)]), RUN_S, STOP_S)
         throttle.start()
         tables: list[dict[int, str]] = []
-        prev = None
+        history = top.ReadHistory()
         try:
 
             def named() -> bool:
-                nonlocal prev
-                rows = top.diagnose(top.fetch([urls[r] for r in range(3)], timeout=5), prev)
-                prev = {r.target: r for r in rows}
+                rows = history.judge(top.fetch([urls[r] for r in range(3)], timeout=5))
                 tables.append({r.rank: r.verdict for r in rows})
                 return tables[-1].get(SLOW, "").startswith("straggler: compute")
 

@@ -35,11 +35,10 @@ class Top:
     """Read the ranks' endpoints with ``top``'s own code, one judgement per read."""
 
     def __init__(self, urls: list[str]) -> None:
-        self.urls, self.prev, self.tables = urls, None, []
+        self.urls, self.history, self.tables = urls, top.ReadHistory(), []
 
     def read(self) -> dict[int, str]:
-        rows = top.diagnose(top.fetch(self.urls), self.prev)
-        self.prev = {r.target: r for r in rows}
+        rows = self.history.judge(top.fetch(self.urls))
         self.tables.append({r.rank: r.verdict for r in rows})
         return self.tables[-1]
 

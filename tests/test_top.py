@@ -141,6 +141,60 @@ def test_a_straggler_read_from_the_endpoints_a_second_apart_holds_for_seconds_fi
     assert named[held].startswith("straggler: compute 125 ms"), named
 
 
+def _judged_a_second_apart(paces):
+    """Judge reads 1 s apart with top's history; ``paces``: each interval's compute per step
+    by rank (10 steps an interval). Return each read's {rank: verdict}."""
+    history, total, out = top.ReadHistory(), {}, []
+    for i, pace in enumerate([{}, *paces]):  # the first read is the baseline
+        for rank, compute in pace.items():
+            total[rank] = total.get(rank, 0.0) + 10 * compute
+        rows = []
+        for rank in range(3):
+            r = _row(rank, 5, steps=10.0 * i, compute=0.0)
+            r.phase_sum = {"compute": total.get(rank, 0.0), "data": 0.0}
+            r.read_at = 1000.0 + i
+            rows.append(r)
+        out.append({r.rank: r.verdict for r in history.judge(rows)})
+    return out
+
+
+@pytest.mark.unit
+def test_a_peers_one_second_burst_does_not_hide_a_straggler_read_from_the_endpoints():
+    # A loaded rehearsal: rank 2 straggled (140 ms vs 20 ms a step); one 1-s interval of the
+    # monitoring rank's compute at 300 ms made rank 2 look like a rank waiting for it.
+    paces = [{0: 0.02, 1: 0.02, 2: 0.14} for _ in range(14)]
+    paces[8][0] = 0.30
+    named = [t[2] for t in _judged_a_second_apart(paces)]
+    held = 1 + int(ENDPOINT_HOLD_S)
+    assert not any(named[:held]), named
+    assert all(v.startswith("straggler: compute") for v in named[held:]), named
+
+
+@pytest.mark.unit
+def test_a_two_second_burst_on_a_healthy_rank_read_from_the_endpoints_names_nobody():
+    # A loaded rehearsal: a healthy rank's compute doubled (125 ms vs 60) in two 1-s reads.
+    paces = [{0: 0.06, 1: 0.06, 2: 0.06} for _ in range(14)]
+    paces[8][1] = paces[9][1] = 0.125
+    tables = _judged_a_second_apart(paces)
+    assert not [v for t in tables for v in t.values() if v], tables
+
+
+@pytest.mark.unit
+def test_the_read_history_keeps_what_its_window_needs_and_no_more():
+    history = top.ReadHistory(window_s=5.0)
+    for i in range(20):
+        rows = [_row(r, 5, steps=10.0 * (i + 1)) for r in range(3)]
+        for r in rows:
+            r.read_at = 1000.0 + i
+        history.judge(rows)
+        kept = [at for at, _ in history._reads]
+        # The newest read a window old (the next read's baseline) and every later one.
+        assert kept[0] <= 1000.0 + i - 5.0 or kept[0] == 1000.0, kept
+        assert len(kept) <= 7, kept
+    with pytest.raises(ValueError, match="window_s"):
+        top.ReadHistory(window_s=-1.0)
+
+
 def _windowed(rows, at, window_s=20.0):
     """Return ``rows`` as Prometheus reads them: increases over a window ending at ``at``."""
     for r in rows:

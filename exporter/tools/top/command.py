@@ -11,6 +11,7 @@ from ...mixin.config import DEFAULT, duration_seconds, load_config
 from ...web.client import load_client
 from .diagnose import ENDPOINT_HOLD_S, diagnose, holding
 from .fetch import fetch, fetch_prometheus, prometheus_baseline
+from .history import ReadHistory
 from .render import render
 from .rows import RankRow
 
@@ -115,16 +116,20 @@ def run(args: argparse.Namespace) -> int:
     # is suspected and not yet named, as the streaming view would, and no longer than that.
     reads_before_once = 2 if targets else 1
     previous: dict[str, RankRow] | None = None
+    history = ReadHistory(config=cfg)  # from endpoints: figures over a window, as Prometheus's
     reads = 0
     hold_ends: float | None = None
     try:
         while True:
             try:
-                if previous is None and not targets:
-                    previous = prometheus_baseline(
-                        args.prometheus, args.run, window, cluster=args.cluster, config=cfg
-                    )
-                rows = diagnose(read(), previous, config=cfg)
+                if targets:
+                    rows = history.judge(read())
+                else:
+                    if previous is None:
+                        previous = prometheus_baseline(
+                            args.prometheus, args.run, window, cluster=args.cluster, config=cfg
+                        )
+                    rows = diagnose(read(), previous, config=cfg)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1

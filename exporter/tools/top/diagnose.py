@@ -58,10 +58,14 @@ def diagnose(
     rows: list[RankRow],
     previous: dict[str, RankRow] | None = None,
     *,
+    baseline: dict[str, RankRow] | None = None,
     config: MixinConfig = DEFAULT,
     now: float | None = None,
 ) -> list[RankRow]:
     """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
+
+    Per-step figures are the increases since ``baseline`` (an older read, by target: see
+    :class:`~.history.ReadHistory`), since ``previous`` where it is not given.
 
     A suspicion becomes a verdict only when the previous read held the same suspicion; a
     straggler's only once the reads holding it cover two intervals that do not overlap (each
@@ -73,9 +77,10 @@ def diagnose(
     (``finished``).
     """
     previous = previous or {}
+    since = previous if baseline is None else baseline
     now = time.time() if now is None else now
     for r in rows:
-        _figures(r, previous.get(r.target))
+        _figures(r, previous.get(r.target), since.get(r.target))
     live = [r for r in rows if r.up and not r.finished]
     states = _hangs(live, config, now)
     _stragglers(live, config)
@@ -106,8 +111,9 @@ def _ended_with_peers(rows: list[RankRow], previous: dict[str, RankRow]) -> None
             r.finished, r.with_peers = max(ended), True
 
 
-def _figures(r: RankRow, p: RankRow | None) -> None:
-    """Carry over what a rank that went down no longer says; fill in its per-step figures."""
+def _figures(r: RankRow, p: RankRow | None, since: RankRow | None) -> None:
+    """Carry over what a rank that went down no longer says (from ``p``, the last read); fill
+    in its per-step figures (the increases since ``since``)."""
     if r.rank < 0 and p is not None:
         r.rank = p.rank  # a rank that went down keeps its number
     if not r.node and p is not None:
@@ -115,7 +121,7 @@ def _figures(r: RankRow, p: RankRow | None) -> None:
     if not r.finished and p is not None and p.finished:
         r.finished = p.finished  # its clean end was in its last read before it left
         r.with_peers = p.with_peers
-    inc = _increases(r, p)
+    inc = _increases(r, since)
     steps = inc.get(c.STEPS.name, 0.0)
     if steps > 0:
         r.step_time = inc.get(COUNTERS[1], 0.0) / steps
