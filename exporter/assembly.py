@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
 from . import settings, storekeys
 from .errors import ErrorCounter
@@ -21,6 +20,7 @@ from .hangs.action import policies
 from .hangs.episodes import EpisodeFeed
 from .hangs.watcher import HangWatcher
 from .log import log
+from .sources.backends import backend_name
 from .sources.commtiming import CommTiming, start_comm_timing
 from .sources.context import RankContext
 from .sources.ending import End
@@ -119,7 +119,7 @@ def hook_steps(
     params = model.parameters() if model is not None else iter(())
     device = next((p.device for p in params), torch.device("cpu"))
     pg = model.process_group if ddp and model is not None else None
-    backend = dist.get_backend(pg) if dist.is_initialized() else "none"
+    backend = backend_name(pg, device)
     # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.
     inflight = InFlight(
         recorder,

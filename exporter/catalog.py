@@ -166,7 +166,9 @@ LABEL_HELP: dict[str, str] = {
     "local_rank": "The rank on its node (the endpoint's port is the base port plus it).",
     "node": "The machine the rank runs on: ``DDP_EXPORTER_NODE``, else the hostname.",
     "world_size": "Ranks in the job.",
-    "backend": "The default process group's backend (``nccl``, ``gloo``).",
+    "backend": "The backend running the rank's collectives on its device, as torch names its "
+    "implementation: ``gloo``, ``nccl``, or ``nccl2`` (torch's newer NCCL backend, which "
+    "``nccl`` may build).",
     "device": "``cuda`` or ``cpu``.",
     "torch_version": "torch's version on this rank (DDPVersionSkew compares it across ranks).",
     "python_version": "Python's version (compared across ranks).",

@@ -3,7 +3,9 @@
 The source is torch's Flight Recorder, which sees every collective of every process group, not
 only DDP's. A CUDA build keeps NCCL's collectives in a recorder of their own
 (``torch._C._distributed_c10d._dump_nccl_trace``, torch >= 2.4; its ``pg_status`` since 2.5) and
-gloo's in the generic one (``_dump_fr_trace``, torch >= 2.8); both are read and merged. Each
+gloo's in the generic one (``_dump_fr_trace``, torch >= 2.8); a backend that records through
+torch's Flight Recorder hook (``nccl2``) keeps one of its own (:mod:`exporter.sources.backends`).
+All are read and merged. Each
 recorder numbers its process groups itself (``pg_status`` is keyed by that number, which differs
 between ranks when a rank is not in every group), so states are published under the group's
 name, learnt from the recorder's entries. A recorder is on by default from torch 2.11
@@ -11,7 +13,9 @@ name, learnt from the recorder's entries. A recorder is on by default from torch
 
 It is a private API: feature-detected, and when no recorder reports a process group, or one
 fails, the exporter falls back to its own comm-hook bookkeeping (DDP's buckets only) after one
-log line.
+log line. A group whose backend no readable recorder holds (``nccl2`` on a torch that does not
+expose its recorder) is named in a log line too, whichever source is used: on a GPU the
+bookkeeping does not see a collective stuck on the device.
 
 :class:`InFlight` is what the rest of the exporter reads: the scrape path and the hang watcher
 share it, so the fallback happens once, in one place. :func:`read_trace` is the one reader of
@@ -31,6 +35,7 @@ import torch.distributed as dist
 
 from ..errors import ErrorCounter
 from ..log import log
+from .backends import backend_recorders, group_backends, unrecorded_groups
 from .recorder import Recorder
 
 __all__ = [
@@ -69,10 +74,16 @@ _DETECT = object()
 
 
 def dump_functions() -> tuple[Any, ...]:
-    """Return this torch build's Flight Recorder dump functions (none: no Flight Recorder)."""
+    """Return this torch build's Flight Recorder dump functions (none: no Flight Recorder).
+
+    NCCL's and the generic one, then a reader per backend of the job's process groups that
+    keeps a recorder of its own (``nccl2``), as the groups stand now.
+    """
     c10d = getattr(torch._C, "_distributed_c10d", None)
     found = (getattr(c10d, name, None) for name in _DUMP_NAMES)
-    return tuple(f for f in found if callable(f))
+    natives = tuple(f for f in found if callable(f))
+    backends = {name for names in group_backends().values() for name in names}
+    return natives + backend_recorders(backends)
 
 
 def _dumps(dump: Any) -> tuple[Any, ...]:
@@ -93,9 +104,12 @@ def read_trace(
 ) -> dict[str, Any]:
     """Return one recorder's dump as a dict (``pg_status``, ``entries``, ...).
 
-    ``dump`` is the dump function. Raises whatever the private API raises.
+    ``dump`` is the dump function: one that returns a pickled dict (torch's), or the dict itself
+    (:class:`~exporter.sources.backends.BackendRecorder`). Raises whatever the private API raises.
     """
     raw = dump(includeCollectives=collectives, includeStackTraces=stacks, onlyActive=only_active)
+    if isinstance(raw, dict):
+        return raw
     # The recorder pickles a dict; torch's private API reads as untyped.
     return cast("dict[str, Any]", pickle.loads(raw))
 
@@ -247,6 +261,22 @@ class FlightRecorderSource:
         self._names: dict[tuple[int, str], str] = {}
 
     @property
+    def backends(self) -> tuple[str, ...]:
+        """Return the backends read through a recorder of their own (``nccl2``)."""
+        return tuple(str(d.backend) for d in self._dumps if hasattr(d, "backend"))
+
+    def seen_groups(self) -> set[str]:
+        """Return the groups named in the recorders' entries (none where a dump fails)."""
+        seen: set[str] = set()
+        for dump in self._dumps:
+            try:
+                entries = read_trace(dump, collectives=True).get("entries") or []
+            except Exception:  # noqa: BLE001 - private API: a recorder that fails saw nothing
+                continue
+            seen.update(_pg_of(e)[1] for e in entries)
+        return seen
+
+    @property
     def readable(self) -> bool:
         """Say whether a Flight Recorder of this torch can be read (it may report no group yet)."""
         try:
@@ -329,6 +359,39 @@ class FlightRecorderSource:
         return out
 
 
+def log_unrecorded(
+    backends: dict[str, tuple[str, ...]], recorders: FlightRecorderSource
+) -> dict[str, str]:
+    """Log, in one line, the groups whose backend no recorder read here holds; return them.
+
+    ``backends``: each group's backends (:func:`~exporter.sources.backends.group_backends`);
+    ``recorders``: the Flight Recorders read. A group found in their entries is recorded,
+    whatever its backend.
+    """
+    missing = unrecorded_groups(backends, recorders.backends)
+    if missing:  # only then read every entry: the groups they name
+        missing = unrecorded_groups(backends, recorders.backends, recorders.seen_groups())
+    if missing:
+        shown = ", ".join(f"{g} ({b})" for g, b in list(missing.items())[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        # nccl2 records once torch attaches its hook: by itself where TORCH_FR_BUFFER_SIZE is
+        # set, in a torch newer than 2.14; by hand (FlightRecorderHook.attach) in 2.14.
+        fix = (
+            " Set TORCH_FR_BUFFER_SIZE=2000 before init_process_group, or train on NCCL's "
+            "legacy backend ('nccl-legacy', or TORCH_DIST_USE_NCCL2=0)."
+            if any("nccl2" in b.split(",") for b in missing.values())
+            else ""
+        )
+        log.warning(
+            "ddp-exporter: no Flight Recorder the exporter can read records process group %s%s; "
+            "a collective stuck in it shows in no in-flight state, only as a step that stops.%s",
+            shown,
+            more,
+            fix,
+        )
+    return missing
+
+
 class InFlight:
     """The in-flight state this rank publishes: the Flight Recorder, or the comm hook's counts.
 
@@ -358,6 +421,7 @@ class InFlight:
         self._probation = False
         if source is None and flight_recorder:
             fr = FlightRecorderSource(errors)
+            log_unrecorded(group_backends(), fr)
             if fr.available:
                 source = fr
             elif before_first_collective and fr.readable:
