@@ -100,6 +100,7 @@ class Observer:
                 else None,
                 finished=lambda: self.end.unix,
                 goodput=self.goodput,
+                durations=timing.durations.drain if timing.durations is not None else None,
             )
         )
         self.registry = CollectorRegistry(auto_describe=False)

@@ -111,6 +111,9 @@ class RankSources:
     finished: Callable[[], float | None] | None = None
     #: The run's goodput account (its monitoring rank publishes it), else None.
     goodput: GoodputView | None = None
+    #: Observes the collectives' device times the Flight Recorder holds, before the
+    #: recorder's snapshot (exporter.sources.durations; CUDA without DDP), else None.
+    durations: Callable[[], int] | None = None
 
 
 def add_invalid_settings(fam: Metric, base: list[str]) -> None:
@@ -183,6 +186,8 @@ class DDPCollector(Collector):
         fams[c.RANK_INFO.name].add_metric(base, self._src.info())
 
     def _steps(self, fams: dict, base: list[str]) -> None:
+        if self._src.durations is not None:
+            self._src.durations()
         snap = self._src.recorder.snapshot()
         fams[c.STEPS.name].add_metric(base, snap.steps)
         fams[c.STEP_DURATION.name].add_metric(base, snap.step_hist, snap.step_sum)

@@ -21,6 +21,7 @@ from ..log import log
 from .collectives import CollectiveTiming
 from .commhook import CommHookInstrumentor, CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .ddpevents import IterationEvents, events_unsupported
+from .durations import RecorderDurations
 from .flight import pg_timeout_seconds
 from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
@@ -72,6 +73,9 @@ class CommTiming:
     #: What resolves timings off the training thread (the iteration marks, the hook's CUDA
     #: events), closed with the observer; None where nothing does.
     resolver: IterationEvents | CudaEventResolver | None = None
+    #: Observes, at scrape time, the device times the Flight Recorder holds of the collectives
+    #: the wrappers count untimed (CUDA without DDP); None elsewhere.
+    durations: RecorderDurations | None = None
 
 
 def choose_timing(
@@ -139,7 +143,9 @@ def start_comm_timing(
         wrappers = CollectiveTiming(recorder, errors, timed=not cuda)
         mode = "collectives" if wrappers.instrument() else "none"
         recorder.time_comm_by_waits()
-        return CommTiming(Parts(wrappers, functional), mode)
+        # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
+        durations = RecorderDurations(recorder, errors) if cuda else None
+        return CommTiming(Parts(wrappers, functional), mode, durations=durations)
     pg = model.process_group
     stats = recorder.collective_stats(
         "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)

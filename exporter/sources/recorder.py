@@ -300,6 +300,11 @@ class Recorder:
             self.collectives.append(st)
             return st
 
+    def find_collective(self, op: str, pg: str) -> CollectiveStats | None:
+        """Return the stats object for ``(op, pg)`` if a collective of it was counted, else None."""
+        with self.lock:
+            return next((st for st in self.collectives if st.op == op and st.pg == pg), None)
+
     def bucket_launched(self, stats: CollectiveStats, nbytes: int) -> float:
         """Record the launch of one gradient bucket's collective; return its start time."""
         now = self.clock()
@@ -385,6 +390,18 @@ class Recorder:
         """Record a collective whose duration was measured elsewhere (CUDA events)."""
         with self.lock:
             self._collective_done(stats, t0, seconds, None)
+
+    def collective_timed_on_device(self, stats: CollectiveStats, seconds: float) -> bool:
+        """Observe a device-measured latency of a collective counted complete untimed.
+
+        Return False, observing nothing, where every completed one is timed already: a
+        duration never times a collective the wrappers did not count.
+        """
+        with self.lock:
+            if stats.hist.count >= stats.completed:
+                return False
+            stats.hist.observe(seconds)
+            return True
 
     def _collective_done(
         self, stats: CollectiveStats, t0: float, seconds: float, now: float | None

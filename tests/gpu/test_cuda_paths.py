@@ -313,3 +313,30 @@ def test_nccl_sharded_gradients_bit_identical(tmp_path):
         # On CUDA a collective's latency is not observed (an NCCL call returns once enqueued):
         # counted untimed, and marked complete, so that nothing looks in flight forever.
         assert r["ops"] == [] and r["settled"], (name, r)
+
+
+def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
+    """A loop of NCCL collectives without DDP, ``TORCH_NCCL_ENABLE_TIMING=1``: every collective
+    timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
+    device time torch's profiler measured for them (NCCL's kernels, and the copies NCCL makes
+    instead on one rank), wherever that is long enough to compare."""
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    out = tmp_path / "durations.json"
+    env = {"OMP_NUM_THREADS": "1", "TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": "2000"}
+    worker = os.path.join("tests", "gpu", "durations_worker.py")
+    with Job(1, [str(out)], env=env, module=worker) as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    r = json.loads(out.read_text())
+    print("device durations:", json.dumps(r))  # the figures, for the report
+    assert r["comm_timing"] == "collectives" and not any(r["errors"].values()), r
+    for op, n in r["expected"].items():
+        timed, _total, untimed = r["exporter"][op]
+        assert (timed, untimed) == (n, 0), (op, r)
+    total = sum(r["exporter"][op][1] for op in r["expected"])
+    assert total > 0, r
+    if r["profiler_s"] < 1e-3:
+        pytest.skip(
+            f"the profiler saw {r['profiler_s'] * 1e3:.3f} ms of work: too little to compare"
+        )
+    assert total == pytest.approx(r["profiler_s"], rel=0.10), r
