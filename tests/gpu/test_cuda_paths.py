@@ -340,3 +340,22 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
             f"the profiler saw {r['profiler_s'] * 1e3:.3f} ms of work: too little to compare"
         )
     assert total == pytest.approx(r["profiler_s"], rel=0.10), r
+
+
+def test_nccl2_names_its_backend_and_keeps_or_says_it_lost_the_in_flight_state():
+    """torch's nccl2 backend (``"nccl"`` builds it with ``TORCH_DIST_USE_NCCL2=1``): the rank
+    says ``backend="nccl2"``, and its in-flight state comes from nccl2's own Flight Recorder
+    or one line names the group no recorder holds. (torch before 2.14 has no nccl2.)"""
+    if not hasattr(torch._C._distributed_c10d, "ProcessGroupNCCL2"):
+        pytest.skip(f"torch {torch.__version__} has no nccl2 backend")
+    args = _trainer_args("none", 0, 0, "--backend", "nccl")
+    env = {"OMP_NUM_THREADS": "1", "TORCH_DIST_USE_NCCL2": "1", "TORCH_FR_BUFFER_SIZE": "2000"}
+    with Job(1, args, env=env) as job:
+        urls = job.wait_urls()
+        wait_for(lambda: value(job.scrape(0), "ddp_steps_total") >= 5, 120, "5 steps")
+        info = _one(job.scrape(0), "ddp_rank_info")
+        output = job.output()
+    print("nccl2:", json.dumps(info))  # for the report
+    assert urls and info["backend"] == "nccl2", info
+    said = "no Flight Recorder the exporter can read records process group" in output
+    assert info["inflight_source"] == "flight_recorder" or said, (info, output[-2000:])
