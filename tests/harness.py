@@ -23,10 +23,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import exporter.tools.top as top
+from exporter.errors import ErrorCounter
+from exporter.export.collector import DDPCollector, RankSources
 from exporter.mixin.config import FAST
+from exporter.sources.flight import InFlight
+from exporter.sources.recorder import Recorder
+from exporter.sources.walltime import JobClock
 from exporter.tools.demo import metrics_urls
 from exporter.tools.localstack import free_port
 from exporter.tools.reaper import stop_tree
@@ -65,6 +71,27 @@ def parse(text: str) -> dict[str, list]:
         for s in fam.samples:
             out.setdefault(s.name, []).append((s.labels, s.value))
     return out
+
+
+def collected(recorder: Recorder, errors: ErrorCounter, **parts: object) -> str:
+    """Return what one rank's collector renders, without a server (run ``r``, rank 0).
+
+    In-flight state from the recorder's bookkeeping; ``parts``: more of its
+    :class:`~exporter.export.collector.RankSources` (``goodput=``, ``durations=``).
+    """
+    src = RankSources(
+        run="r",
+        rank=0,
+        errors=errors,
+        info=dict,
+        recorder=recorder,
+        inflight=InFlight(recorder, errors, flight_recorder=False),
+        job_clock=JobClock(),
+        **parts,
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DDPCollector(src))
+    return generate_latest(registry).decode()
 
 
 def value(samples: dict[str, list], name: str, **labels: str) -> float:

@@ -13,16 +13,12 @@ import time
 
 import pytest
 import torch
-from harness import parse, value, wait_for
-from prometheus_client import CollectorRegistry, generate_latest
+from harness import collected, parse, value, wait_for
 
 from exporter.errors import ErrorCounter
-from exporter.export.collector import DDPCollector, RankSources
 from exporter.sources.collectives import CollectiveTiming
 from exporter.sources.durations import READS_BEFORE_GIVING_UP, RecorderDurations
-from exporter.sources.flight import InFlight
 from exporter.sources.recorder import Recorder
-from exporter.sources.walltime import JobClock
 
 pytestmark = pytest.mark.unit
 
@@ -45,19 +41,7 @@ def timed_like_nccl(seconds: float):
 
 
 def scrape(rec: Recorder, errors: ErrorCounter, durations: RecorderDurations) -> dict:
-    src = RankSources(
-        run="r",
-        rank=0,
-        errors=errors,
-        info=dict,
-        recorder=rec,
-        inflight=InFlight(rec, errors, flight_recorder=False),
-        job_clock=JobClock(),
-        durations=durations.drain,
-    )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(DDPCollector(src))
-    return parse(generate_latest(registry).decode())
+    return parse(collected(rec, errors, durations=durations.drain))
 
 
 def test_the_recorders_device_times_time_the_collectives_counted_untimed(world1):

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 from goodput_sim import Sim
-from prometheus_client import CollectorRegistry, generate_latest
+from harness import collected
 
 from exporter import catalog
 from exporter.errors import ErrorCounter
-from exporter.export.collector import DDPCollector, RankSources
 from exporter.settings import identity
 from exporter.sources.context import RankContext
-from exporter.sources.flight import InFlight
 from exporter.sources.goodput import (
     CATEGORIES,
     GoodputTracker,
@@ -31,7 +29,6 @@ from exporter.sources.goodput import (
 from exporter.sources.goodput.ledger import save
 from exporter.sources.recorder import Recorder
 from exporter.sources.sections import REGISTRY
-from exporter.sources.walltime import JobClock
 from exporter.tools import cli
 
 pytestmark = pytest.mark.unit
@@ -97,20 +94,7 @@ class _View:
 
 
 def _scrape(view: _View | None) -> str:
-    rec, errors = Recorder("explicit"), ErrorCounter()
-    src = RankSources(
-        run="r",
-        rank=0,
-        errors=errors,
-        info=dict,
-        recorder=rec,
-        inflight=InFlight(rec, errors, flight_recorder=False),
-        job_clock=JobClock(),
-        goodput=view,
-    )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(DDPCollector(src))
-    return generate_latest(registry).decode()
+    return collected(Recorder("explicit"), ErrorCounter(), goodput=view)
 
 
 def test_the_monitoring_rank_publishes_every_category_and_the_blame() -> None:
