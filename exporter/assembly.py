@@ -178,13 +178,13 @@ def rank_context(
 
 def start_watchers(
     cfg: settings.InstrumentSettings,
-    store: Any,
+    ctx: RankContext,
     hooks: StepHooks,
-    errors: ErrorCounter,
     publish_abort: Callable[[], None],
 ) -> Watchers:
     """Start the heartbeat and, riding on it, the hang watcher; either may be None."""
     identity, endpoint = cfg.identity, cfg.endpoint
+    store, errors = ctx.store, ctx.errors
     rank, beat = identity.rank, endpoint.heartbeat_s
     monitor = rank == endpoint.monitor_rank
     heartbeat: Heartbeat | None = None
@@ -213,7 +213,7 @@ def start_watchers(
             errors,
             "forensics",
             lambda: HangWatcher(
-                rank_context(cfg, store, hooks.recorder, errors),
+                ctx,
                 inflight=hooks.inflight,
                 action=action,
                 publish_abort=publish_abort,
@@ -229,23 +229,16 @@ def start_watchers(
     return Watchers(heartbeat, hangs)
 
 
-def start_goodput(
-    cfg: settings.InstrumentSettings,
-    store: Any,
-    watchers: Watchers,
-    recorder: Recorder,
-    errors: ErrorCounter,
-    end: End,
-) -> GoodputTracker | None:
+def start_goodput(ctx: RankContext, watchers: Watchers, end: End) -> GoodputTracker | None:
     """Start the rank's goodput account beside its heartbeat (None without one); never raises.
 
     Every rank publishes its work; the monitoring rank keeps the account, reading the hang
     watcher's episodes when it runs one. A clean end (``end`` marked) ends the account, and so
     does the hang action's abort, before the rank exits.
     """
+    store = ctx.store
     if watchers.heartbeat is None or store is None:
         return None
-    ctx = rank_context(cfg, store, recorder, errors)
     watcher = watchers.hangs if ctx.monitor else None
 
     def start() -> GoodputTracker:
@@ -260,4 +253,4 @@ def start_goodput(
             watcher.when_aborting(lambda: tracker.finish(clean=False))
         return tracker.start()
 
-    return started(errors, "goodput", start)
+    return started(ctx.errors, "goodput", start)

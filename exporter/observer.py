@@ -15,7 +15,14 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from . import settings
-from .assembly import hook_steps, start_goodput, start_gpu_health, start_watchers, started
+from .assembly import (
+    hook_steps,
+    rank_context,
+    start_goodput,
+    start_gpu_health,
+    start_watchers,
+    started,
+)
 from .errors import ErrorCounter
 from .export import discovery, push, server
 from .export.collector import DDPCollector, RankSources
@@ -78,9 +85,11 @@ class Observer:
         gpu, self._gpu_closers = start_gpu_health(cfg, self.device, self.errors, gpu_source)
         store = started(self.errors, "heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
-        watchers = start_watchers(cfg, store, hooks, self.errors, self._publish_abort)
+        # What the hang watcher and the goodput account share, made once.
+        ctx = rank_context(cfg, store, self.recorder, self.errors)
+        watchers = start_watchers(cfg, ctx, hooks, self._publish_abort)
         self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
-        self.goodput = start_goodput(cfg, store, watchers, self.recorder, self.errors, self.end)
+        self.goodput = start_goodput(ctx, watchers, self.end)
         peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
         self.collector = DDPCollector(
             RankSources(
