@@ -51,12 +51,14 @@ def main() -> None:
     dist.all_reduce(x)  # communicator set-up: before the exporter, not observed
     torch.cuda.synchronize()
     obs = exporter.instrument(None, port=0, addr="127.0.0.1", heartbeat_s=0)
+    # all_gather_single replaces all_gather_into_tensor in recent torch; both are wrapped.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(ROUNDS):
             # AVG: on one rank NCCL copies nothing for an in-place SUM, but scales for AVG.
             dist.all_reduce(x, op=dist.ReduceOp.AVG)
             dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True).wait()
-            dist.all_gather_single(out, x)  # one rank: a device-to-device copy
+            gather(out, x)  # one rank: a device-to-device copy
         torch.cuda.synchronize()
     # What ran on the device for the collectives: NCCL's kernels, and the copies NCCL makes
     # instead on one rank (the loop makes no other).
