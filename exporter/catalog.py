@@ -331,6 +331,8 @@ COLLECTIVE_DURATION = MetricDef(
     "torch.distributed collective from call to completion, per kind (comm_timing collectives; "
     "see ddp_rank_info); with any parallelism, each functional collective (DTensor's: tensor "
     "parallelism, clip_grad_norm_ on DTensor parameters) from launch to the return of its wait. "
+    "On a GPU without DDP: NCCL's own device time of each collective, where "
+    "TORCH_NCCL_ENABLE_TIMING=1 is set (a sample: what the Flight Recorder holds at each read). "
     "A straggler shows the SHORTEST latency: its peers wait for it inside the collective.",
     ("op", "pg"),
     unit="seconds",
