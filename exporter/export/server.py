@@ -41,6 +41,8 @@ class Scrapers:
         self._cond = threading.Condition()
         #: scraper -> (start of its last scrape, seconds between its last two scrapes or None)
         self._seen: dict[str, tuple[float, float | None]] = {}
+        #: scraper -> start of its latest scrape that was answered (its body made)
+        self._answered: dict[str, float] = {}
 
     def now(self) -> float:
         """Return the time on this tracker's clock (for :meth:`wait_after`)."""
@@ -53,9 +55,18 @@ class Scrapers:
             last = self._seen.pop(who, None)
             self._seen[who] = (now, now - last[0] if last else None)
             while len(self._seen) > self._most:
-                self._seen.pop(next(iter(self._seen)))
+                oldest = next(iter(self._seen))
+                self._seen.pop(oldest)
+                self._answered.pop(oldest, None)
             self._cond.notify_all()
         return now
+
+    def answered(self, who: str, started: float) -> None:
+        """Note that ``who``'s scrape started at ``started`` (:meth:`scraped`) was answered."""
+        with self._cond:
+            if who in self._seen and started > self._answered.get(who, float("-inf")):
+                self._answered[who] = started
+            self._cond.notify_all()
 
     def _recent(self, since: float) -> dict[str, float]:
         return {
@@ -70,11 +81,13 @@ class Scrapers:
             return sorted(self._recent(since))
 
     def wait_after(self, since: float, cap: float) -> tuple[bool, float]:
-        """Wait until every recent scraper scraped at or after ``since``, at most ``cap`` s.
+        """Wait until every recent scraper was answered a scrape begun at or after ``since``.
 
-        A scraper is recent when it scraped twice and its last scrape is less than three of its
-        intervals old; it is expected by its last scrape plus 1.5 intervals. Returns whether
-        every recent scraper came, and the seconds waited (0 when nobody scrapes).
+        At most ``cap`` s. A scraper is recent when it scraped twice and its last scrape is less
+        than three of its intervals old; it is expected by its last scrape plus 1.5 intervals.
+        Answered, not only begun: a process that exits once this returns must not cut off the
+        scrape that reads its last state. Returns whether every recent scraper came, and the
+        seconds waited (0 when nobody scrapes).
         """
         start = self._clock()
         with self._cond:
@@ -83,7 +96,7 @@ class Scrapers:
                 return True, 0.0
             end = min(start + cap, max(recent.values()))
             while True:
-                missing = [who for who in recent if self._seen.get(who, (0.0,))[0] < since]
+                missing = [who for who in recent if self._answered.get(who, -1.0) < since]
                 now = self._clock()
                 if not missing or now >= end:
                     return not missing, now - start
@@ -140,11 +153,15 @@ class MetricsServer:
             if handler is not None:
                 return handler(environ, start_response)
             # Noted before the registry is collected: this scrape reads the state from now on.
-            scrapers.scraped(
+            who = (
                 f"{environ.get('REMOTE_ADDR')} {environ.get('HTTP_USER_AGENT')} "
                 f"{environ.get('HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS', '')}"
             )
-            return metrics_app(environ, start_response)
+            started = scrapers.scraped(who)
+            try:
+                return metrics_app(environ, start_response)  # the body is made here
+            finally:
+                scrapers.answered(who, started)
 
         return app
 
