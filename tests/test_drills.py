@@ -324,7 +324,13 @@ def healthy_drill(stack, starts: dict[str, tuple[str, Callable[[str], Ranks]]]) 
             window = f"{HEALTHY_SECONDS:.0f}s"
             up = st.query(f'avg_over_time(up{{run="{run}"}}[{window}]) > 0.8')
             assert len(up) == RANKS, st.query(f'avg_over_time(up{{run="{run}"}}[{window}])')
-            info = st.query(f'count(ddp_rank_info{{run="{run}", parallelism="{parallelism}"}})')
+            # Every rank said what it trains. Over the last seconds, not at this instant: a
+            # scrape that just timed out marks the rank's series stale until the next one (a
+            # loaded CI-style run counted 2 of 3 ranks at the instant).
+            info = st.query(
+                f'count(count by (rank) (last_over_time(ddp_rank_info{{run="{run}", '
+                f'parallelism="{parallelism}"}}[15s])))'
+            )
             assert info and float(info[0]["value"][1]) == RANKS, info
             watch = watches[run]
             watch.stop()
