@@ -154,10 +154,10 @@ def unrecorded_groups(
     recorder's entries whatever their backend (torch 2.14's hook, attached by hand, records
     into the generic recorder).
     """
-    known = NATIVE_RECORDERS | set(recorded)
+    known, seen = NATIVE_RECORDERS | set(recorded), set(seen)
     out = {}
     for group, names in backends.items():
         missing = [n for n in names if n not in known]
-        if missing and group not in set(seen):
+        if missing and group not in seen:
             out[group] = ",".join(missing)
     return out

@@ -28,7 +28,7 @@ from typing import Any
 from .. import catalog
 from ..errors import ErrorCounter
 from ..log import log
-from .flight import dump_functions, read_trace
+from .flight import dump_functions, entry_group, entry_op, read_trace
 from .recorder import Recorder
 
 __all__ = ["READS_BEFORE_GIVING_UP", "READ_EVERY_S", "RECORDER_OPS", "RecorderDurations"]
@@ -166,10 +166,8 @@ class RecorderDurations:
         return retired, observed
 
     def _observe(self, entry: dict[str, Any], seconds: float) -> bool:
-        name = str(entry.get("profiling_name") or "").split(":", 1)[-1]
-        op = RECORDER_OPS.get(name)
-        group = entry.get("process_group") or ("", "")
-        stats = self._recorder.find_collective(op, str(group[0])) if op else None
+        op = RECORDER_OPS.get(entry_op(entry))
+        stats = self._recorder.find_collective(op, entry_group(entry)[1]) if op else None
         return stats is not None and self._recorder.collective_timed_on_device(stats, seconds)
 
     def _give_up_if_untimed(self, retired: int, timed: int) -> None:

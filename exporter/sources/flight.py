@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..errors import ErrorCounter
 from ..log import log
-from .backends import backend_recorders, group_backends, unrecorded_groups
+from .backends import BackendRecorder, backend_recorders, group_backends, unrecorded_groups
 from .recorder import Recorder
 
 __all__ = [
@@ -47,6 +47,8 @@ __all__ = [
     "RECENT_ENTRIES",
     "dump_functions",
     "entries_report",
+    "entry_group",
+    "entry_op",
     "pg_timeout_seconds",
     "read_trace",
 ]
@@ -114,11 +116,16 @@ def read_trace(
     return cast("dict[str, Any]", pickle.loads(raw))
 
 
-def _pg_of(entry: dict[str, Any]) -> tuple[str, str]:
+def entry_group(entry: dict[str, Any]) -> tuple[str, str]:
     """Return ``(pg_status key, group name)`` of a recorder entry."""
     group = entry.get("process_group") or ("", "")
     name = str(group[0])
     return str(entry.get("pg_id", name)), name
+
+
+def entry_op(entry: dict[str, Any]) -> str:
+    """Return a recorder entry's op as torch names it (``profiling_name`` after the backend)."""
+    return str(entry.get("profiling_name") or "").split(":", 1)[-1]
 
 
 def entries_report(dump: Any = _DETECT) -> dict[str, Any]:
@@ -140,7 +147,7 @@ def entries_report(dump: Any = _DETECT) -> dict[str, Any]:
             continue
         names: dict[str, str] = {}
         for e in data.get("entries", []) or []:
-            key, name = _pg_of(e)
+            key, name = entry_group(e)
             names[key] = name
             if not e.get("is_p2p"):
                 entries.append(_entry(e, name))
@@ -157,10 +164,9 @@ def entries_report(dump: Any = _DETECT) -> dict[str, Any]:
 
 
 def _entry(e: dict[str, Any], pg: str) -> dict[str, Any]:
-    name = str(e.get("profiling_name") or "")
     created = e.get("time_created_ns")
     return {
-        "op": name.split(":", 1)[-1],
+        "op": entry_op(e),
         "seq": int(e.get("collective_seq_id", -1)),
         "pg": pg,
         "pg_desc": str((e.get("process_group") or ("", ""))[-1]),
@@ -263,7 +269,7 @@ class FlightRecorderSource:
     @property
     def backends(self) -> tuple[str, ...]:
         """Return the backends read through a recorder of their own (``nccl2``)."""
-        return tuple(str(d.backend) for d in self._dumps if hasattr(d, "backend"))
+        return tuple(d.backend for d in self._dumps if isinstance(d, BackendRecorder))
 
     def seen_groups(self) -> set[str]:
         """Return the groups named in the recorders' entries (none where a dump fails)."""
@@ -273,7 +279,7 @@ class FlightRecorderSource:
                 entries = read_trace(dump, collectives=True).get("entries") or []
             except Exception:  # noqa: BLE001 - private API: a recorder that fails saw nothing
                 continue
-            seen.update(_pg_of(e)[1] for e in entries)
+            seen.update(entry_group(e)[1] for e in entries)
         return seen
 
     @property
@@ -309,7 +315,7 @@ class FlightRecorderSource:
     def _learn_names(self, index: int, dump: Any, keys: list[str]) -> None:
         """Map ``pg_status`` keys to group names from every entry; a key with none keeps itself."""
         for e in read_trace(dump, collectives=True, only_active=False).get("entries") or []:
-            key, name = _pg_of(e)
+            key, name = entry_group(e)
             self._names.setdefault((index, key), name)
         for key in keys:
             self._names.setdefault((index, key), key)
@@ -339,7 +345,7 @@ class FlightRecorderSource:
             for e in entries:
                 if e.get("retired") or e.get("is_p2p"):
                     continue
-                key, _ = _pg_of(e)
+                key, _ = entry_group(e)
                 created = int(e.get("time_created_ns") or 0)
                 tmo = e.get("timeout_ms")
                 if created and (key not in oldest or created < oldest[key][0]):

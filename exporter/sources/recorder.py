@@ -293,17 +293,19 @@ class Recorder:
     def collective_stats(self, op: str, pg: str, timeout_s: float | None) -> CollectiveStats:
         """Return the (cached) stats object for ``(op, pg)``."""
         with self.lock:
-            for st in self.collectives:
-                if st.op == op and st.pg == pg:
-                    return st
-            st = CollectiveStats(op, pg, timeout_s)
-            self.collectives.append(st)
+            st = self._find(op, pg)
+            if st is None:
+                st = CollectiveStats(op, pg, timeout_s)
+                self.collectives.append(st)
             return st
 
     def find_collective(self, op: str, pg: str) -> CollectiveStats | None:
         """Return the stats object for ``(op, pg)`` if a collective of it was counted, else None."""
         with self.lock:
-            return next((st for st in self.collectives if st.op == op and st.pg == pg), None)
+            return self._find(op, pg)
+
+    def _find(self, op: str, pg: str) -> CollectiveStats | None:
+        return next((st for st in self.collectives if st.op == op and st.pg == pg), None)
 
     def bucket_launched(self, stats: CollectiveStats, nbytes: int) -> float:
         """Record the launch of one gradient bucket's collective; return its start time."""
