@@ -64,6 +64,8 @@ class Recorded:
     phase_median: str
     phase_ratio: str
     phase_share: str
+    #: A rank's compute and data time per step: when it reaches the step's collectives.
+    work_mean: str
     straggler_score: str
     relative_speed: str
     coll_mean_rank: str
@@ -123,6 +125,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         phase_median=f"run:{phase}:median_mean_rate{w}",
         phase_ratio=f"run_rank:{phase}:ratio_median_mean_rate{w}",
         phase_share=f"run_rank:{phase}:share_mean_rate{w}",
+        work_mean=f"run_rank:{phase}:work_mean_rate{w}",
         straggler_score=f"run_rank:{phase}:straggler_score_rate{w}",
         relative_speed=f"run_rank:{phase}:relative_speed_rate{w}",
         coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
@@ -232,9 +235,13 @@ def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
                 f"sum {c.by('run, rank')} ({r.phase_mean})"
             ),
         },
+        {"record": r.work_mean, "expr": work},
         {
             "record": r.straggler_score,
-            "expr": f"{work}\n/ {c.on('run')} group_left\nquantile {c.by('run')} (0.5, {work})",
+            "expr": (
+                f"{r.work_mean}\n/ {c.on('run')} group_left\n"
+                f"quantile {c.by('run')} (0.5, {r.work_mean})"
+            ),
         },
         # NVRx's anchor: the run's median over the rank's compute+data, capped at 1: 1 = as
         # fast as the typical rank, 0.5 = half its speed. Comparable across runs of any speed

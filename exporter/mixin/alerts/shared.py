@@ -69,13 +69,23 @@ def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
     DDPRankStraggler's definition, one place for every alert that names a straggler: the phase
     time per step over the run's median by ``straggler_ratio`` and by at least
     ``straggler_min_excess_seconds``. ``phases`` is a label matcher on ``phase``.
+
+    Not a rank that waits for a later one, as ``top`` says it: where another rank's compute and
+    data time per step exceed its own by the same thresholds, that rank sets the pace and this
+    one waits for it like its peers (a rank slow in compute while another waits far longer for
+    its data; on a busy host the monitoring rank's compute is the first to grow).
     """
     r, c = recorded(cfg), clauses(cfg)
+    ratio, excess = cfg.straggler_ratio, cfg.straggler_min_excess_seconds
+    latest = f"max {c.by('run')} ({r.work_mean}) {{op}} {c.on('run')} group_right {r.work_mean}"
     return (
-        f"({r.phase_ratio}{{{phases}}} > {cfg.straggler_ratio:g})\n"
+        f"({r.phase_ratio}{{{phases}}} > {ratio:g})\n"
         f"and {c.on('run, rank, phase')}\n"
         f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
-        f" > {cfg.straggler_min_excess_seconds:g})"
+        f" > {excess:g})\n"
+        f"unless {c.on('run, rank')}\n"
+        f"(({latest.format(op='/')} > {ratio:g})\n"
+        f" and {c.on('run, rank')} ({latest.format(op='-')} > {excess:g}))"
     )
 
 
