@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prove the exporter's CUDA and NCCL paths on this machine's GPU, in one command (< 10 min):
+# Prove the exporter's CUDA and NCCL paths on this machine's GPUs, in one command (< 10 min on one):
 #   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo; GPU health from NVML
 #      against nvidia-smi, recorded in gpu-health.json; with 2 GPUs or more, the NCCL drills
 #      with one rank per GPU, else skipped, with why, in the report),
@@ -58,7 +58,9 @@ PY
 # timeout bounds the step (SIGINT: pytest still stops its jobs and writes its report). One
 # process (addopts without -n): one GPU, and whatever pytest-xdist that machine has.
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=--strict-markers)
-GPU_CHECK_OUT="$OUT" timeout -s INT 300 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
+# With two GPUs or more the NCCL drills run too: the step gets twice the time.
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+GPU_CHECK_OUT="$OUT" timeout -s INT $(( GPUS >= 2 ? 600 : 300 )) "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
   --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
 # shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
 timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \

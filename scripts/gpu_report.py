@@ -25,8 +25,10 @@ def _tests(path: Path) -> list[tuple[str, str, str]]:
             el = case.find(tag)
             if el is not None:
                 outcome = {"failure": "FAILED", "error": "ERROR", "skipped": "skipped"}[tag]
+                if el.get("type") == "pytest.xfail":
+                    outcome = "xfail"  # it passed what it asserts, and says what is not there yet
                 detail = (
-                    (el.get("message") or "").splitlines()[0][:160] if el.get("message") else ""
+                    (el.get("message") or "").splitlines()[0][:400] if el.get("message") else ""
                 )
                 break
         rows.append((name, outcome, detail))

@@ -2,8 +2,9 @@
 
 Each drill runs the demo trainer (``exporter.tools.trainer --backend nccl``) on every GPU of the
 machine, at most four: a straggler named by compute, a rank stuck in user code named with its
-file and line, a killed rank, FSDP2's collectives counted. With fewer than two GPUs every test is
-skipped, and says why (scripts/gpu-check.sh reports it).
+file and line, a killed rank, FSDP2's collectives counted. FSDP2's and tensor parallelism's
+collectives are timed against torch's profiler (tests/gpu/parallel_worker.py). With fewer than
+two GPUs every test is skipped, and says why (scripts/gpu-check.sh reports it).
 """
 
 from __future__ import annotations
@@ -110,3 +111,30 @@ def test_nccl_fsdp2_collectives_are_counted():
     ops = {lab["op"] for lab, _ in s.get("ddp_collective_bytes_total", [])}
     assert {"allgather", "reduce_scatter"} <= ops, ops
     assert value(s, "ddp_collective_bytes_total", op="allgather") > 0
+
+
+@pytest.mark.parametrize("parallel", ["fsdp2", "tp"])
+def test_nccl_parallel_collectives_are_timed_on_the_device(tmp_path, parallel):
+    """FSDP2's all-gathers and reduce-scatters, tensor parallelism's all-reduces: on every rank,
+    each one timed from the Flight Recorder's durations (none untimed), their sum within 10 % of
+    the NCCL kernels' device time in torch's profiler. The step split's comm_wait against the
+    profiler's exposed communication is reported, and an expected failure where it is off by more
+    than 10 %: the exporter does not observe the device's wait for these collectives yet."""
+    out = tmp_path / "timing"
+    env = _env(TORCH_NCCL_ENABLE_TIMING="1")
+    worker = os.path.join("tests", "gpu", "parallel_worker.py")
+    with Job(RANKS, [str(out), parallel], env=env, module=worker) as job:
+        assert job.wait(timeout=130) == 0, job.output()
+    reports = [json.loads((tmp_path / f"timing.{r}").read_text()) for r in range(RANKS)]
+    print(f"{parallel} device timing:", json.dumps(reports))  # the figures, for the report
+    waits = []
+    for r in reports:
+        assert r["comm_timing"] == "collectives" and not any(r["errors"].values()), r
+        assert r["exporter"] and r["profiler_s"] > 1e-3, r
+        for op, (timed, _total, untimed) in r["exporter"].items():
+            assert timed > 0 and untimed == 0, (op, r)
+        total = sum(t for _n, t, _u in r["exporter"].values())
+        assert total == pytest.approx(r["profiler_s"], rel=0.10), r
+        waits.append((r["comm_wait_s"], r["profiler_exposed_s"]))
+    if any(w != pytest.approx(e, rel=0.10, abs=1e-3) for w, e in waits):
+        pytest.xfail(f"comm_wait vs the profiler's exposed communication, per rank: {waits}")
