@@ -31,7 +31,6 @@ __all__ = [
     "recorded",
     "recording_groups",
     "unplanned_seconds",
-    "work_per_rank",
 ]
 
 #: Goodput categories a healthy job spends by design (exporter.sources.goodput's PLANNED).
@@ -65,6 +64,8 @@ class Recorded:
     phase_median: str
     phase_ratio: str
     phase_share: str
+    #: A rank's compute and data time per step: when it reaches the step's collectives.
+    work_mean: str
     straggler_score: str
     relative_speed: str
     coll_mean_rank: str
@@ -124,6 +125,7 @@ def recorded(cfg: MixinConfig = DEFAULT) -> Recorded:
         phase_median=f"run:{phase}:median_mean_rate{w}",
         phase_ratio=f"run_rank:{phase}:ratio_median_mean_rate{w}",
         phase_share=f"run_rank:{phase}:share_mean_rate{w}",
+        work_mean=f"run_rank:{phase}:work_mean_rate{w}",
         straggler_score=f"run_rank:{phase}:straggler_score_rate{w}",
         relative_speed=f"run_rank:{phase}:relative_speed_rate{w}",
         coll_mean_rank=f"run_rank_pg:{coll}:mean_rate{lat}",
@@ -202,22 +204,11 @@ def group_interval(cfg: MixinConfig, name: str) -> str | None:
     return cfg.goodput_interval if name == "goodput" else None
 
 
-def work_per_rank(cfg: MixinConfig = DEFAULT) -> str:
-    """Return each rank's compute and data time per step: when it reaches the step's collectives.
-
-    The straggler score's numerator, and what tells a straggler from a rank that waits for a
-    later one (exporter.mixin.alerts.shared). Not recorded: a series per rank more for every
-    run, where the score already is one.
-    """
-    r, c = recorded(cfg), clauses(cfg)
-    blame = "|".join(BLAME_PHASES)
-    return f'sum {c.by("run, rank")} ({r.phase_mean}{{phase=~"{blame}"}})'
-
-
 def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
     """Return the step rate, step time and phase records, and the straggler score."""
     w = cfg.rate_window
-    work = work_per_rank(cfg)
+    blame = "|".join(BLAME_PHASES)
+    work = f'sum {c.by("run, rank")} ({r.phase_mean}{{phase=~"{blame}"}})'
     steps = _sel(cfg, catalog.STEPS)
     return [
         {"record": r.steps_rate, "expr": f"sum {c.by('run, rank')} (rate({steps}[{w}]))"},
@@ -244,9 +235,13 @@ def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
                 f"sum {c.by('run, rank')} ({r.phase_mean})"
             ),
         },
+        {"record": r.work_mean, "expr": work},
         {
             "record": r.straggler_score,
-            "expr": f"{work}\n/ {c.on('run')} group_left\nquantile {c.by('run')} (0.5, {work})",
+            "expr": (
+                f"{r.work_mean}\n/ {c.on('run')} group_left\n"
+                f"quantile {c.by('run')} (0.5, {r.work_mean})"
+            ),
         },
         # NVRx's anchor: the run's median over the rank's compute+data, capped at 1: 1 = as
         # fast as the typical rank, 0.5 = half its speed. Comparable across runs of any speed

@@ -12,7 +12,7 @@ from ... import catalog
 from ..alert import selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig
-from ..recording import recorded, work_per_rank
+from ..recording import recorded
 
 __all__ = [
     "WHERE",
@@ -77,19 +77,15 @@ def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
     """
     r, c = recorded(cfg), clauses(cfg)
     ratio, excess = cfg.straggler_ratio, cfg.straggler_min_excess_seconds
-    work = work_per_rank(cfg)
-
-    def latest(op: str) -> str:
-        return f"max {c.by('run')} ({work}) {op} {c.on('run')} group_right {work}"
-
+    latest = f"max {c.by('run')} ({r.work_mean}) {{op}} {c.on('run')} group_right {r.work_mean}"
     return (
         f"({r.phase_ratio}{{{phases}}} > {ratio:g})\n"
         f"and {c.on('run, rank, phase')}\n"
         f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
         f" > {excess:g})\n"
         f"unless {c.on('run, rank')}\n"
-        f"(({latest('/')} > {ratio:g})\n"
-        f" and {c.on('run, rank')} ({latest('-')} > {excess:g}))"
+        f"(({latest.format(op='/')} > {ratio:g})\n"
+        f" and {c.on('run, rank')} ({latest.format(op='-')} > {excess:g}))"
     )
 
 
