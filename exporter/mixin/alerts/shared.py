@@ -77,15 +77,19 @@ def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
     """
     r, c = recorded(cfg), clauses(cfg)
     ratio, excess = cfg.straggler_ratio, cfg.straggler_min_excess_seconds
-    latest = f"max {c.by('run')} ({r.work_mean}) {{op}} {c.on('run')} group_right {r.work_mean}"
+
+    def latest(op: str) -> str:
+        # The run's latest arrival against each rank's: ``/`` gives the ratio, ``-`` the excess.
+        return f"max {c.by('run')} ({r.work_mean}) {op} {c.on('run')} group_right {r.work_mean}"
+
     return (
         f"({r.phase_ratio}{{{phases}}} > {ratio:g})\n"
         f"and {c.on('run, rank, phase')}\n"
         f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
         f" > {excess:g})\n"
         f"unless {c.on('run, rank')}\n"
-        f"(({latest.format(op='/')} > {ratio:g})\n"
-        f" and {c.on('run, rank')} ({latest.format(op='-')} > {excess:g}))"
+        f"(({latest('/')} > {ratio:g})\n"
+        f" and {c.on('run, rank')} ({latest('-')} > {excess:g}))"
     )
 
 
