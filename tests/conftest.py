@@ -2,7 +2,6 @@ import atexit
 import datetime
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
@@ -17,24 +16,34 @@ if "DDP_EXPORTER_DUMP_DIR" not in os.environ:
     os.environ["DDP_EXPORTER_DUMP_DIR"] = tempfile.mkdtemp(prefix="ddp-exporter-test-dumps-")
     atexit.register(shutil.rmtree, os.environ["DDP_EXPORTER_DUMP_DIR"], True)
 
-# Nothing a test starts may outlive the session: these hooks tag and then check every process.
-from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: E402, F401
+# Nothing a test starts may outlive the session: these hooks tag and then check every process,
+# and a session ended by SIGTERM or SIGHUP unwinds like Ctrl-C.
+from leftovers import (  # noqa: E402, F401
+    pytest_configure,
+    pytest_configure_node,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    unwind_on_signals,
+)
+
+unwind_on_signals()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """At the session's end, remove the labs of workers killed inside one (a SIGTERM).
+
+    Only labs whose process is gone: a lab of another session still running is left alone.
+    """
+    if hasattr(config, "workerinput") or os.geteuid() != 0 or shutil.which("ip") is None:
+        return
+    from lab import clean_leftovers
+
+    clean_leftovers()
+
 
 # Every test carries exactly one tier marker (unit, tool, job, stack, lab): registered and
 # checked; the workers of a parallel run share the machine by tests/scheduling.py's rules.
 pytest_plugins = ["tiers", "scheduling"]
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-# A session ended by SIGTERM or SIGHUP (a CI timeout, a closed terminal) unwinds like Ctrl-C:
-# every test's context managers stop what they started, and the session's end reaps the rest.
-# Without this the default action kills pytest alone and its jobs' ranks live on.
-for _sig in (signal.SIGTERM, signal.SIGHUP):
-    if signal.getsignal(_sig) in (signal.SIG_DFL, None):
-        signal.signal(_sig, _interrupted)
 
 
 @pytest.fixture(scope="session")

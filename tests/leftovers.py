@@ -1,10 +1,13 @@
 """Find processes the tests started that are still alive: nothing may outlive the test session.
 
-Import :func:`pytest_runtest_setup` and :func:`pytest_sessionfinish` into a conftest to use it.
+Import its ``pytest_*`` hooks into a conftest to use it, and call :func:`unwind_on_signals` there.
 Every process a test starts inherits the environment variable :data:`MARK`, set to
-``<pytest pid>/<test node id>`` before each test's set-up (torchrun passes it on to its
-workers, Popen to Prometheus). At the end of the session any live process carrying this
-session's mark is a leak, reported with the test that started it, then killed.
+``<session pid>/<pytest pid>/<test node id>`` before each test's set-up (torchrun passes it on
+to its workers, Popen to Prometheus); the session pid is the pytest-xdist controller's in a
+parallel run, else pytest's own. At the end of a worker any live process carrying its mark is a
+leak, reported with the test that started it, then killed; at the end of the session, the
+same for every process of the session: a controller ended by SIGTERM ends its workers without
+their clean-up, and their tests' jobs would live on.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ __all__ = [
     "kill",
     "leftovers",
     "mark",
+    "pytest_configure",
+    "pytest_configure_node",
     "pytest_runtest_setup",
     "pytest_sessionfinish",
+    "unwind_on_signals",
     "wait_gone",
 ]
 
@@ -35,9 +41,36 @@ MARK = "DDP_EXPORTER_TEST_PROCESS"
 GRACE = float(os.environ.get("DDP_EXPORTER_TEST_LEFTOVER_GRACE", "15"))
 
 
+#: The key of the session pid in an xdist worker's ``workerinput``.
+_SESSION_KEY = "ddp_exporter_test_session"
+#: The pid of the session's first process: xdist's controller, or pytest alone.
+_session = os.getpid()
+
+
+def _prefix() -> str:
+    """Return the mark of what this process reaps: all of the session in its first process."""
+    pid = os.getpid()
+    return f"{_session}/" if pid == _session else f"{_session}/{pid}/"
+
+
 def mark(nodeid: str) -> None:
-    """Tag the processes started from now on with this session and ``nodeid``."""
-    os.environ[MARK] = f"{os.getpid()}/{nodeid}"
+    """Tag the processes started from now on with this session, this process and ``nodeid``."""
+    os.environ[MARK] = f"{_session}/{os.getpid()}/{nodeid}"
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def unwind_on_signals() -> None:
+    """Let SIGTERM and SIGHUP (a CI timeout, a closed terminal) unwind the session like Ctrl-C.
+
+    Every test's context managers then stop what they started, and the session's end reaps the
+    rest. Without this the default action kills pytest alone and its jobs' ranks live on.
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _interrupted)
 
 
 @dataclass(frozen=True)
@@ -71,18 +104,18 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-def leftovers(session_pid: int | None = None) -> list[Leftover]:
-    """Return the live processes (not zombies) that carry this session's mark."""
-    session_pid = os.getpid() if session_pid is None else session_pid
-    prefix = f"{session_pid}/"
+def leftovers() -> list[Leftover]:
+    """Return the live processes (not zombies) that carry the mark this process reaps."""
+    prefix, me = _prefix(), os.getpid()
     out = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == session_pid:
+        if not name.isdigit() or int(name) == me:
             continue
         value = _environ(int(name)).get(MARK, "")
         proc = Proc.of(int(name))
         if value.startswith(prefix) and proc is not None:
-            out.append(Leftover(proc, value[len(prefix) :], _cmdline(proc.pid)))
+            test = value.split("/", 2)[-1]  # <session pid>/<pytest pid>/<test node id>
+            out.append(Leftover(proc, test, _cmdline(proc.pid)))
     return out
 
 
@@ -103,12 +136,28 @@ def kill(left: list[Leftover]) -> None:
         x.proc.signal(signal.SIGKILL)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, take the controller's pid as the session's."""
+    global _session
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _SESSION_KEY in workerinput:
+        _session = int(workerinput[_SESSION_KEY])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """Hand the session's pid to each xdist worker (an xdist hook: absent without it)."""
+    node.workerinput[_SESSION_KEY] = _session  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tag every process this test (or a fixture set up for it) starts."""
     mark(item.nodeid)
 
 
+# After xdist's own session end, which ends the workers: what they left is then known.
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a process started by a test is still alive; list and kill it."""
     left = wait_gone(timeout=GRACE)
@@ -123,4 +172,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print(line, file=sys.stderr)
     kill(left)
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

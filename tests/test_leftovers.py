@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from harness import REPO
+from harness import REPO, wait_for
 
 from exporter.tools.reaper import Proc
 
@@ -23,11 +25,20 @@ def _inner_env() -> dict[str, str]:
     return dict(env, PYTHONPATH=REPO, DDP_EXPORTER_TEST_LEFTOVER_GRACE="1")
 
 
-def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
-    (tmp_path / "conftest.py").write_text(
+def _conftest(folder: Path) -> None:
+    """Give the inner session the suite's own leftover check, as tests/conftest.py does."""
+    (folder / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {TESTS!r})\n"
-        "from leftovers import pytest_runtest_setup, pytest_sessionfinish  # noqa: F401\n"
+        "from leftovers import (  # noqa: F401\n"
+        "    pytest_configure, pytest_configure_node, pytest_runtest_setup,\n"
+        "    pytest_sessionfinish, unwind_on_signals,\n"
+        ")\n"
+        "unwind_on_signals()\n"
     )
+
+
+def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
+    _conftest(tmp_path)
     (tmp_path / "test_leak.py").write_text(
         textwrap.dedent(
             """
@@ -58,3 +69,53 @@ def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     assert f"pid {leaked} from test_leak.py::test_leaks" in out, out
     assert "test_clean" not in out.split("still running")[1], out
     assert Proc.of(leaked) is None  # and it was killed
+
+
+def test_a_parallel_session_ended_by_sigterm_reaps_what_its_workers_started(tmp_path):
+    """SIGTERM to xdist's controller (a CI timeout) ends a worker whose clean-up takes too long
+    by SIGKILL: the controller's end still finds the job that worker's test started, names it
+    and kills it."""
+    _conftest(tmp_path)
+    started = tmp_path / "started"
+    (tmp_path / "test_long.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, subprocess, sys, time
+
+            def test_long_job():
+                p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                     start_new_session=True)
+                with open({str(started)!r} + ".tmp", "w") as f:
+                    f.write(str(p.pid))
+                os.replace({str(started)!r} + ".tmp", {str(started)!r})
+                try:
+                    time.sleep(600)
+                finally:
+                    time.sleep(600)  # a teardown too slow for xdist, which kills the worker
+
+            def test_quick():
+                pass
+            """
+        )
+    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path)]
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=_inner_env(),
+    ) as inner:
+        try:
+            wait_for(started.exists, 120, "the inner test to start its job")
+            job = Proc.of(int(started.read_text()))
+            assert job is not None
+            inner.send_signal(signal.SIGTERM)
+            out, _ = inner.communicate(timeout=120)
+        finally:
+            if inner.poll() is None:
+                inner.kill()
+    assert "1 process(es) started by the tests are still running" in out, out
+    assert f"pid {job.pid} from test_long.py::test_long_job" in out, out
+    assert not job.alive(), out
