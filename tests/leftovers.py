@@ -172,5 +172,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print(line, file=sys.stderr)
     kill(left)
-    if session.exitstatus == pytest.ExitCode.OK:
+    if session.exitstatus != pytest.ExitCode.INTERRUPTED:  # an interrupted session says so
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
