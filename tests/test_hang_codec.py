@@ -117,7 +117,6 @@ NETWORK = Network(
     silent=("n4",),
     slowest=("n1", "n3", 0.5),
     median_s=0.0012,
-    ras=("#1 process unresponsive: rank 3 on node n3",),
 )
 SUMMARY = Summary(
     2,
@@ -165,11 +164,13 @@ EPISODE = Episode(
     attempt="2",
     local_only=True,
     network=NETWORK,
+    ras=("#1 process unresponsive: rank 3 on node n3",),
 )
 
 
 def test_an_episode_with_its_network_is_written_as_before():
-    """The old writers' dict: the request (its episode last), then the episode, then the probe."""
+    """The old writers' dict: the request (its episode last), then the episode, then the probe,
+    then what NCCL's RAS said."""
     old = {
         "pg": "0",
         "kind": "symmetric",
@@ -232,7 +233,7 @@ def test_an_episode_with_its_network_is_written_as_before():
         },
         "attempt": "2",
         "local_only": True,
-        # The probe's finding: its median before the slowest pair, then RAS's lines.
+        # The probe's finding: its median before the slowest pair.
         "network": {
             "pg": "0",
             "seq": 36,
@@ -244,12 +245,15 @@ def test_an_episode_with_its_network_is_written_as_before():
             "silent": ["n4"],
             "median_s": 0.0012,
             "slowest": ["n1", "n3", 0.5],
-            "ras": ["#1 process unresponsive: rank 3 on node n3"],
         },
+        "ras": ["#1 process unresponsive: rank 3 on node n3"],
     }
     text = json.dumps(old, indent=1)
     assert codec.episode_json(EPISODE) == text
     _same(codec.episode_from_dict(json.loads(text)), EPISODE)
+    # Files written when RAS's lines sat inside the probe's finding still read.
+    old["network"]["ras"] = old.pop("ras")
+    _same(codec.episode_from_dict(old), dataclasses.replace(EPISODE, ras=()))
 
 
 def test_a_probe_that_found_nothing_to_probe_says_why_and_no_more():

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from harness import wait_for
-from test_hang_protocol import _Recorder, _Sections, _Store
+from test_hang_protocol import _InFlight, _Recorder, _Sections, _Store
 
 from exporter.errors import ErrorCounter
 from exporter.hangs import codec, probing, spans
@@ -458,37 +458,101 @@ def test_a_symmetric_hang_names_the_collective_stuck_and_what_is_queued_behind_i
 
 
 # -- NCCL's RAS, where it answers -----------------------------------------------------------------
-def test_ras_lines_come_from_ncclras_protocol_and_none_without_it():
+#: A RAS report naming a dead peer (the shape of ``ncclras``'s output).
+_RAS_REPORT = (
+    "RAS status\n==========\nJob summary\n  Nodes 2 Processes 2\nErrors\n======\n"
+    "  #1 process unresponsive: rank 1 on node n1 (dead peer)\n"
+)
+
+
+@pytest.fixture
+def ras_standin():
+    """A socket that answers NCCL's RAS client protocol with :data:`_RAS_REPORT` (NCCL's RAS
+    cannot run without NCCL); yields its address."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    report = (
-        "RAS status\n==========\nJob summary\n  Nodes 2 Processes 2\nErrors\n======\n"
-        "  #1 process unresponsive: rank 1 on node n1 (dead peer)\n"
-    )
+    server.listen(4)
 
     def answer() -> None:
-        conn, _ = server.accept()
-        with conn:
-            f = conn.makefile("rwb")
-            assert f.readline().startswith(b"CLIENT PROTOCOL")
-            f.write(b"SERVER PROTOCOL 2\n")
-            f.flush()
-            assert f.readline().startswith(b"TIMEOUT")
-            f.write(b"OK\n")
-            f.flush()
-            assert f.readline() == b"STATUS\n"
-            f.write(report.encode())
-            f.flush()
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed: the test is over
+            with conn, conn.makefile("rwb") as f:
+                assert f.readline().startswith(b"CLIENT PROTOCOL")
+                f.write(b"SERVER PROTOCOL 2\n")
+                f.flush()
+                assert f.readline().startswith(b"TIMEOUT")
+                f.write(b"OK\n")
+                f.flush()
+                assert f.readline() == b"STATUS\n"
+                f.write(_RAS_REPORT.encode())
+                f.flush()
 
     t = threading.Thread(target=answer, daemon=True)
     t.start()
-    lines = ras.query(server.getsockname(), seconds=5.0)
-    server.close()
+    try:
+        yield server.getsockname()
+    finally:
+        server.close()
+        t.join(timeout=5)
+
+
+def test_ras_lines_come_from_ncclras_protocol_and_none_without_it(ras_standin):
+    lines = ras.query(ras_standin, seconds=5.0)
     assert lines == ("#1 process unresponsive: rank 1 on node n1 (dead peer)",)
     assert ras.query(("127.0.0.1", _free_port()), seconds=1.0) == ()
     assert ras.ras_address({"NCCL_RAS_ENABLE": "0"}) is None
     assert ras.ras_address({"NCCL_RAS_ADDR": "10.0.0.1:1234"}) == ("10.0.0.1", 1234)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_an_nccl_episode_on_one_node_quotes_ras_and_a_gloo_one_does_not_ask(
+    tmp_path, monkeypatch, ras_standin, backend
+):
+    """RAS is asked as the episode opens, whatever its kind and however many nodes: here rank 1
+    is behind on a job of one node, where no link is probed."""
+    monkeypatch.setenv("NCCL_RAS_ADDR", f"{ras_standin[0]}:{ras_standin[1]}")
+    store, since = _Store(), time.monotonic()
+    watchers = []
+    for rank in range(3):
+        identity = Identity(rank=rank, world_size=3, local_rank=rank, run="ras", node="n0")
+        ctx = RankContext(
+            identity=identity,
+            store=store,
+            recorder=_Recorder(),
+            sections=_Sections(),
+            interval_s=0.2,
+            monitor=rank == 0,
+            dump_dir=str(tmp_path),
+            errors=ErrorCounter(),
+        )
+        policy = HangPolicy(stall_min_seconds=0.4, symmetric_min_seconds=30.0)
+        inflight = _InFlight(rank, since)
+        watchers.append(
+            HangWatcher(ctx, inflight=inflight, policy=policy, forget=lambda: None, backend=backend)
+        )
+    try:
+        for w in watchers:
+            w.start()
+        verdict_file = wait_for(
+            lambda: list(tmp_path.glob("ras-hang-1/verdict.txt")), 30, "the verdict"
+        )[0]
+    finally:
+        for w in watchers:
+            w.close()
+    text = verdict_file.read_text()
+    episode = codec.episode_from_dict(
+        json.loads(verdict_file.with_name("episode.json").read_text())
+    )
+    assert "rank 1 (node n0) never entered collective #36" in text, text
+    dead = "#1 process unresponsive: rank 1 on node n1 (dead peer)"
+    if backend == "nccl":
+        assert episode.ras == (dead,)
+        assert f"NCCL RAS (what NCCL's own monitor reported as wrong):\n  {dead}\n" in text, text
+    else:
+        assert episode.ras == () and "NCCL RAS" not in text, text
 
 
 def test_the_probe_messages_travel_through_the_codec_unchanged():

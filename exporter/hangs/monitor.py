@@ -11,7 +11,9 @@ collects the acks until every rank answered or a deadline passed, then logs the 
 While every rank waits inside a collective with nobody behind, it probes the links between the
 nodes (:mod:`exporter.hangs.probing`): a broken link or an unreachable node, found twice with
 every rank answering, opens a ``symmetric`` episode at once instead of at the symmetric
-threshold, and every symmetric episode's verdict says what the probe found.
+threshold, and every symmetric episode's verdict says what the probe found. On NCCL it asks the
+local RAS (:mod:`exporter.sources.ras`) as it opens an episode, and the verdict quotes what RAS
+reports as wrong.
 
 With ``on_hang="abort"`` it then decides, from the ranks' own reports, whether the hang has
 lasted long enough to end the run (:mod:`exporter.hangs.action`), judged by the run's ledger
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 from ..log import log
 from ..network import judge as networks
+from ..sources import ras
 from . import action as actions
 from . import codec
 from . import restarts as ledger
@@ -55,6 +58,8 @@ class _Collecting:
     #: Monotonic time after which the episode completes without the missing acks.
     deadline: float
     acks: dict[int, Summary] = field(default_factory=dict)
+    #: NCCL's RAS, asked as the episode opened (None: not asked).
+    asking: ras.Asking | None = None
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,11 @@ class Monitor:
         leave: Callable[[Action, list[int]], None],
         keep: Callable[[Action], None],
         rounds: Rounds | None = None,
+        ras_address: tuple[str, int] | None = None,
     ) -> None:
         self._site = site
         self._rounds = rounds
+        self._ras_address = ras_address
         self._channel = channel
         self._action = action
         self._answer = answer
@@ -280,7 +287,8 @@ class Monitor:
         self._channel.open_episode(request)
         self._blocked_pg = finding.pg
         deadline = time.monotonic() + 3 * site.interval_s + FAULTHANDLER_S + 2.0
-        self._collecting = _Collecting(request, deadline)
+        asking = ras.Asking(self._ras_address) if self._ras_address is not None else None
+        self._collecting = _Collecting(request, deadline, asking=asking)
         if finding.kind == "symmetric" and self._rounds is not None:
             self._rounds.begin(finding.pg, finding.seq)  # the verdict says what it finds
         log.warning(
@@ -312,6 +320,8 @@ class Monitor:
         rounds, req = self._rounds, ep.request
         if rounds is not None and rounds.pending(req.pg, req.seq):
             return  # the probe's own deadline bounds this wait
+        if ep.asking is not None and not ep.asking.done():
+            return  # so does the RAS query's
         network = rounds.result(req.pg, req.seq) if rounds is not None else None
         self._collecting = None
         summaries: dict[int, Summary | None] = {r: acks.get(r) for r in range(world)}
@@ -332,6 +342,7 @@ class Monitor:
             complete_unix=time.time(),
             summaries=summaries,
             network=network,
+            ras=ep.asking.lines() if ep.asking is not None else (),
         )
         self.network = tuple(networks.series(network))
         found = verdicts.verdict(episode, summaries)

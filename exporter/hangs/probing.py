@@ -10,8 +10,6 @@ rank that does not is no part of such a hang, and never asks); a rank the plan n
 peers on a thread of its own (:class:`Answering`) and sets its result. The monitoring rank
 judges the round once every result is in, or at a deadline; a round that finds a fault is run a
 second time, and only the faults found twice count. One probe per stuck collective.
-
-On NCCL the monitoring rank also asks its local RAS (:mod:`exporter.sources.ras`), on the side.
 """
 
 from __future__ import annotations
@@ -19,12 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..log import log
 from ..network import judge as networks
 from ..network.probe import CONNECT_S, MOVE_S, Listener, reach_all
-from ..sources import ras
 from .channel import Channel, Site
 from .definition import HangFinding, SeqState
 from .protocol import Network, ProbeRequest, ProbeResult
@@ -130,17 +127,15 @@ class _Round:
     nodes: dict[int, str]
     #: The first round's finding, when this round confirms it.
     first: Network | None = None
-    ras: list[tuple[str, ...]] = field(default_factory=list)
 
 
 class Rounds:
     """The monitoring rank's part: start a round for a stuck collective, judge it once."""
 
-    def __init__(self, site: Site, channel: Channel, *, enabled: bool, backend: str) -> None:
+    def __init__(self, site: Site, channel: Channel, *, enabled: bool) -> None:
         self._site = site
         self._channel = channel
         self._enabled = enabled
-        self._backend = backend
         self._open: _Round | None = None
         self._tried: dict[tuple[str, float], None] = {}
         self._done: dict[tuple[str, float], Network] = {}
@@ -179,13 +174,7 @@ class Rounds:
             )
             self._done[key] = Network(pg, float(seq), time.time(), note=note)
             return
-        got: list[tuple[str, ...]] = []
-        address = ras.ras_address() if "nccl" in self._backend.lower() else None
-        if address is not None:
-            threading.Thread(
-                target=lambda: got.append(ras.query(address)), name="ddp-exporter-ras", daemon=True
-            ).start()
-        self._start(pg, float(seq), peers, plan, nodes, None, got)
+        self._start(pg, float(seq), peers, plan, nodes, None)
 
     def _start(
         self,
@@ -195,7 +184,6 @@ class Rounds:
         plan: Mapping[int, tuple[int, ...]],
         nodes: dict[int, str],
         first: Network | None,
-        got: list[tuple[str, ...]],
     ) -> None:
         number = self._channel.probe_round() + 1
         request = ProbeRequest(
@@ -204,7 +192,7 @@ class Rounds:
         self._channel.open_probe(request)
         # Ranks look each quarter interval while stuck, then try for at most one attempt's time.
         deadline = time.monotonic() + CONNECT_S + MOVE_S + self._site.interval_s + 2.0
-        self._open = _Round(request, deadline, nodes, first, got)
+        self._open = _Round(request, deadline, nodes, first)
         log.warning(
             "ddp-exporter: every rank of run %s waits in pg %s #%g, nobody behind: probing the "
             "links between %d nodes (round %d%s)",
@@ -227,11 +215,11 @@ class Rounds:
         current = {k: v if v.round == r.request.round else None for k, v in results.items()}
         if any(v is None for v in current.values()) and time.monotonic() < r.deadline:
             return None
-        found = networks.judge(r.request, current, r.nodes, r.ras[0] if r.ras else ())
+        found = networks.judge(r.request, current, r.nodes)
         req = r.request
         if r.first is None and found.faulty:
             self._open = None
-            self._start(req.pg, float(req.seq), req.peers, req.plan, r.nodes, found, r.ras)
+            self._start(req.pg, float(req.seq), req.peers, req.plan, r.nodes, found)
             return None
         if r.first is not None:
             found = networks.confirm(r.first, found)

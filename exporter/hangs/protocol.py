@@ -307,3 +307,5 @@ class Episode:
     local_only: bool = False
     #: What the run-time probe found while every rank waited (None: no probe).
     network: Network | None = None
+    #: What NCCL's RAS reported as wrong while the episode was collected (NCCL only).
+    ras: tuple[str, ...] = ()

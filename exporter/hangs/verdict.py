@@ -49,6 +49,8 @@ class Verdict:
     missing: list[int] = field(default_factory=list)
     #: What the run-time probe saw between the nodes while every rank waited.
     network: list[str] = field(default_factory=list)
+    #: What NCCL's RAS reported as wrong (NCCL only, where it answered).
+    ras: list[str] = field(default_factory=list)
     #: What the hang action did (``instrument(on_hang="abort")``), None when it did nothing.
     action: str | None = None
 
@@ -182,6 +184,7 @@ def verdict(episode: Episode, summaries: Mapping[int, Summary | None]) -> Verdic
         _symmetric(v, ep.network, crossed, inside, _device(answered, pg, stalled))
     if ep.network is not None:
         v.network = networks.details(ep.network)
+    v.ras = list(ep.ras)
     for (mpg, mseq), ops in sorted(at_seq.items()):
         if len(ops) > 1:
             parts = ", ".join(f"rank {_ranks(rs)} in {o}" for o, rs in sorted(ops.items()))
@@ -273,9 +276,7 @@ def _symmetric(
     groups, or every rank in one collective that the network can (or cannot) be blamed for."""
     if network is not None and network.faulty:
         v.culprits += [
-            f"{line}; every rank is stuck in {inside}"
-            for line in networks.lines(network)
-            if not line.startswith("NCCL RAS")
+            f"{line}; every rank is stuck in {inside}" for line in networks.lines(network)
         ]
         return
     if crossed:
@@ -299,8 +300,7 @@ def _symmetric(
     )
     if crossed:
         suspect = "fix the order of the collectives"
-    clear = [line for line in networks.lines(network) if not line.startswith("NCCL RAS")]
-    v.culprits.append(f"{'; '.join(clear)}; {suspect}")
+    v.culprits.append(f"{'; '.join(networks.lines(network))}; {suspect}")
 
 
 def _waiting(
@@ -369,6 +369,9 @@ def render(v: Verdict, frames: int = 12) -> str:
     if v.network:
         lines.append("NETWORK (probed between the nodes while every rank waited):")
         lines += [f"  {n}" for n in v.network]
+    if v.ras:
+        lines.append("NCCL RAS (what NCCL's own monitor reported as wrong):")
+        lines += [f"  {n}" for n in v.ras]
     if v.mismatches:
         lines.append("COLLECTIVE MISMATCH (ranks in different ops at the same sequence number):")
         lines += [f"  {m}" for m in v.mismatches]

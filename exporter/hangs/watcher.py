@@ -51,7 +51,7 @@ from ..errors import ErrorCounter
 from ..log import log
 from ..network import netcheck
 from ..network.probe import Listener
-from ..sources import launcher
+from ..sources import launcher, ras
 from ..sources.context import RankContext
 from ..sources.flight import InFlight
 from .action import ActionPolicy
@@ -123,7 +123,9 @@ class HangWatcher:
         restart: RestartPolicy | None = None,
         forget: Callable[[], None] | None = None,
         probe: bool = True,
+        backend: str | None = None,
     ) -> None:
+        """Watch on this rank; ``backend``: the default process group's (None: ask torch)."""
         identity, store, errors = ctx.identity, ctx.store, ctx.errors
         self.world_size = identity.world_size
         self._action = action
@@ -143,7 +145,7 @@ class HangWatcher:
         channel = Channel(
             store, storekeys.for_run(identity.run, identity.attempt), identity.world_size
         )
-        backend = _backend() if probe else ""
+        backend = _backend() if backend is None else backend
         listener = _listener(backend, errors) if probe else None
         answering = Answering(site, channel, listener) if probe else None
         self._rank = Responder(
@@ -159,7 +161,7 @@ class HangWatcher:
         )
         self._monitor: Monitor | None = None
         if ctx.monitor:
-            rounds = Rounds(site, channel, enabled=probe, backend=backend)
+            rounds = Rounds(site, channel, enabled=probe)
             self._monitor = Monitor(
                 site,
                 channel,
@@ -170,6 +172,7 @@ class HangWatcher:
                 leave=self._rank.leave,
                 keep=self._rank.keep,
                 rounds=rounds,
+                ras_address=ras.ras_address() if "nccl" in backend.lower() else None,
             )
         self._loop = BackgroundLoop(
             "ddp-exporter-forensics",

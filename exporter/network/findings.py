@@ -91,8 +91,6 @@ class Network:
     slowest: tuple[str, str, float] | None = None
     #: The median time a pair took to connect and exchange, seconds.
     median_s: float | None = None
-    #: What NCCL's RAS said of the job, where it answered.
-    ras: tuple[str, ...] = ()
     #: Why nothing was probed (one node, no listener), ``""`` when it was.
     note: str = ""
 

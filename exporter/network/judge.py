@@ -81,7 +81,6 @@ def judge(
     request: ProbeRequest,
     results: Mapping[int, ProbeResult | None],
     nodes: Mapping[int, str],
-    ras: tuple[str, ...] = (),
 ) -> Network:
     """Judge one round: the nodes that are down, the links between the rest, the silent ones.
 
@@ -131,7 +130,6 @@ def judge(
         silent=tuple(silent),
         slowest=None if slowest is None else (slowest[1], slowest[2], round(slowest[0], 4)),
         median_s=round(statistics.median(t for t, _, _ in times), 4) if times else None,
-        ras=ras,
     )
 
 
@@ -164,7 +162,6 @@ def confirm(first: Network, second: Network) -> Network:
         second.silent,
         second.slowest,
         second.median_s,
-        second.ras,
         second.note,
     )
 
@@ -248,12 +245,11 @@ def lines(network: Network) -> list[str]:
             f"({network.pairs} pairs, {PAYLOAD_BYTES // 1024} KiB each way{median}): not the "
             "network"
         )
-    out += [f"NCCL RAS: {line}" for line in network.ras]
     return out
 
 
 def details(network: Network) -> list[str]:
-    """Return the verdict's NETWORK section: what was probed, how fast, and what RAS said."""
+    """Return the verdict's NETWORK section: what was probed, how fast, what it found."""
     if network.note:
         return [network.note]
     when = time.strftime("%H:%M:%S UTC", time.gmtime(network.probed_unix))

@@ -6,16 +6,21 @@ turns it off): the ``ncclras`` tool. The exchange is NCCL's client protocol: ``C
 2``, answered ``SERVER PROTOCOL N``; ``TIMEOUT S``, answered ``OK``; then ``STATUS``, answered
 with a report until the connection closes. It is not a stable API: whatever fails (no RAS,
 another protocol, no answer in time) gives no lines and the verdict goes without.
+
+The monitoring rank asks once per hang episode, whatever kind and however many nodes, on a
+thread of its own (:class:`Asking`): RAS knows which NCCL processes are dead or unresponsive even
+where no link between nodes can be probed (a job on one node).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_ADDRESS", "PROTOCOL", "interesting", "query", "ras_address"]
+__all__ = ["DEFAULT_ADDRESS", "PROTOCOL", "Asking", "interesting", "query", "ras_address"]
 
 #: Where NCCL's RAS client socket listens by default.
 DEFAULT_ADDRESS = ("localhost", 28028)
@@ -107,3 +112,25 @@ def query(
     except OSError:
         return ()
     return interesting(report.decode(errors="replace"))
+
+
+class Asking:
+    """Ask RAS on a thread of its own; its lines once it answered or its time ran out."""
+
+    def __init__(self, address: tuple[str, int], seconds: float = 8.0) -> None:
+        self._got: list[tuple[str, ...]] = []
+        # The query bounds itself by ``seconds``; the slack covers starting the thread.
+        self._end = time.monotonic() + seconds + 1.0
+        threading.Thread(
+            target=lambda: self._got.append(query(address, seconds)),
+            name="ddp-exporter-ras",
+            daemon=True,
+        ).start()
+
+    def done(self) -> bool:
+        """Say whether the answer is in, or no longer worth waiting for."""
+        return bool(self._got) or time.monotonic() >= self._end
+
+    def lines(self) -> tuple[str, ...]:
+        """Return what RAS reported as wrong (none: nothing, or no answer yet)."""
+        return self._got[0] if self._got else ()

@@ -167,14 +167,14 @@ SHAPES: dict[type[Any], Shape] = {
     # episode.json: the request's fields, then what was collected.
     Episode: Shape(
         merged="request",
-        omit=frozenset({"summaries", "action", "attempt", "local_only", "network"}),
+        omit=frozenset({"summaries", "action", "attempt", "local_only", "network", "ras"}),
     ),
     Network: Shape(
         order=(
             *("pg", "seq", "probed_unix", "nodes", "pairs", "links", "down", "silent"),
-            *("median_s", "slowest", "ras", "note"),
+            *("median_s", "slowest", "note"),
         ),
-        omit=frozenset({"slowest", "ras", "note"}),
+        omit=frozenset({"slowest", "note"}),
         reads={"pg": "", "seq": 0, "probed_unix": 0.0},
         blank=frozenset({"note"}),
     ),
