@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Prove the exporter's CUDA and NCCL paths on this machine's GPUs, in one command (< 10 min on one):
-#   1. tests/gpu (one NCCL rank; several ranks sharing the GPU over gloo; GPU health from NVML
-#      against nvidia-smi, recorded in gpu-health.json; with 2 GPUs or more, the NCCL drills
-#      with one rank per GPU, else skipped, with why, in the report),
-#   2. benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the host
-#      CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
-#   3. the core CPU tests with this machine's torch (the torch range: it may be older than the pin),
+#   gpu:   tests/gpu but the drills (one NCCL rank; several ranks sharing the GPU over gloo; GPU
+#          health from NVML against nvidia-smi, recorded in gpu-health.json),
+#   multi: the NCCL drills with one rank per GPU (tests/gpu/test_multi_gpu.py; with one GPU
+#          every drill is skipped, with why, in the report),
+#   bench: benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the
+#          host CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
+#   cpu:   the core CPU tests with this machine's torch (the torch range: it may be older than
+#          the pin),
 # then write a markdown report with the versions, every figure and each test's outcome.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default: gpu-report/
 #   GPU_CHECK_BENCH_ARGS="--regimes host" bash scripts/gpu-check.sh   # a shorter benchmark
+#   GPU_CHECK_STEPS="multi" bash scripts/gpu-check.sh OUT   # some steps; the report reads OUT
+#
+# With two GPUs or more the drills take up to 10 minutes of their own: where one call is bounded
+# by that, run GPU_CHECK_STEPS=multi, then GPU_CHECK_STEPS="gpu bench cpu", into the same OUT.
 #
 # Uses the python3 (and its CUDA torch) already there; installs nothing from the network. Pure-
 # Python dependencies missing there can be carried as wheels in .whl/ (docs/how-it-works/compatibility.md).
@@ -17,6 +23,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report}
 PY=${PYTHON:-python3}
+STEPS=" ${GPU_CHECK_STEPS:-gpu multi bench cpu} "
+for step in $STEPS; do
+  case $step in gpu|multi|bench|cpu) ;; *) echo "gpu-check: unknown step '$step' in GPU_CHECK_STEPS (gpu multi bench cpu)" >&2; exit 2 ;; esac
+done
 mkdir -p "$OUT"
 start=$(date +%s)
 
@@ -58,16 +68,26 @@ PY
 # timeout bounds the step (SIGINT: pytest still stops its jobs and writes its report). One
 # process (addopts without -n): one GPU, and whatever pytest-xdist that machine has.
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts=--strict-markers)
-# With two GPUs or more the NCCL drills run too: the step gets twice the time.
-GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-GPU_CHECK_OUT="$OUT" timeout -s INT $(( GPUS >= 2 ? 600 : 300 )) "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
-  --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
-# shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
-timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \
-  2>&1 | tee "$OUT/bench.log"
-"${PYTEST[@]}" -o timeout=120 tests/test_core.py tests/test_flight.py \
-  tests/test_reducer_timing.py tests/test_gradients.py tests/test_blame.py tests/test_hangs.py \
-  --junitxml "$OUT/cpu-tests.xml" 2>&1 | tee "$OUT/cpu-tests.log" | tail -3
+if [[ $STEPS == *" gpu "* ]]; then
+  GPU_CHECK_OUT="$OUT" timeout -s INT 300 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu \
+    --ignore tests/gpu/test_multi_gpu.py --junitxml "$OUT/gpu-tests.xml" 2>&1 \
+    | tee "$OUT/gpu-tests.log"
+fi
+if [[ $STEPS == *" multi "* ]]; then
+  # -rA: the drills print what NCCL's RAS and the verdicts said, for the log.
+  timeout -s INT 570 "${PYTEST[@]}" -rA -o timeout=150 tests/gpu/test_multi_gpu.py \
+    --junitxml "$OUT/multi-gpu-tests.xml" 2>&1 | tee "$OUT/multi-gpu-tests.log"
+fi
+if [[ $STEPS == *" bench "* ]]; then
+  # shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
+  timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \
+    2>&1 | tee "$OUT/bench.log"
+fi
+if [[ $STEPS == *" cpu "* ]]; then
+  "${PYTEST[@]}" -o timeout=120 tests/test_core.py tests/test_flight.py \
+    tests/test_reducer_timing.py tests/test_gradients.py tests/test_blame.py tests/test_hangs.py \
+    --junitxml "$OUT/cpu-tests.xml" 2>&1 | tee "$OUT/cpu-tests.log" | tail -3
+fi
 
 "$PY" scripts/gpu_report.py "$OUT" $(( $(date +%s) - start )) > "$OUT/report.md"
 cat "$OUT/report.md"

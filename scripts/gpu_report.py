@@ -2,9 +2,9 @@
 
     python scripts/gpu_report.py OUT_DIR [SECONDS] > OUT_DIR/report.md
 
-Reads ``env.json`` (versions), ``gpu-tests.xml`` and ``cpu-tests.xml`` (pytest's JUnit XML) and
-``bench.json`` (benchmarks/gpu.py) and ``gpu-health.json`` (tests/gpu's NVML reading); a missing
-file is reported as missing, not skipped over.
+Reads ``env.json`` (versions), ``gpu-tests.xml``, ``multi-gpu-tests.xml`` and ``cpu-tests.xml``
+(pytest's JUnit XML), ``bench.json`` (benchmarks/gpu.py) and ``gpu-health.json`` (tests/gpu's
+NVML reading); a missing file is reported as missing, not skipped over.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ def _tests(path: Path) -> list[tuple[str, str, str]]:
 
 def _table(title: str, path: Path) -> list[str]:
     if not path.exists():
-        return [f"## {title}", "", f"missing: {path.name} (the step did not run to its end)", ""]
+        return [
+            f"## {title}",
+            "",
+            f"missing: {path.name} (the step did not run, or not to its end)",
+            "",
+        ]
     rows = _tests(path)
     counts: dict[str, int] = {}
     for _, outcome, _ in rows:
@@ -143,6 +148,7 @@ def main(argv: list[str]) -> int:
         f"whole check {seconds} s.",
         "",
         *_table("tests/gpu", out / "gpu-tests.xml"),
+        *_table("NCCL drills, one rank per GPU", out / "multi-gpu-tests.xml"),
         *_health(out / "gpu-health.json"),
         *_bench(out / "bench.json"),
         *_table("core CPU tests with this torch", out / "cpu-tests.xml"),

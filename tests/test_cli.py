@@ -36,6 +36,19 @@ def test_fault_rank_out_of_range_is_a_usage_error():
 
 
 @pytest.mark.tool
+def test_a_gpu_stall_without_a_gpu_is_a_usage_error():
+    """The trainer's stall fault needs a CUDA stream to stall: refused before any process group."""
+    res = subprocess.run(
+        [sys.executable, "-m", "exporter.tools.trainer", "--fault", "stall", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert res.returncode == 2 and "--fault stall needs --device cuda" in res.stderr, res.stderr
+
+
+@pytest.mark.tool
 def test_taken_port_names_the_port_and_the_way_out():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

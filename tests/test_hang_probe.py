@@ -28,6 +28,7 @@ from exporter.hangs.definition import HangFinding, HangPolicy, SeqState, find_ha
 from exporter.hangs.dumps import render_dump
 from exporter.hangs.protocol import (
     DumpRequest,
+    Episode,
     Frame,
     InflightOp,
     Network,
@@ -455,6 +456,30 @@ def test_a_symmetric_hang_names_the_collective_stuck_and_what_is_queued_behind_i
     )
     assert v.waiting[0].startswith("rank 0-3 wait in all_reduce #837, #838 queued behind it")
     assert spans.missed(None, 5) == "#5" and spans.stuck(None, 5) == "#5"
+
+
+def test_a_symmetric_hang_on_one_node_suspects_the_device_whose_collective_never_started():
+    """NCCL's start events: ranks 0, 1 and 3 started all_reduce #837 on the device, rank 2's is
+    still scheduled behind its stream (a stalled GPU). On one node nothing was probed."""
+    frame = Frame("/job/train.py", 40, "train_step")
+
+    def summary(rank: int, state: str) -> Summary:
+        op = InflightOp("all_reduce", 837, "0", "default_pg", state)
+        return Summary(rank, 9, "data", (frame,), frame, (op,), {"0": PgSeqs(837, 836)})
+
+    summaries = {r: summary(r, "scheduled" if r == 2 else "started") for r in range(4)}
+    request = DumpRequest(1, "0", "symmetric", 837, (), (0, 1, 2, 3), 31.0, 30.0)
+    note = Network("0", 837.0, 1.5, note="one node: no link between nodes to probe")
+    v = verdicts.verdict(Episode(request, run="r", world_size=4, network=note), summaries)
+    assert v.culprits == [
+        "no rank is behind: every rank is stuck in all_reduce #837 (pg 0) and none completes",
+        "one node: no link between nodes to probe; suspect the device of rank 2: its collective "
+        "never started while the others' did",
+    ]
+    # Without start events (timing off) every entry stays scheduled: no device is suspected.
+    summaries = {r: summary(r, "scheduled") for r in range(4)}
+    v = verdicts.verdict(Episode(request, run="r", world_size=4, network=note), summaries)
+    assert v.culprits[1].endswith("suspect a rank's device or the backend"), v.culprits
 
 
 # -- NCCL's RAS, where it answers -----------------------------------------------------------------

@@ -20,7 +20,15 @@ import threading
 import time
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_ADDRESS", "PROTOCOL", "Asking", "interesting", "query", "ras_address"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "PROTOCOL",
+    "Asking",
+    "interesting",
+    "query",
+    "ras_address",
+    "report",
+]
 
 #: Where NCCL's RAS client socket listens by default.
 DEFAULT_ADDRESS = ("localhost", 28028)
@@ -86,32 +94,39 @@ def _line(sock: socket.socket, end: float) -> str:
     return data.decode(errors="replace")
 
 
-def query(
+def report(
     address: tuple[str, int] | None = DEFAULT_ADDRESS, seconds: float = 8.0, peer_timeout_s: int = 3
-) -> tuple[str, ...]:
-    """Return what RAS reports as wrong, within ``seconds``; none when it does not answer."""
+) -> str:
+    """Return RAS's whole status report, within ``seconds`` (``""``: it did not answer)."""
     if address is None:
-        return ()
+        return ""
     end = time.monotonic() + seconds
     try:
         with socket.create_connection(address, timeout=min(1.0, seconds)) as sock:
             sock.sendall(f"CLIENT PROTOCOL {PROTOCOL}\n".encode())
             if not _line(sock, end).upper().startswith("SERVER PROTOCOL"):
-                return ()
+                return ""
             sock.sendall(f"TIMEOUT {peer_timeout_s}\n".encode())
             if _line(sock, end).strip().upper() != "OK":
-                return ()
+                return ""
             sock.sendall(b"STATUS\n")
-            report = b""
-            while time.monotonic() < end and len(report) < 1 << 20:
+            got = b""
+            while time.monotonic() < end and len(got) < 1 << 20:
                 sock.settimeout(max(0.01, end - time.monotonic()))
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
-                report += chunk
+                got += chunk
     except OSError:
-        return ()
-    return interesting(report.decode(errors="replace"))
+        return ""
+    return got.decode(errors="replace")
+
+
+def query(
+    address: tuple[str, int] | None = DEFAULT_ADDRESS, seconds: float = 8.0, peer_timeout_s: int = 3
+) -> tuple[str, ...]:
+    """Return what RAS reports as wrong, within ``seconds``; none when it does not answer."""
+    return interesting(report(address, seconds, peer_timeout_s))
 
 
 class Asking:

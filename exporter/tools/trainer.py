@@ -8,8 +8,9 @@ only the public API, like a user's script. Launch one process per rank with torc
 Faults (on ``--fault-rank``, ``--fault-after`` seconds into training):
 ``straggler`` adds compute time to every step; ``slow-data`` slows that rank's DataLoader;
 ``hang`` stops entering collectives while the process stays alive; ``kill`` SIGKILLs the
-rank; ``freeze`` SIGSTOPs it. Compute faults are emulated with sleeps so that a 2-core
-machine still shows a clean signal.
+rank; ``freeze`` SIGSTOPs it; ``stall`` (``--device cuda``) stalls its GPU's stream with a kernel
+that does not end, so its next collectives never start on the device while the others' do.
+Compute faults are emulated with sleeps so that a 2-core machine still shows a clean signal.
 
 ``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard``) instead of DDP; ``hsdp``
 shards it within groups of ``--shard-size`` ranks and replicates it across them (a 2-D mesh);
@@ -49,6 +50,8 @@ __all__ = ["PARALLEL", "build_model", "main", "parse_args", "run"]
 
 #: The data parallelism the trainer can use (``--parallel``).
 PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "hsdp", "tp")
+#: GPU clock cycles the ``stall`` fault's kernel spins: an hour at 2 GHz, longer than any drill.
+_STALL_CYCLES = 2_000_000_000 * 3600
 
 
 class _Synthetic(Dataset):
@@ -76,7 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--duration", type=float, default=60.0, help="seconds to train (0: forever)")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--fault", choices=FAULTS, default="none")
+    p.add_argument(
+        "--fault",
+        choices=(*FAULTS, "stall"),
+        default="none",
+        help="the fault to inject; stall (--device cuda): a kernel that does not end stalls the "
+        "rank's GPU stream",
+    )
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-after", type=float, default=10.0)
     p.add_argument(
@@ -237,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_fault and not args.gpu_recording:
         print("--gpu-fault needs --gpu-recording (the GPU it acts on)", file=sys.stderr)
         return 2
+    if args.fault == "stall" and not (device.type == "cuda" and hasattr(torch.cuda, "_sleep")):
+        print("--fault stall needs --device cuda (and torch.cuda._sleep)", file=sys.stderr)
+        return 2
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group(args.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -303,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif args.fault == "hang":
                     _load_batch_that_never_returns()
+                elif args.fault == "stall":
+                    torch.cuda._sleep(_STALL_CYCLES)  # queued: the host goes on, the GPU does not
             if args.hang_after and rank == args.fault_rank and elapsed >= args.hang_after:
                 say(f"rank {rank}: injecting fault hang")
                 _load_batch_that_never_returns()

@@ -1,10 +1,12 @@
-"""NCCL with one rank per GPU under torchrun: the drills for the first machine with several GPUs.
+"""NCCL with one rank per GPU: the drills for the first machine with several GPUs.
 
-Each drill runs the demo trainer (``exporter.tools.trainer --backend nccl``) on every GPU of the
-machine, at most four: a straggler named by compute, a rank stuck in user code named with its
-file and line, a killed rank, FSDP2's collectives counted. FSDP2's and tensor parallelism's
-collectives are timed against torch's profiler (tests/gpu/parallel_worker.py). With fewer than
-two GPUs every test is skipped, and says why (scripts/gpu-check.sh reports it).
+Each drill runs the demo trainer (``exporter.tools.trainer --backend nccl``) under torchrun (the
+killed rank's drill one process per rank) on every GPU of the machine, at most four: a
+straggler named by compute, a rank stuck in user code named with its file and line, a killed
+rank, a rank whose GPU stalls (the stuck-collective verdict, with what NCCL's RAS says), FSDP2's
+collectives counted. FSDP2's and tensor parallelism's collectives are timed against torch's
+profiler (tests/gpu/parallel_worker.py). With fewer than two GPUs every test is skipped, and
+says why (scripts/gpu-check.sh reports it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from harness import Job, top_accuses, value, wait_for
+from harness import Job, Ranks, top_accuses, value, wait_for
+
+from exporter.sources import ras
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 #: Ranks of each drill: one per GPU, at most four.
@@ -49,6 +53,22 @@ def _env(**more: str) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000", **more}
 
 
+def _verdict(root: str, episode: int = 1) -> tuple[str, dict] | None:
+    """Return the text and episode.json of the monitoring rank's verdict, once written."""
+    found = glob.glob(os.path.join(root, f"*-hang-{episode}", "verdict.txt"))
+    if not found:
+        return None
+    with open(found[0]) as f:
+        text = f.read()
+    with open(os.path.join(os.path.dirname(found[0]), "episode.json")) as f:
+        return text, json.load(f)
+
+
+def _has_ras() -> bool:
+    """Say whether this NCCL runs RAS (2.24 and later, unless NCCL_RAS_ENABLE=0)."""
+    return torch.cuda.nccl.version() >= (2, 24) and ras.ras_address() is not None
+
+
 def test_nccl_straggler_is_named_by_compute_on_its_own_gpu():
     slow = RANKS - 1
     args = _args("straggler", slow, 0, "--straggle", "0.12", "--step-time", "0.02")
@@ -75,27 +95,53 @@ def test_nccl_rank_stuck_in_user_code_is_named_with_file_and_line(tmp_path):
         job.wait_urls()
         wait_for(lambda: "injecting fault hang" in job.output(), 90, "the hang to start")
 
-        def verdict():
-            found = glob.glob(os.path.join(root, "*-hang-1", "verdict.txt"))
-            return found[0] if found else None
-
-        path = wait_for(verdict, 120, "the monitoring rank's verdict")
-        with open(path) as f:
-            text = f.read()
-        with open(os.path.join(os.path.dirname(path), "episode.json")) as f:
-            episode = json.load(f)
+        text, episode = wait_for(lambda: _verdict(root), 120, "the monitoring rank's verdict")
     assert episode["kind"] == "behind" and episode["behind"] == [1], text
     assert "trainer.py:" in text and "in _load_batch_that_never_returns" in text, text
 
 
-def test_nccl_killed_rank_is_named_down_and_its_peers_are_not():
-    args = _args("kill", 1, 5, "--heartbeat", "0.5")
-    with Job(RANKS, args, env=_env()) as job:
-        urls = job.wait_urls()
-        targets = [urls[r] for r in range(RANKS)]
-        wait_for(lambda: "injecting fault kill" in job.output(), 90, "the kill")
+def test_nccl_killed_rank_is_named_down_and_its_peers_are_not(tmp_path):
+    """The killed rank is DOWN in top and the culprit of the hang its peers are left in; what
+    NCCL's RAS reported then is printed for the report (which RAS process answers, if the
+    killed rank's was the one listening, is NCCL's choice). One process per rank, as srun
+    starts them: torchrun's agent would stop the survivors as soon as one worker died."""
+    root = str(tmp_path / "dumps")
+    args = _args("kill", 1, 5, "--heartbeat", "0.5", "--timeout", "300")
+    cmd = ["-m", "exporter.tools.trainer", *args]
+    with Ranks(RANKS, cmd, env=_env(DDP_EXPORTER_DUMP_DIR=root)) as ranks:
+        wait_for(lambda: len(ranks.urls) == RANKS, 180, "every rank's metrics URL")
+        targets = [ranks.urls[r] for r in range(RANKS)]
+        wait_for(lambda: "injecting fault kill" in ranks.output(), 90, "the kill")
         down = top_accuses(targets, 1, "DOWN")
         wait_for(down, 90, "top to name rank 1 down, and only rank 1", interval=2.0)
+        text, episode = wait_for(lambda: _verdict(root), 120, "the hang's verdict")
+        raw = ras.report(ras.ras_address()) if _has_ras() else "(no RAS in this NCCL)"
+    print(f"killed rank: RAS reported\n{raw}\nverdict:\n{text}")  # for the report
+    assert episode["kind"] == "behind" and episode["behind"] == [1], text
+    assert text.split("CULPRITS:\n")[1].startswith("  rank 1 "), text
+
+
+def test_nccl_stalled_gpu_is_suspected_in_the_stuck_collective_verdict(tmp_path):
+    """The last rank's GPU stream stalls behind a kernel that does not end: every rank enters
+    the collective on the host and none completes, a symmetric hang. NCCL's start events
+    (``TORCH_NCCL_ENABLE_TIMING=1``) show its collective never started on the device while the
+    others' did, and the verdict suspects its device. Where NCCL has RAS, it answers the client
+    protocol (every process is alive); its report and the verdict are printed for the report."""
+    stalled = RANKS - 1
+    root = str(tmp_path / "dumps")
+    env = _env(DDP_EXPORTER_DUMP_DIR=root, TORCH_NCCL_ENABLE_TIMING="1")
+    # The process group's timeout sets the symmetric threshold: a quarter of it, 30 s.
+    args = _args("stall", stalled, 5, "--heartbeat", "0.5", "--timeout", "120")
+    with Job(RANKS, args, env=env) as job:
+        job.wait_urls()
+        wait_for(lambda: "injecting fault stall" in job.output(), 90, "the stall")
+        text, episode = wait_for(lambda: _verdict(root), 120, "the stuck collective's verdict")
+        raw = ras.report(ras.ras_address()) if _has_ras() else None
+    print(f"stalled GPU: RAS reported\n{raw}\nverdict:\n{text}")  # for the report
+    assert episode["kind"] == "symmetric" and episode["behind"] == [], text
+    assert f"suspect the device of rank {stalled}: its collective never started" in text, text
+    if raw is not None:  # the client protocol is NCCL's, not a stable API: proven here
+        assert raw.strip(), "this NCCL has RAS, and it did not answer the client protocol"
 
 
 def test_nccl_fsdp2_collectives_are_counted():
