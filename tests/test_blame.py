@@ -29,8 +29,12 @@ def _per_step(s, name, **labels):
     return value(s, name + "_sum", **labels) / max(value(s, name + "_count", **labels), 1.0)
 
 
-def test_straggler_has_largest_compute_and_shortest_collectives():
-    args = demo_args("straggler", 1, 0, "--straggle", "0.12", "--step-time", "0.02")
+@pytest.mark.parametrize("sync_loss", [False, True], ids=["ddp", "ddp-sync-loss"])
+def test_straggler_has_largest_compute_and_shortest_collectives(sync_loss):
+    """With ``--sync-loss`` the healthy ranks wait for the straggler in the loop's own
+    all-reduce of the loss, before DDP's buckets: that wait is their comm_wait too."""
+    extra = ["--sync-loss"] if sync_loss else []
+    args = demo_args("straggler", 1, 0, "--straggle", "0.12", "--step-time", "0.02", *extra)
     with Job(3, args) as job:
         job.wait_urls()
         wait_for(
@@ -45,9 +49,11 @@ def test_straggler_has_largest_compute_and_shortest_collectives():
     assert max(compute, key=compute.get) == 1, compute
     assert min(comm, key=comm.get) == 1, comm
     for healthy in (0, 2):
-        # The healthy ranks wait for the straggler inside the allreduce.
-        assert coll[healthy] > coll[1], coll
         assert comm[healthy] > 0.05, comm
+        assert compute[1] > 2 * compute[healthy], compute
+        if not sync_loss:  # they waited in the loss's all-reduce, not in DDP's
+            # The healthy ranks wait for the straggler inside the allreduce.
+            assert coll[healthy] > coll[1], coll
 
 
 def test_hung_rank_is_behind_and_peer_endpoint_keeps_answering():

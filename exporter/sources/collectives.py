@@ -47,7 +47,7 @@ import torch.distributed as dist
 from .. import catalog
 from ..errors import ErrorCounter
 from .flight import pg_timeout_seconds
-from .patching import Patcher, payload_bytes
+from .patching import Patcher, patch_method, payload_bytes, restore_method
 from .recorder import CollectiveStats, Recorder
 
 __all__ = ["COLLECTIVES", "CollectiveTiming", "MAX_UNWAITED"]
@@ -134,37 +134,18 @@ class CollectiveTiming(Patcher):
             except (TypeError, ValueError):
                 continue  # no signature to read: leave it alone
             self._replace(name, fn, self._wrap(fn, spec))
-        wait = getattr(self._work, "wait", None) if self._work is not None else None
-        if self._patched and callable(wait) and self._work is not None:  # a wait has a Work
-            waiter = self._wrap_wait(wait)
-            try:
-                self._work.wait = waiter
-                self._wait = (wait, waiter)
-            except (AttributeError, TypeError):
-                self._wait = None  # an immutable Work type: asynchronous waits go unseen
-        future = getattr(self._work, "get_future", None) if self._wait is not None else None
-        if callable(future) and self._work is not None:  # so has a future
-            taker = self._wrap_get_future(future)
-            try:
-                self._work.get_future = taker
-                self._future = (future, taker)
-            except (AttributeError, TypeError):
-                self._future = None  # bounded by MAX_UNWAITED instead
+        if self._patched:  # a wait has a Work; None: an immutable Work, waits go unseen
+            self._wait = patch_method(self._work, "wait", self._wrap_wait)
+        if self._wait is not None:  # so has a future; None: bounded by MAX_UNWAITED instead
+            self._future = patch_method(self._work, "get_future", self._wrap_get_future)
         return bool(self._patched)
 
     def uninstrument(self) -> None:
         """Restore every replaced object that still holds this instance's wrapper; idempotent."""
         self._restore()
-        if self._wait is not None:
-            original, waiter = self._wait
-            if self._work is not None and self._work.__dict__.get("wait") is waiter:
-                self._work.wait = original
-            self._wait = None
-        if self._future is not None:
-            original, taker = self._future
-            if self._work is not None and self._work.__dict__.get("get_future") is taker:
-                self._work.get_future = original
-            self._future = None
+        restore_method(self._work, "wait", self._wait)
+        restore_method(self._work, "get_future", self._future)
+        self._wait = self._future = None
 
     # -- wrappers ------------------------------------------------------------------------------
     def _stats_for(self, group: Any, op: str) -> CollectiveStats:

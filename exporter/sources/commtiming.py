@@ -5,9 +5,10 @@ DDP: its reducer's own timers, marks of each iteration, or the timing comm hook
 :mod:`exporter.sources.commhook`), as ``comm_timing`` asks. Anything else (FSDP2, FSDP, a loop
 of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.collectives`). With
 either, the functional collectives DTensor issues (tensor parallelism, ``clip_grad_norm_`` on
-DTensor parameters): :mod:`exporter.sources.functional`. The result is what the observer keeps:
-the parts to uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the
-hook and the background resolver where there are any.
+DTensor parameters): :mod:`exporter.sources.functional`. Beside DDP on a CPU, the training
+thread's waits for collectives of its own: :mod:`exporter.sources.waits`. The result is what the
+observer keeps: the parts to uninstrument at close, the mode published in
+``ddp_rank_info{comm_timing}``, the hook and the background resolver where there are any.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .flight import pg_timeout_seconds
 from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
 from .reducer import ReducerTiming, unsupported
+from .waits import WaitTiming
 
 __all__ = ["CommTiming", "Part", "Parts", "choose_timing", "start_comm_timing"]
 
@@ -146,6 +148,12 @@ def start_comm_timing(
         # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
         durations = RecorderDurations(recorder, errors) if cuda else None
         return CommTiming(Parts(wrappers, functional), mode, durations=durations)
+    # The step's own collectives (a logged loss, SyncBatchNorm): their waits are comm_wait.
+    beside: tuple[Part, ...] = (functional,)
+    if not cuda:
+        waits = WaitTiming(recorder, errors)
+        waits.instrument()
+        beside = (functional, waits)
     pg = model.process_group
     stats = recorder.collective_stats(
         "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)
@@ -154,7 +162,7 @@ def start_comm_timing(
     if mode == "events":
         marks = IterationEvents(model, recorder, errors, stats)
         marks.instrument()
-        return CommTiming(Parts(marks, functional), mode, resolver=marks)
+        return CommTiming(Parts(marks, *beside), mode, resolver=marks)
     hooked = mode == "hook"
     resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
     hook = (
@@ -168,4 +176,4 @@ def start_comm_timing(
         mode = "none"  # a hook registered before the wrapper: not timed
     elif isinstance(part, ReducerTiming):  # not hooked
         recorder.time_comm_with(part.read, stats)
-    return CommTiming(Parts(part, functional), mode, hook, resolver)
+    return CommTiming(Parts(part, *beside), mode, hook, resolver)

@@ -18,7 +18,7 @@ import torch
 from ..errors import ErrorCounter
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["Patcher", "payload_bytes"]
+__all__ = ["Patcher", "patch_method", "payload_bytes", "restore_method"]
 
 
 def payload_bytes(payload: Any) -> int:
@@ -28,6 +28,32 @@ def payload_bytes(payload: Any) -> int:
     if isinstance(payload, (list, tuple)):
         return sum(payload_bytes(t) for t in payload)
     return 0
+
+
+def patch_method(owner: Any, name: str, wrap: Callable[[Any], Any]) -> tuple[Any, Any] | None:
+    """Replace ``owner.name`` (a class's method: ``Work.wait``) by ``wrap(original)``.
+
+    Return ``(original, replacement)`` for :func:`restore_method`, or None where there is no
+    such method or the class refuses the change (nothing replaced).
+    """
+    original = getattr(owner, name, None) if owner is not None else None
+    if not callable(original):
+        return None
+    replacement = wrap(original)
+    try:
+        setattr(owner, name, replacement)
+    except (AttributeError, TypeError):
+        return None
+    return original, replacement
+
+
+def restore_method(owner: Any, name: str, patched: tuple[Any, Any] | None) -> None:
+    """Put back what :func:`patch_method` replaced, unless someone replaced it again since."""
+    if patched is None:
+        return
+    original, replacement = patched
+    if owner.__dict__.get(name) is replacement:
+        setattr(owner, name, original)
 
 
 class Patcher:

@@ -19,6 +19,8 @@ shards it within groups of ``--shard-size`` ranks and replicates it across them 
 collective) and shards them with FSDP2 across the groups (a 2-D mesh, ``dp`` x ``tp``); the ranks
 of a group read the same batches. ``--clip`` clips the gradients' total norm, as most FSDP2 and
 tensor-parallel loops do (on DTensor parameters, an all-reduce per mesh dimension).
+``--sync-loss`` all-reduces the loss after the forward pass, as a loop logging its mean loss
+does: the ranks then wait for a straggler there as well as in DDP's buckets.
 ``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), by default still over
 gloo, which reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu);
 ``--backend nccl`` runs one rank per GPU over NCCL.
@@ -131,6 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="with --gpu-recording, on --fault-rank after --fault-after: its GPU throttles "
         "(hardware slowdown, SM clock down) or raises Xid 79",
+    )
+    p.add_argument(
+        "--sync-loss",
+        action="store_true",
+        help="all-reduce the loss before the backward pass, as a loop logging its mean loss does",
     )
     p.add_argument(
         "--clip",
@@ -325,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 extra = args.straggle if fault_on and args.fault == "straggler" else 0.0
                 time.sleep(args.step_time + extra)
+                if args.sync_loss:
+                    dist.all_reduce(loss.detach().clone())
                 opt.zero_grad()
                 loss.backward()
                 if args.clip:
