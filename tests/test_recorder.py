@@ -42,6 +42,31 @@ def test_phases_add_up_and_comm_wait_is_the_exposed_tail():
     assert snap.collectives[0][4] == 2 and snap.collectives[0][5] == 2000
 
 
+def test_a_collective_outside_ddps_buckets_does_not_stretch_their_exposed_tail():
+    """Hook timing: DDP's exposed communication is its last bucket's launch to the latest
+    bucket's completion; a functional collective the step waits for later (DTensor) adds its
+    own wait, and its completion is no bucket's."""
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    ddp = rec.collective_stats("allreduce", "0", 60.0)
+    other = rec.collective_stats("allreduce", "1", 60.0)
+    rec.open_step()  # t=100
+
+    def at(t, fn, *args):
+        clock.t = t
+        return fn(*args)
+
+    b = at(100.5, rec.bucket_launched, ddp, 1000)  # backward compute done
+    at(100.7, rec.bucket_done, ddp, b, True)  # DDP exposed 0.2 s
+    t0 = at(100.9, rec.collective_launched, other, 8)  # after 0.2 s more of compute
+    at(101.0, rec.collective_waited, other, t0, True, 0.1)  # waited 0.1 s for it
+    rec.optimizer_begin()
+    at(101.0, rec.optimizer_end)
+    _data, compute, comm, _opt = rec.snapshot().phase_sum
+    assert comm == pytest.approx(0.2 + 0.1)
+    assert compute == pytest.approx(1.0 - 0.3)
+
+
 def test_only_the_active_source_closes_steps():
     clock = Clock()
     rec = Recorder("optimizer", clock=clock)

@@ -385,6 +385,9 @@ class Recorder:
         now = self.clock()
         with self.lock:
             self._collective_done(stats, t0, now - t0, now)
+            # The exposed tail ends at the latest bucket's completion, no other collective's.
+            if now > self._last_done:
+                self._last_done = now
             if is_last and self.mode == "comm_hook":
                 self._finish_step(now)
 
@@ -411,8 +414,6 @@ class Recorder:
         stats.hist.observe(seconds)
         self._settle(stats, t0)
         if now is not None:
-            if now > self._last_done:
-                self._last_done = now
             self.last_progress = now
 
     @staticmethod
