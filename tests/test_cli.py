@@ -13,9 +13,9 @@ from harness import REPO, Process, child_env, free_port, wait_for
 from exporter.tools.localstack import MissingBinaryError, find_binaries
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, module="exporter.tools.cli"):
     return subprocess.run(
-        [sys.executable, "-m", "exporter.tools.cli", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -38,13 +38,7 @@ def test_fault_rank_out_of_range_is_a_usage_error():
 @pytest.mark.tool
 def test_a_gpu_stall_without_a_gpu_is_a_usage_error():
     """The trainer's stall fault needs a CUDA stream to stall: refused before any process group."""
-    res = subprocess.run(
-        [sys.executable, "-m", "exporter.tools.trainer", "--fault", "stall", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    res = run_cli("--fault", "stall", "--port", "0", module="exporter.tools.trainer")
     assert res.returncode == 2 and "--fault stall needs --device cuda" in res.stderr, res.stderr
 
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from harness import wait_for
-from test_hang_protocol import _InFlight, _Recorder, _Sections, _Store
+from test_hang_protocol import _context, _InFlight, _Store
 
 from exporter.errors import ErrorCounter
 from exporter.hangs import codec, probing, spans
@@ -43,9 +43,7 @@ from exporter.hangs.protocol import (
 from exporter.hangs.watcher import HangWatcher
 from exporter.network import judge as network
 from exporter.network.probe import Listener, reach, reach_all
-from exporter.settings import Identity
 from exporter.sources import ras
-from exporter.sources.context import RankContext
 from exporter.sources.flight import PGState
 from exporter.tools.top import diagnose
 from exporter.tools.top.rows import RankRow
@@ -195,19 +193,8 @@ def _watchers(tmp_path, inflight, *, action: ActionPolicy | None = None, exits=N
     store, watchers = _Store(), []
     policy = HangPolicy(stall_min_seconds=0.5, symmetric_min_seconds=30.0)
     for rank in range(3):
-        identity = Identity(rank=rank, world_size=3, local_rank=0, run="probe", node=f"n{rank}")
-        ctx = RankContext(
-            identity=identity,
-            store=store,
-            recorder=_Recorder(),
-            sections=_Sections(),
-            interval_s=0.2,
-            monitor=rank == 0,
-            dump_dir=str(tmp_path),
-            errors=ErrorCounter(),
-        )
         w = HangWatcher(
-            ctx,
+            _context(store, rank, "probe", f"n{rank}", tmp_path, local_rank=0),
             inflight=inflight(rank),
             policy=policy,
             action=action,
@@ -542,17 +529,7 @@ def test_an_nccl_episode_on_one_node_quotes_ras_and_a_gloo_one_does_not_ask(
     store, since = _Store(), time.monotonic()
     watchers = []
     for rank in range(3):
-        identity = Identity(rank=rank, world_size=3, local_rank=rank, run="ras", node="n0")
-        ctx = RankContext(
-            identity=identity,
-            store=store,
-            recorder=_Recorder(),
-            sections=_Sections(),
-            interval_s=0.2,
-            monitor=rank == 0,
-            dump_dir=str(tmp_path),
-            errors=ErrorCounter(),
-        )
+        ctx = _context(store, rank, "ras", "n0", tmp_path)
         policy = HangPolicy(stall_min_seconds=0.4, symmetric_min_seconds=30.0)
         inflight = _InFlight(rank, since)
         watchers.append(

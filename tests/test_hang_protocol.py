@@ -283,6 +283,25 @@ class _Sections:
         return None
 
 
+def _context(
+    store: _Store, rank: int, run: str, node: str, dump_dir, local_rank: int | None = None
+) -> RankContext:
+    """Return rank ``rank`` of three watching over ``store`` every 0.2 s; rank 0 monitors.
+    ``local_rank``: the rank's on its node (None: the rank, all on one node)."""
+    local = rank if local_rank is None else local_rank
+    identity = Identity(rank=rank, world_size=3, local_rank=local, run=run, node=node)
+    return RankContext(
+        identity=identity,
+        store=store,
+        recorder=_Recorder(),
+        sections=_Sections(),
+        interval_s=0.2,
+        monitor=rank == 0,
+        dump_dir=str(dump_dir),
+        errors=ErrorCounter(),
+    )
+
+
 def test_three_ranks_dump_judge_and_leave_together(tmp_path):
     store, since, exits = _Store(), time.monotonic(), {}
     policy = HangPolicy(stall_min_seconds=0.4, symmetric_min_seconds=30.0)
@@ -294,19 +313,8 @@ def test_three_ranks_dump_judge_and_leave_together(tmp_path):
 
     watchers = []
     for rank in range(3):
-        identity = Identity(rank=rank, world_size=3, local_rank=rank, run="proto", node=f"n{rank}")
-        ctx = RankContext(
-            identity=identity,
-            store=store,
-            recorder=_Recorder(),
-            sections=_Sections(),
-            interval_s=0.2,
-            monitor=rank == 0,
-            dump_dir=str(tmp_path),
-            errors=ErrorCounter(),
-        )
         w = HangWatcher(
-            ctx,
+            _context(store, rank, "proto", f"n{rank}", tmp_path),
             inflight=_InFlight(rank, since),
             policy=policy,
             action=ActionPolicy(after_s=1.0, publish_s=0.2),
