@@ -4,7 +4,8 @@
 
 Reads ``env.json`` (versions), ``gpu-tests.xml``, ``multi-gpu-tests.xml`` and ``cpu-tests.xml``
 (pytest's JUnit XML), ``bench.json`` (benchmarks/gpu.py) and ``gpu-health.json`` (tests/gpu's
-NVML reading); a missing file is reported as missing, not skipped over.
+NVML reading); a missing file is reported as missing, not skipped over. What the NCCL drills
+printed (``multi-gpu-tests.log``: the verdicts, what NCCL's RAS said) follows their table.
 """
 
 from __future__ import annotations
@@ -57,6 +58,42 @@ def _table(title: str, path: Path) -> list[str]:
     ]
     out += [f"| `{n}` | {o} | {d.replace('|', '/')} |" for n, o, d in rows]
     return [*out, ""]
+
+
+#: Lines kept of each drill's printed output.
+MAX_PRINTED = 80
+
+
+def _printed(path: Path) -> list[str]:
+    """Return what each test printed (pytest ``-rA``'s captured stdout), for the report."""
+    if not path.exists():
+        return []
+    out: list[str] = []
+    name, block = "", None
+    for line in path.read_text(errors="replace").splitlines():
+        if block is not None and not line.startswith(("-----", "_____", "=====")):
+            block.append(line)
+            continue
+        if block is not None:  # the next section, test or summary ends the block
+            out += _kept(block)
+            block = None
+        if line.startswith("_") and line.endswith("_") and " test" in line:
+            name = line.strip("_ ")
+        elif line.startswith("-") and "Captured stdout call" in line:
+            block = []
+            out += ["", f"`{name}`:", "", "```text"]
+    if block is not None:
+        out += _kept(block)
+    return ["What the drills printed:", *out, ""] if out else []
+
+
+def _kept(block: list[str]) -> list[str]:
+    """Return a printed block's first lines, and how many more there were, closing its fence."""
+    while block and not block[-1].strip():
+        block.pop()
+    kept = block[:MAX_PRINTED]
+    more = len(block) - len(kept)
+    return [*kept, *([f"... {more} more lines"] if more else []), "```"]
 
 
 def _regime_row(r: dict) -> str:
@@ -149,6 +186,7 @@ def main(argv: list[str]) -> int:
         "",
         *_table("tests/gpu", out / "gpu-tests.xml"),
         *_table("NCCL drills, one rank per GPU", out / "multi-gpu-tests.xml"),
+        *_printed(out / "multi-gpu-tests.log"),
         *_health(out / "gpu-health.json"),
         *_bench(out / "bench.json"),
         *_table("core CPU tests with this torch", out / "cpu-tests.xml"),
