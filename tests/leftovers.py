@@ -120,20 +120,34 @@ def leftovers() -> list[Leftover]:
 
 
 def wait_gone(timeout: float) -> list[Leftover]:
-    """Give processes being torn down ``timeout`` seconds; return those still alive."""
+    """Give processes being torn down ``timeout`` seconds; return those still alive.
+
+    Each look finds them anew: a launcher being torn down (torchrun restarting its workers) may
+    start processes meanwhile.
+    """
     deadline = time.monotonic() + timeout
     left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [x for x in left if x.proc.alive()]
+        left = leftovers()
     return left
 
 
-def kill(left: list[Leftover]) -> None:
-    """Kill the leftovers by pid."""
-    for x in left:
-        x.proc.signal(signal.SIGCONT)
-        x.proc.signal(signal.SIGKILL)
+def kill(left: list[Leftover], timeout: float = 10.0) -> list[Leftover]:
+    """Kill the leftovers by pid, and what they start while they die, until none is left or
+    ``timeout`` passed; return every process killed."""
+    killed = {x.proc.pid: x for x in left}
+    deadline = time.monotonic() + timeout
+    while left:
+        for x in left:
+            x.proc.signal(signal.SIGCONT)
+            x.proc.signal(signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+        left = leftovers()  # a launcher killed after starting a worker leaves it orphaned
+        killed.update((x.proc.pid, x) for x in left)
+    return list(killed.values())
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -163,7 +177,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = wait_gone(timeout=GRACE)
     if not left:
         return
-    lines = [f"{len(left)} process(es) started by the tests are still running:"]
+    left = kill(left)
+    lines = [f"{len(left)} process(es) started by the tests were still running:"]
     lines += [f"  pid {x.proc.pid} from {x.test}: {x.cmdline[:200]}" for x in left]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for line in lines:
@@ -171,6 +186,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line(line, red=True)
         else:
             print(line, file=sys.stderr)
-    kill(left)
     if session.exitstatus != pytest.ExitCode.INTERRUPTED:  # an interrupted session says so
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

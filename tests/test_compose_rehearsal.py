@@ -42,6 +42,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import leftovers
 import pytest
 import yaml
 from harness import Process, free_port, wait_for
@@ -121,11 +122,13 @@ def _ready(url: str) -> bool:
 def _venv(root: Path) -> dict[str, str]:
     """Create a fresh venv; return the environment that puts its python and pip first."""
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-    # Nothing of this test session leaks in: no checkout on the path, no exporter settings.
+    # Nothing of this test session leaks in: no checkout on the path, no exporter settings;
+    # only the mark that lets the session's end find what outlives the test.
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("DDP_EXPORTER_")
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV")
+        and (not k.startswith("DDP_EXPORTER_") or k == leftovers.MARK)
     }
     env["PATH"] = f"{root / 'bin'}{os.pathsep}{env['PATH']}"
     return env

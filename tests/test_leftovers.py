@@ -65,10 +65,47 @@ def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     out = res.stdout + res.stderr
     leaked = int(out.split("LEAKED ")[1].split()[0])
     assert res.returncode == 1, out
-    assert "1 process(es) started by the tests are still running" in out, out
+    assert "1 process(es) started by the tests were still running" in out, out
     assert f"pid {leaked} from test_leak.py::test_leaks" in out, out
     assert "test_clean" not in out.split("still running")[1], out
     assert Proc.of(leaked) is None  # and it was killed
+
+
+def test_a_process_started_while_the_session_ends_is_found_and_killed(tmp_path):
+    """A launcher torn down as the session ends may start a process meanwhile (torchrun
+    restarting a worker that was killed): the check looks anew until nothing is left. Here the
+    leaked launcher starts its worker, in a session of its own, a second into the grace and
+    then exits: the first look sees only the launcher."""
+    _conftest(tmp_path)
+    (tmp_path / "test_respawn.py").write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys
+
+            LAUNCHER = (
+                "import subprocess, sys, time; time.sleep(0.5); "
+                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+                "start_new_session=True); print('WORKER', p.pid, flush=True)"
+            )
+
+            def test_leaks_a_launcher():
+                subprocess.Popen([sys.executable, "-c", LAUNCHER], start_new_session=True)
+            """
+        )
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(_inner_env(), DDP_EXPORTER_TEST_LEFTOVER_GRACE="3"),
+    )
+    out = res.stdout + res.stderr
+    worker = int(out.split("WORKER ")[1].split()[0])
+    assert res.returncode == 1, out
+    assert f"pid {worker} from test_respawn.py::test_leaks_a_launcher" in out, out
+    assert Proc.of(worker) is None  # and it was killed
 
 
 def test_a_parallel_session_ended_by_sigterm_reaps_what_its_workers_started(tmp_path):
@@ -116,6 +153,6 @@ def test_a_parallel_session_ended_by_sigterm_reaps_what_its_workers_started(tmp_
         finally:
             if inner.poll() is None:
                 inner.kill()
-    assert "1 process(es) started by the tests are still running" in out, out
+    assert "1 process(es) started by the tests were still running" in out, out
     assert f"pid {job.pid} from test_long.py::test_long_job" in out, out
     assert not job.alive(), out
