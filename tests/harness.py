@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import glob
 import os
 import shutil
 import signal
@@ -369,6 +370,13 @@ class Ranks:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def verdict_folder(dump_dir: str, episode: int = 1) -> str | None:
+    """Return the folder of hang episode ``episode`` under ``dump_dir`` once the monitoring
+    rank wrote its verdict (``verdict.txt``, after ``episode.json``), else None."""
+    found = glob.glob(os.path.join(dump_dir, f"*-hang-{episode}", "verdict.txt"))
+    return os.path.dirname(found[0]) if found else None
 
 
 def top_accuses(targets: list[str], rank: int, verdict: str) -> Callable[[], dict[int, str] | None]:

@@ -19,7 +19,7 @@ from contextlib import redirect_stdout
 
 import pytest
 from conftest import train_epoch
-from harness import REPO, Job, Ranks, parse, scrape_text, value, wait_for
+from harness import REPO, Job, Ranks, parse, scrape_text, value, verdict_folder, wait_for
 
 import exporter
 from exporter.hangs.capture import capture, innermost_user_frame, summarize
@@ -50,11 +50,7 @@ def _episodes(root: str) -> list[str]:
 
 
 def _verdict(root: str, timeout: float, episode: int = 1) -> str:
-    def done():
-        found = glob.glob(os.path.join(root, f"*-hang-{episode}", "verdict.txt"))
-        return os.path.dirname(found[0]) if found else None
-
-    return wait_for(done, timeout, "the monitoring rank's verdict")
+    return wait_for(lambda: verdict_folder(root, episode), timeout, "the monitoring rank's verdict")
 
 
 @pytest.mark.unit

@@ -37,6 +37,19 @@ def _conftest(folder: Path) -> None:
     )
 
 
+def _run_inner(folder: Path, **env: str) -> tuple[int, str]:
+    """Run the inner session of ``folder`` in one process; return its status and output."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+        env=dict(_inner_env(), **env),
+    )
+    return res.returncode, res.stdout + res.stderr
+
+
 def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
     _conftest(tmp_path)
     (tmp_path / "test_leak.py").write_text(
@@ -54,17 +67,9 @@ def test_a_leaked_process_fails_the_session_and_is_named(tmp_path):
             """
         )
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=_inner_env(),
-    )
-    out = res.stdout + res.stderr
+    code, out = _run_inner(tmp_path)
     leaked = int(out.split("LEAKED ")[1].split()[0])
-    assert res.returncode == 1, out
+    assert code == 1, out
     assert "1 process(es) started by the tests were still running" in out, out
     assert f"pid {leaked} from test_leak.py::test_leaks" in out, out
     assert "test_clean" not in out.split("still running")[1], out
@@ -93,17 +98,9 @@ def test_a_process_started_while_the_session_ends_is_found_and_killed(tmp_path):
             """
         )
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=dict(_inner_env(), DDP_EXPORTER_TEST_LEFTOVER_GRACE="3"),
-    )
-    out = res.stdout + res.stderr
+    code, out = _run_inner(tmp_path, DDP_EXPORTER_TEST_LEFTOVER_GRACE="3")
     worker = int(out.split("WORKER ")[1].split()[0])
-    assert res.returncode == 1, out
+    assert code == 1, out
     assert f"pid {worker} from test_respawn.py::test_leaks_a_launcher" in out, out
     assert Proc.of(worker) is None  # and it was killed
 

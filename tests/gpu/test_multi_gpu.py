@@ -11,14 +11,13 @@ says why (scripts/gpu-check.sh reports it).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 import pytest
 import torch
 import torch.distributed as dist
-from harness import Job, Ranks, top_accuses, value, wait_for
+from harness import Job, Ranks, top_accuses, value, verdict_folder, wait_for
 
 from exporter.sources import ras
 
@@ -55,12 +54,12 @@ def _env(**more: str) -> dict[str, str]:
 
 def _verdict(root: str, episode: int = 1) -> tuple[str, dict] | None:
     """Return the text and episode.json of the monitoring rank's verdict, once written."""
-    found = glob.glob(os.path.join(root, f"*-hang-{episode}", "verdict.txt"))
-    if not found:
+    folder = verdict_folder(root, episode)
+    if folder is None:
         return None
-    with open(found[0]) as f:
+    with open(os.path.join(folder, "verdict.txt")) as f:
         text = f.read()
-    with open(os.path.join(os.path.dirname(found[0]), "episode.json")) as f:
+    with open(os.path.join(folder, "episode.json")) as f:
         return text, json.load(f)
 
 
