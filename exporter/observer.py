@@ -109,7 +109,7 @@ class Observer:
                 else None,
                 finished=lambda: self.end.unix,
                 goodput=self.goodput,
-                durations=timing.durations.drain if timing.durations is not None else None,
+                settle=tuple(timing.settlers()),
             )
         )
         self.registry = CollectorRegistry(auto_describe=False)

@@ -78,7 +78,7 @@ def collected(recorder: Recorder, errors: ErrorCounter, **parts: object) -> str:
     """Return what one rank's collector renders, without a server (run ``r``, rank 0).
 
     In-flight state from the recorder's bookkeeping; ``parts``: more of its
-    :class:`~exporter.export.collector.RankSources` (``goodput=``, ``durations=``).
+    :class:`~exporter.export.collector.RankSources` (``goodput=``, ``settle=``).
     """
     src = RankSources(
         run="r",

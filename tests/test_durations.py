@@ -41,7 +41,7 @@ def timed_like_nccl(seconds: float):
 
 
 def scrape(rec: Recorder, errors: ErrorCounter, durations: RecorderDurations) -> dict:
-    return parse(collected(rec, errors, durations=durations.drain))
+    return parse(collected(rec, errors, settle=(durations.drain,)))
 
 
 def test_the_recorders_device_times_time_the_collectives_counted_untimed(world1):

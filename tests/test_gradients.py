@@ -32,6 +32,7 @@ def test_gradients_bit_identical(tmp_path):
             assert r["grads"], f"rank {rank} {name}: gradients differ"
             assert r["params"], f"rank {rank} {name}: parameters differ"
             assert r["steps"] == 6 and r["settled"], (rank, name, r)
+            assert r.get("comm_timing_errors", 0) == 0, (rank, name, r)
         # The wrapper timed every bucket where it could wrap the hook ...
         assert per_rank["builtin/hook"]["buckets"] > 6
         assert per_rank["fp16_after/hook"]["buckets"] > 6

@@ -45,6 +45,7 @@ INVALID = {
     settings.NODE: "gpu node 7; rm",
     settings.HANG_PROBE: "sometimes",
     settings.GPU_HEALTH: "sometimes",
+    settings.DEVICE_WAIT_EVERY: "-1",
     settings.AUTORUN: "sometimes",
     settings.DOCTOR_FAKE_VERSIONS: "gcc=13",
 }

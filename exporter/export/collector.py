@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -111,9 +111,10 @@ class RankSources:
     finished: Callable[[], float | None] | None = None
     #: The run's goodput account (its monitoring rank publishes it), else None.
     goodput: GoodputView | None = None
-    #: Observes the collectives' device times the Flight Recorder holds, before the
-    #: recorder's snapshot (exporter.sources.durations; CUDA without DDP), else None.
-    durations: Callable[[], int] | None = None
+    #: Bring the recorder up to date with what the device timed, before its snapshot: the
+    #: collectives' device times the Flight Recorder holds (exporter.sources.durations), the
+    #: compute stream's waits (exporter.sources.devicewaits); CUDA without DDP.
+    settle: tuple[Callable[[], Any], ...] = ()
 
 
 def add_invalid_settings(fam: Metric, base: list[str]) -> None:
@@ -186,8 +187,8 @@ class DDPCollector(Collector):
         fams[c.RANK_INFO.name].add_metric(base, self._src.info())
 
     def _steps(self, fams: dict, base: list[str]) -> None:
-        if self._src.durations is not None:
-            self._src.durations()
+        for settle in self._src.settle:
+            settle()
         snap = self._src.recorder.snapshot()
         fams[c.STEPS.name].add_metric(base, snap.steps)
         fams[c.STEP_DURATION.name].add_metric(base, snap.step_hist, snap.step_sum)

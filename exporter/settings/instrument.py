@@ -23,6 +23,7 @@ from .values import (
     Endpoint,
     OnHang,
     comm_timing,
+    device_wait_every,
     dump_dir,
     endpoint,
     file_sd_dir,
@@ -59,6 +60,8 @@ class InstrumentSettings:
     hang_probe: bool
     #: Whether a CUDA rank reads its GPU's health from NVML.
     gpu_health: bool
+    #: Every how many steps a CUDA rank without DDP times its waits on the device (0: never).
+    device_wait_every: int
     #: The step this attempt resumed at, None where unknown.
     start_step: int | None
     #: The settings given as keywords (``comm_timing``, ``on_hang``): one that cannot be honoured
@@ -139,6 +142,7 @@ def for_instrument(
         file_sd_dir=file_sd_dir(environ),
         hang_probe=hang_probe(environ),
         gpu_health=gpu_health(environ),
+        device_wait_every=device_wait_every(environ),
         start_step=start_step,
         keywords=frozenset(
             name

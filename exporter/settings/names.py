@@ -28,6 +28,7 @@ ATTEMPT = "DDP_EXPORTER_ATTEMPT"
 NODE = "DDP_EXPORTER_NODE"
 HANG_PROBE = "DDP_EXPORTER_HANG_PROBE"
 GPU_HEALTH = "DDP_EXPORTER_GPU_HEALTH"
+DEVICE_WAIT_EVERY = "DDP_EXPORTER_DEVICE_WAIT_EVERY"
 WEB_CONFIG = "DDP_EXPORTER_WEB_CONFIG"
 # Set by ``ddp-exporter run`` for the command it runs (exporter.autorun).
 AUTORUN = "DDP_EXPORTER_AUTORUN"
@@ -80,6 +81,8 @@ DEFAULT_ADDR = "0.0.0.0"
 DEFAULT_HEARTBEAT_S = 5.0
 #: Most peer-heartbeat series the monitoring rank publishes by default (``peer_series``).
 DEFAULT_PEER_SERIES = 64
+#: Steps between two whose collective waits are timed on the device (CUDA without DDP).
+DEFAULT_DEVICE_WAIT_EVERY = 8
 #: Where dumps go unless ``dump_dir=`` / ``DDP_EXPORTER_DUMP_DIR`` say otherwise (relative to
 #: the working directory of each rank).
 DEFAULT_DUMP_DIR = "ddp-exporter-dumps"

@@ -41,12 +41,14 @@ from .names import (
     DEFAULT_ABORT_LIMIT,
     DEFAULT_ABORT_PROGRESS_STEPS,
     DEFAULT_ADDR,
+    DEFAULT_DEVICE_WAIT_EVERY,
     DEFAULT_DUMP_DIR,
     DEFAULT_FINAL_SCRAPE_S,
     DEFAULT_GIVE_UP_EXIT_CODE,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_PEER_SERIES,
     DEFAULT_PORT,
+    DEVICE_WAIT_EVERY,
     DOCTOR_FAKE_VERSIONS,
     DUMP_DIR,
     FILE_SD,
@@ -319,6 +321,20 @@ SETTINGS: dict[str, Setting] = {
             "``nvidia-ml-py``) at each scrape: clocks, clock-event (throttle) reasons, "
             "temperature, power, ECC errors, row remapping, PCIe replays, NVLink errors, "
             "and Xid events on a background thread. ``0``: none of it, no NVML call.",
+        ),
+        Setting(
+            DEVICE_WAIT_EVERY,
+            "an int >= 0",
+            DEFAULT_DEVICE_WAIT_EVERY,
+            parse_int,
+            integer(0),
+            "",
+            str(DEFAULT_DEVICE_WAIT_EVERY),
+            meaning="On a CUDA rank without DDP (FSDP2, tensor parallelism), time on the "
+            "device how long the compute stream waits for collectives (two CUDA events per "
+            "wait, resolved off the training thread) in one step of every this many, and "
+            "count that step's waits this many times in comm_wait. ``1``: every step. ``0``: "
+            "none; comm_wait then stays 0 on such a rank, whose waits count as compute.",
         ),
         Setting(
             ABORT_AFTER_S,

@@ -29,6 +29,7 @@ from .names import (
     DEFAULT_ABORT_PROGRESS_STEPS,
     DEFAULT_GIVE_UP_EXIT_CODE,
     DEFAULT_PORT,
+    DEVICE_WAIT_EVERY,
     DOCTOR_FAKE_VERSIONS,
     DUMP_DIR,
     FILE_SD,
@@ -242,6 +243,11 @@ def hang_probe(environ: Mapping[str, str] | None = None) -> bool:
 def gpu_health(environ: Mapping[str, str] | None = None) -> bool:
     """Return whether a CUDA rank reads its GPU's health from NVML (``DDP_EXPORTER_GPU_HEALTH``)."""
     return bool(resolve(GPU_HEALTH, environ=environ))
+
+
+def device_wait_every(environ: Mapping[str, str] | None = None) -> int:
+    """Return every how many steps a CUDA rank times its waits on the device (0: never)."""
+    return cast(int, resolve(DEVICE_WAIT_EVERY, environ=environ))
 
 
 def autorun(environ: Mapping[str, str] | None = None) -> bool:

@@ -6,13 +6,16 @@ DDP: its reducer's own timers, marks of each iteration, or the timing comm hook
 of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.collectives`). With
 either, the functional collectives DTensor issues (tensor parallelism, ``clip_grad_norm_`` on
 DTensor parameters): :mod:`exporter.sources.functional`. Beside DDP on a CPU, the training
-thread's waits for collectives of its own: :mod:`exporter.sources.waits`. The result is what the
-observer keeps: the parts to uninstrument at close, the mode published in
+thread's waits for collectives of its own: :mod:`exporter.sources.waits`. Without DDP on a
+CUDA device, the compute stream's waits for FSDP2's and the functional collectives, timed on the
+device: :mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`. The result is
+what the observer keeps: the parts to uninstrument at close, the mode published in
 ``ddp_rank_info{comm_timing}``, the hook and the background resolver where there are any.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,8 +25,10 @@ from ..log import log
 from .collectives import CollectiveTiming
 from .commhook import CommHookInstrumentor, CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .ddpevents import IterationEvents, events_unsupported
+from .devicewaits import DeviceWaits
 from .durations import RecorderDurations
 from .flight import pg_timeout_seconds
+from .fsdpwaits import FsdpWaitTiming
 from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
 from .reducer import ReducerTiming, unsupported
@@ -73,11 +78,20 @@ class CommTiming:
     #: The timing comm hook; None unless DDP's communication is timed by the hook.
     hook: CommHookWrapper | None = None
     #: What resolves timings off the training thread (the iteration marks, the hook's CUDA
-    #: events), closed with the observer; None where nothing does.
-    resolver: IterationEvents | CudaEventResolver | None = None
+    #: events, the device waits), closed with the observer; None where nothing does.
+    resolver: IterationEvents | CudaEventResolver | DeviceWaits | None = None
     #: Observes, at scrape time, the device times the Flight Recorder holds of the collectives
     #: the wrappers count untimed (CUDA without DDP); None elsewhere.
     durations: RecorderDurations | None = None
+
+    def settlers(self) -> list[Callable[[], Any]]:
+        """Return what brings the recorder up to date with the device before a scrape reads it."""
+        found: list[Callable[[], Any]] = []
+        if self.durations is not None:
+            found.append(self.durations.drain)
+        if isinstance(self.resolver, DeviceWaits):
+            found.append(self.resolver.drain)
+        return found
 
 
 def choose_timing(
@@ -130,24 +144,21 @@ def start_comm_timing(
     inflight: str,
     cuda: bool,
     keyword: bool = True,
+    device_every: int = 0,
 ) -> CommTiming:
     """Start timing ``model``'s communication; ``requested`` is the ``comm_timing`` setting.
 
     ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder);
-    ``keyword``: ``requested`` was given in code (see :func:`choose_timing`).
+    ``keyword``: ``requested`` was given in code (see :func:`choose_timing`);
+    ``device_every``: without DDP on a CUDA device, time the compute stream's waits every this
+    many steps (0: never).
     """
+    if parallelism != "ddp":
+        return _start_without_ddp(recorder, errors, cuda=cuda, device_every=device_every)
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
     functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda)
     functional.instrument()
-    if parallelism != "ddp":
-        # FSDP2, FSDP, a plain loop: every torch.distributed collective, timed where called.
-        wrappers = CollectiveTiming(recorder, errors, timed=not cuda)
-        mode = "collectives" if wrappers.instrument() else "none"
-        recorder.time_comm_by_waits()
-        # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
-        durations = RecorderDurations(recorder, errors) if cuda else None
-        return CommTiming(Parts(wrappers, functional), mode, durations=durations)
     # The step's own collectives (a logged loss, SyncBatchNorm): their waits are comm_wait.
     beside: tuple[Part, ...] = (functional,)
     if not cuda:
@@ -177,3 +188,24 @@ def start_comm_timing(
     elif isinstance(part, ReducerTiming):  # not hooked
         recorder.time_comm_with(part.read, stats)
     return CommTiming(Parts(part, *beside), mode, hook, resolver)
+
+
+def _start_without_ddp(
+    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, device_every: int
+) -> CommTiming:
+    """Time FSDP2, FSDP or a plain loop: every collective where the rank waits for it."""
+    # On a GPU the compute stream waits, not the host: two events around each wait time it.
+    device = DeviceWaits(recorder, errors, every=device_every) if cuda and device_every else None
+    functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
+    functional.instrument()
+    wrappers = CollectiveTiming(recorder, errors, timed=not cuda)
+    mode = "collectives" if wrappers.instrument() else "none"
+    recorder.time_comm_by_waits()
+    parts: list[Part] = [wrappers, functional]
+    if device is not None:
+        fsdp = FsdpWaitTiming(device)
+        fsdp.instrument()
+        parts.append(fsdp)
+    # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
+    durations = RecorderDurations(recorder, errors) if cuda else None
+    return CommTiming(Parts(*parts), mode, resolver=device, durations=durations)

@@ -23,7 +23,9 @@ registry does, so a wait on a view of the output counts too.
 Not seen: a collective launched or waited for where no Python looks the ops up (a compiled
 graph, which calls their overloads; C++ callers). A collective launched here whose wait is not
 seen (never waited, or waited through an overload) is counted untimed. On a CUDA device
-``wait_tensor`` only orders streams: launches and bytes are counted, latencies and waits are not.
+``wait_tensor`` only orders streams: launches and bytes are counted, latencies are not, and the
+compute stream's wait is timed on the device (:mod:`exporter.sources.devicewaits`) where a
+``device`` is given.
 Cost: two thin calls per collective (``benchmarks/hotpath.py``).
 """
 
@@ -38,6 +40,7 @@ import torch
 from .. import catalog
 from ..errors import ErrorCounter
 from ..log import log
+from .devicewaits import DeviceWaits
 from .flight import pg_timeout_seconds
 from .patching import Patcher, payload_bytes
 from .recorder import CollectiveStats, Recorder
@@ -138,6 +141,7 @@ class FunctionalCollectiveTiming(Patcher):
     ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
     ``timed``: observe latencies and waits (False on CUDA, see the module docstring).
     ``namespace``: where the ops live (tests pass a stand-in); by default torch's.
+    ``device``: what times the compute stream's waits where they are not timed on the host.
     """
 
     def __init__(
@@ -148,10 +152,12 @@ class FunctionalCollectiveTiming(Patcher):
         training_thread: int | None = None,
         timed: bool = True,
         namespace: Any = None,
+        device: DeviceWaits | None = None,
     ) -> None:
         super().__init__(
             recorder, errors, training_thread=training_thread, timed=timed, namespace=namespace
         )
+        self._device = None if timed else device
         # (group name as the op got it, op label) -> stats; a group's timeout is looked up once.
         self._stats: dict[tuple[str, str], CollectiveStats] = {}
         # Outputs launched, not waited for yet: storage key -> [stats or None once done, t0].
@@ -265,15 +271,18 @@ class FunctionalCollectiveTiming(Patcher):
 
     def _wrap_wait(self, wait: Any) -> Any:
         rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
-        pending, clock = self._pending, rec.clock
+        pending, clock, device = self._pending, rec.clock, self._device
 
         def wait_tensor(_self: Any, *args: Any, **kwargs: Any) -> Any:
             if _is_compiling():
                 return wait(*args, **kwargs)
             t0 = clock()
+            mark = device.begin() if device is not None else None
             try:
                 return wait(*args, **kwargs)
             finally:
+                if mark is not None and device is not None:
+                    device.end(mark)
                 try:
                     waited = clock() - t0
                     entry = pending.pop(_key(args[0]), None) if args else None

@@ -97,7 +97,8 @@ class Recorder:
     are: data (time inside ``next()``), optimizer (time inside ``optimizer.step()``), comm_wait
     (DDP: from the launch of the step's last gradient bucket to the completion of its latest
     collective, communication the backward pass had to wait for; without DDP: the training
-    thread's time inside ``Work.wait()``; with either, its time inside the waits of functional
+    thread's time inside ``Work.wait()``, on a CUDA device the compute stream's waits
+    (:mod:`exporter.sources.devicewaits`); with either, its time inside the waits of functional
     collectives, DTensor's: see :meth:`comm_blocked`), and compute (the rest). A wait inside
     ``optimizer.step()`` is communication too: it moves from the optimizer phase to comm_wait.
 
@@ -452,16 +453,21 @@ class Recorder:
         if span_s is not None:
             stats.hist.observe(span_s)
 
-    def add_comm_wait(self, seconds: float) -> None:
-        """Move ``seconds`` of the last finished step from compute to comm_wait (CUDA path)."""
-        with self.lock:
-            self._move_to_comm(seconds)
+    def add_comm_wait(self, seconds: float) -> float:
+        """Move ``seconds`` of the finished steps' compute to comm_wait (CUDA paths).
 
-    def _move_to_comm(self, seconds: float) -> None:
+        Return what was moved: no more than the compute counted so far.
+        """
+        with self.lock:
+            return self._move_to_comm(seconds)
+
+    def _move_to_comm(self, seconds: float) -> float:
         moved = min(seconds, self.phase_sum[_COMPUTE])
-        if moved > 0.0:
-            self.phase_sum[_COMPUTE] -= moved
-            self.phase_sum[_COMM] += moved
+        if moved <= 0.0:
+            return 0.0
+        self.phase_sum[_COMPUTE] -= moved
+        self.phase_sum[_COMM] += moved
+        return moved
 
     # -- scrape ------------------------------------------------------------------------------
     def open_since(self) -> float | None:

@@ -167,6 +167,8 @@ def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
         "untimed_ops": sorted({op for op, _, n in snap.untimed if n}),
         "settled": done,
         "timing": obs.comm_timing,
+        "comm_timing_errors": obs.errors.snapshot()["comm_timing"],
+        "comm_wait": snap.phase_sum[2],
     }
 
 

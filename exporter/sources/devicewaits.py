@@ -1,0 +1,180 @@
+"""Time on the device how long a CUDA rank's compute stream waits for its collectives.
+
+On a CUDA device a collective runs on a stream of its own. ``Work.wait()``, ``wait_tensor`` and
+FSDP2's waits for its all-gathers and reduce-scatters only make the compute stream wait for it,
+and return at once on the host. The time a healthy rank waits for a straggler is spent on the
+device: its compute stream idles until the collective ends. Counted as compute, it makes every
+rank look as slow as the straggler, and nobody is named.
+
+Two CUDA events on the compute stream measure that wait: one recorded just before the stream is
+made to wait, one just after. The second completes when the collective has ended and the work
+queued before the wait is done, so the time between them is how long the stream waited (none
+where the collective ended before the stream got there). :class:`DeviceWaits` records such
+pairs where the parts that know the wait points ask it to (:mod:`exporter.sources.fsdpwaits`,
+the functional collectives' ``wait_tensor``), and resolves them off the training thread
+(``Event.query()``: no synchronisation), moving their time from compute to comm_wait.
+
+Sampled: only the waits of every ``every``-th step are timed (two events each, a few
+microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
+compiles the caller or a CUDA graph is being captured.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Protocol
+
+import torch
+
+from ..background import BackgroundLoop
+from ..errors import ErrorCounter
+from .recorder import Recorder
+
+__all__ = ["CudaEvents", "DeviceWaits", "EventSource", "MAX_PENDING"]
+
+#: Pairs waiting to complete; beyond, the oldest are dropped (a device far behind the host).
+MAX_PENDING = 65536
+
+
+class EventSource(Protocol):
+    """Record marks on the current stream and measure between them (CUDA events; tests: a clock)."""
+
+    def usable(self) -> bool:
+        """Return whether a mark may be recorded now (not while a CUDA graph is captured)."""
+
+    def record(self) -> Any:
+        """Record a mark on the current stream; return it."""
+
+    def wait(self, event: Any) -> None:
+        """Make the current stream wait for ``event`` (another stream's mark)."""
+
+    def elapsed(self, start: Any, end: Any) -> float | None:
+        """Return the seconds from ``start`` to ``end``, None while ``end`` has not completed."""
+
+
+class CudaEvents:
+    """Timing CUDA events on the current stream of the current device."""
+
+    def usable(self) -> bool:
+        """Return False while the current stream is being captured into a CUDA graph."""
+        # A timing event recorded during capture would invalidate the user's graph.
+        return not torch.cuda.is_current_stream_capturing()
+
+    def record(self) -> torch.cuda.Event:
+        """Record a timing event on the current stream."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self, event: Any) -> None:
+        """Make the current stream wait for ``event``."""
+        torch.cuda.current_stream().wait_event(event)
+
+    def elapsed(self, start: Any, end: Any) -> float | None:
+        """Return the device time between the events once ``end`` has completed."""
+        if not end.query():
+            return None
+        return float(start.elapsed_time(end)) / 1000.0
+
+
+def _never() -> bool:
+    return False
+
+
+#: Whether torch.compile is tracing the caller (then the graph, not this call, runs the wait).
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
+
+
+class DeviceWaits:
+    """Time the compute stream's waits for collectives every ``every`` steps; add them to comm_wait.
+
+    ``begin()`` before the stream is made to wait and ``end(mark)`` after it, on whatever thread
+    waits (the training thread, autograd's for a backward). A background thread resolves the
+    pairs in order; :meth:`drain` may also be called at scrape time, so a scrape after the device
+    is synchronised sees every wait. ``events``: where marks come from (default: CUDA events).
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        errors: ErrorCounter,
+        *,
+        every: int,
+        events: EventSource | None = None,
+        interval_s: float = 0.05,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.every = every
+        self.events: EventSource = events if events is not None else CudaEvents()
+        self._rec = recorder
+        self._errors = errors
+        self._pending: deque[tuple[Any, Any]] = deque(maxlen=MAX_PENDING)
+        self._lock = threading.Lock()
+        #: Waits resolved so far (each counted ``every`` times in comm_wait).
+        self.resolved = 0
+        # Resolved wait time not moved yet: its step's compute was not closed when it was read.
+        self._owed = 0.0
+        self._loop = BackgroundLoop(
+            "ddp-exporter-device-waits", self.drain, interval_s, errors=errors, where="comm_timing"
+        ).start()
+
+    def begin(self) -> Any:
+        """Return a mark recorded now if this step's waits are timed, else None; never raises."""
+        # The last step of each ``every``: never the first step, which sets up communicators.
+        if self._rec.steps % self.every != self.every - 1:
+            return None
+        try:
+            if _is_compiling() or not self.events.usable():
+                return None
+            return self.events.record()
+        except Exception as exc:  # noqa: BLE001 - never in the way of the collective
+            self._errors.record("comm_timing", exc)
+            return None
+
+    def end(self, start: Any) -> None:
+        """Close the wait :meth:`begin` marked (``start`` not None); never raises."""
+        try:
+            self._pending.append((start, self.events.record()))
+        except Exception as exc:  # noqa: BLE001
+            self._errors.record("comm_timing", exc)
+
+    def wait(self, event: Any) -> None:
+        """Make the current stream wait for ``event`` (see :class:`EventSource`); never raises."""
+        try:
+            self.events.wait(event)
+        except Exception as exc:  # noqa: BLE001 - the caller's own wait follows
+            self._errors.record("comm_timing", exc)
+
+    def drain(self) -> int:
+        """Move the completed waits' time, in order, to comm_wait; return how many (never raises)."""
+        if not self._lock.acquire(blocking=False):
+            return 0  # the other caller is draining
+        try:
+            total, done = 0.0, 0
+            pending = self._pending
+            while pending:
+                start, end = pending[0]
+                try:
+                    seconds = self.events.elapsed(start, end)
+                except Exception as exc:  # noqa: BLE001 - a pair that cannot be read is dropped
+                    pending.popleft()
+                    self._errors.record("comm_timing", exc)
+                    continue
+                if seconds is None:
+                    break
+                pending.popleft()
+                total += max(seconds, 0.0)
+                done += 1
+            self._owed += total * self.every
+            if self._owed > 0.0:
+                self._owed -= self._rec.add_comm_wait(self._owed)
+            self.resolved += done
+            return done
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._loop.close()

@@ -1,0 +1,317 @@
+"""The compute stream's waits for collectives, timed on the device (CUDA without DDP).
+
+CUDA events cannot exist here: an injected event source stands in for them, marks read from a
+clock the test moves, completed when the test says so. FSDP2 and the functional collectives are
+torch's own, on a real one-rank gloo group.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from harness import wait_for
+
+from exporter.errors import ErrorCounter
+from exporter.sources.devicewaits import DeviceWaits
+from exporter.sources.fsdpwaits import FsdpWaitTiming, fsdp2_classes
+from exporter.sources.functional import FunctionalCollectiveTiming
+from exporter.sources.recorder import Recorder
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Mark:
+    def __init__(self, t: float, done: bool) -> None:
+        self.t, self.done = t, done
+
+
+class Events:
+    """Marks at the clock's time; ``complete`` says whether new marks have completed."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.complete = True
+        self.capturing = False
+        self.fail: Exception | None = None
+        self.marks: list[Mark] = []
+        self.waited: list[object] = []
+
+    def usable(self) -> bool:
+        return not self.capturing
+
+    def record(self) -> Mark:
+        if self.fail is not None:
+            raise self.fail
+        mark = Mark(self.clock(), self.complete)
+        self.marks.append(mark)
+        return mark
+
+    def wait(self, event: object) -> None:
+        self.waited.append(event)
+
+    def elapsed(self, start: Mark, end: Mark) -> float | None:
+        return end.t - start.t if end.done else None
+
+
+@pytest.fixture
+def device():
+    """A recorder whose steps close explicitly, and device waits every 4 steps on its clock."""
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=4, events=Events(clock), interval_s=3600)
+    yield rec, errors, waits, clock
+    waits.close()
+
+
+def step(rec: Recorder, clock: Clock, waits: DeviceWaits | None = None, wait_s: float = 0.0):
+    """One 1 s step whose compute stream waits ``wait_s`` inside it (marked if sampled)."""
+    rec.open_step()
+    mark = waits.begin() if waits is not None else None
+    clock.t += wait_s
+    if mark is not None:
+        waits.end(mark)
+    clock.t += 1.0 - wait_s
+    rec.boundary("explicit")
+
+
+def test_every_nth_steps_waits_count_n_times_in_comm_wait(device):
+    rec, errors, waits, clock = device
+    for _ in range(8):
+        step(rec, clock, waits, wait_s=0.25)
+    # Steps 4 and 8 were timed (never the first, which sets communicators up).
+    assert len(waits.events.marks) == 4
+    assert waits.drain() == 2 and waits.resolved == 2
+    _data, compute, comm, _opt = rec.snapshot().phase_sum
+    assert comm == pytest.approx(2 * 4 * 0.25) and compute == pytest.approx(8 - 2.0)
+    assert not any(errors.snapshot().values())
+
+
+def test_a_wait_resolves_once_the_device_completes_it_and_in_order(device):
+    rec, _errors, waits, clock = device
+    for _ in range(3):
+        step(rec, clock)
+    waits.events.complete = False
+    step(rec, clock, waits, wait_s=0.5)
+    assert waits.drain() == 0 and rec.snapshot().phase_sum[2] == 0.0
+    waits.events.marks[-1].done = True
+    assert waits.drain() == 1
+    assert rec.snapshot().phase_sum[2] == pytest.approx(4 * 0.5)
+
+
+def test_a_wait_read_before_its_step_closes_moves_once_there_is_compute():
+    clock = Clock()
+    rec = Recorder("explicit", clock=clock)
+    waits = DeviceWaits(rec, ErrorCounter(), every=1, events=Events(clock), interval_s=3600)
+    try:
+        rec.open_step()
+        mark = waits.begin()
+        clock.t += 0.25
+        waits.end(mark)
+        assert waits.drain() == 1 and rec.snapshot().phase_sum[2] == 0.0  # no compute yet
+        clock.t += 0.75
+        rec.boundary("explicit")
+        waits.drain()
+        _data, compute, comm, _opt = rec.snapshot().phase_sum
+        assert comm == pytest.approx(0.25) and compute == pytest.approx(0.75)
+    finally:
+        waits.close()
+
+
+def test_nothing_is_marked_during_graph_capture_and_errors_never_reach_training(device):
+    rec, errors, waits, clock = device
+    for _ in range(3):
+        step(rec, clock)
+    waits.events.capturing = True
+    assert waits.begin() is None and waits.events.marks == []
+    waits.events.capturing = False
+    waits.events.fail = RuntimeError("no event")
+    assert waits.begin() is None
+    waits.end(object())
+    assert errors.snapshot()["comm_timing"] == 2
+    waits.events.fail = None
+    waits.end(object())  # a mark the source cannot read: dropped, counted
+    assert waits.drain() == 0 and errors.snapshot()["comm_timing"] == 3
+
+
+def test_the_thread_resolves_and_close_stops_it():
+    clock = Clock()
+    rec = Recorder("explicit", clock=clock)
+    waits = DeviceWaits(rec, ErrorCounter(), every=1, events=Events(clock), interval_s=0.01)
+    step(rec, clock, waits, wait_s=0.5)
+    wait_for(lambda: waits.resolved == 1, 10, "the thread to resolve the wait")
+    waits.close()
+    assert not any(t.name == "ddp-exporter-device-waits" for t in threading.enumerate())
+
+
+def test_every_below_one_is_refused():
+    with pytest.raises(ValueError, match="every"):
+        DeviceWaits(Recorder("explicit"), ErrorCounter(), every=0)
+
+
+class Result:
+    def __init__(self, event=None, work=None) -> None:
+        self.all_gather_event, self.all_gather_work = event, work
+
+
+def stand_ins(log: list[str]) -> tuple[type, type]:
+    """FSDP2's two classes as far as the part uses them, logging what runs."""
+
+    class Group:
+        _all_gather_result: Result | None = None
+
+        def wait_for_unshard(self) -> str:
+            log.append("fsdp waits and copies out")
+            return "unsharded"
+
+    class State:
+        def _root_post_backward_final_callback(self) -> None:
+            log.append("fsdp waits for its reductions")
+
+    return Group, State
+
+
+def test_fsdp2s_all_gather_wait_is_marked_apart_from_its_copy_out(device):
+    rec, _errors, waits, clock = device
+    for _ in range(3):
+        step(rec, clock)
+    log: list[str] = []
+    group_cls, state_cls = stand_ins(log)
+    events = waits.events
+    events.wait = lambda event: log.append(f"marked wait for {event}")  # type: ignore[method-assign]
+    real_record = events.record
+    events.record = lambda: (log.append("mark"), real_record())[1]  # type: ignore[method-assign]
+    part = FsdpWaitTiming(waits, (group_cls, state_cls))
+    original = group_cls.wait_for_unshard
+    assert part.instrument() and part.instrument()
+    group = group_cls()
+    assert group.wait_for_unshard() == "unsharded"  # nothing gathered: nothing marked
+    group._all_gather_result = Result(event="ag")
+    assert group.wait_for_unshard() == "unsharded"
+    group._all_gather_result = Result(work="work")
+    group.wait_for_unshard()
+    state_cls()._root_post_backward_final_callback()
+    assert log == [
+        "fsdp waits and copies out",
+        "mark",
+        "marked wait for ag",
+        "mark",
+        "fsdp waits and copies out",
+        "mark",  # asynchronous work: its wait is inside
+        "fsdp waits and copies out",
+        "mark",
+        "mark",
+        "fsdp waits for its reductions",
+        "mark",
+    ]
+    part.uninstrument()
+    part.uninstrument()
+    assert group_cls.__dict__["wait_for_unshard"] is original
+
+
+def test_fsdp2_unmarked_steps_call_straight_through_and_a_later_wrapper_stays(device):
+    _rec, _errors, waits, _clock = device
+    log: list[str] = []
+    group_cls, state_cls = stand_ins(log)
+    part = FsdpWaitTiming(waits, (group_cls, state_cls))
+    part.instrument()
+    group = group_cls()
+    group._all_gather_result = Result(event="ag")
+    group.wait_for_unshard()  # step 1 of 4: not timed
+    assert waits.events.marks == [] and log == ["fsdp waits and copies out"]
+    later = group_cls.wait_for_unshard
+    group_cls.wait_for_unshard = lambda self: later(self)
+    mine = group_cls.wait_for_unshard
+    part.uninstrument()
+    assert group_cls.__dict__["wait_for_unshard"] is mine
+
+
+def test_real_fsdp2_is_found_marked_and_restored(world1):
+    from torch.distributed.fsdp import fully_shard
+
+    classes = fsdp2_classes()
+    assert classes is not None, "this torch has FSDP2: its classes must be found"
+    group_cls, state_cls = classes
+    before = (group_cls.wait_for_unshard, state_cls._root_post_backward_final_callback)
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    part = FsdpWaitTiming(waits)
+    try:
+        assert part.instrument()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        for _ in range(3):
+            rec.open_step()
+            model(torch.ones(2, 4)).sum().backward()
+            rec.boundary("explicit")
+        # One rank gathers nothing; each backward's end is marked once.
+        assert len(waits.events.marks) == 2 * 3
+        assert waits.drain() == 3 and not any(errors.snapshot().values())
+    finally:
+        part.uninstrument()
+        waits.close()
+    after = (group_cls.wait_for_unshard, state_cls._root_post_backward_final_callback)
+    assert after == before
+
+
+def test_a_functional_wait_is_marked_only_where_the_host_does_not_time_it(world1):
+    import torch.distributed._functional_collectives as funcol
+
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    untimed = FunctionalCollectiveTiming(rec, errors, timed=False, device=waits)
+    try:
+        assert untimed.instrument()
+        funcol.all_reduce(torch.ones(4), "sum", "0").wait()
+        assert len(waits.events.marks) == 2
+    finally:
+        untimed.uninstrument()
+    timed = FunctionalCollectiveTiming(rec, errors, timed=True, device=waits)
+    try:
+        assert timed.instrument()
+        funcol.all_reduce(torch.ones(4), "sum", "0").wait()
+        assert len(waits.events.marks) == 2  # the host times it: no device marks
+    finally:
+        timed.uninstrument()
+        waits.close()
+    assert not any(errors.snapshot().values())
+
+
+@pytest.mark.parametrize(
+    ("cuda", "every", "device"), [(True, 8, True), (True, 0, False), (False, 8, False)]
+)
+def test_only_a_cuda_rank_without_ddp_times_its_waits_on_the_device(world1, cuda, every, device):
+    from exporter.sources.commtiming import start_comm_timing
+
+    rec, errors = Recorder("optimizer"), ErrorCounter()
+    timing = start_comm_timing(
+        None, "fsdp2", rec, errors, requested="auto", inflight="none", cuda=cuda, device_every=every
+    )
+    try:
+        assert timing.mode == "collectives"
+        assert isinstance(timing.resolver, DeviceWaits) is device
+        parts = [type(p) for p in timing.instrumentor.parts]
+        assert (FsdpWaitTiming in parts) is device
+        if device:
+            assert timing.resolver.every == every
+            assert timing.resolver.drain in timing.settlers()
+    finally:
+        timing.instrumentor.uninstrument()
+        if timing.resolver is not None:
+            timing.resolver.close()
