@@ -5,7 +5,8 @@
 #   multi: the NCCL drills with one rank per GPU (tests/gpu/test_multi_gpu.py; with one GPU
 #          every drill is skipped, with why, in the report),
 #   bench: benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the
-#          host CPU per step and per bucket, the hook mode's wrapper cost, scrape time),
+#          host CPU per step and per bucket, the hook mode's wrapper cost, scrape time) and
+#          benchmarks/devicewaits.py (the host cost of timing FSDP2's waits with CUDA events),
 #   cpu:   the core CPU tests with this machine's torch (the torch range: it may be older than
 #          the pin),
 # then write a markdown report with the versions, every figure and each test's outcome.
@@ -82,6 +83,8 @@ if [[ $STEPS == *" bench "* ]]; then
   # shellcheck disable=SC2086  # word-split on purpose: extra benchmark arguments
   timeout -s INT 300 "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log"
+  timeout -s INT 120 "$PY" benchmarks/devicewaits.py --json "$OUT/device-waits.json" 2>&1 \
+    | tee "$OUT/device-waits.log"
 fi
 if [[ $STEPS == *" cpu "* ]]; then
   "${PYTEST[@]}" -o timeout=120 tests/test_core.py tests/test_flight.py \

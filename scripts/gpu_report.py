@@ -3,8 +3,8 @@
     python scripts/gpu_report.py OUT_DIR [SECONDS] > OUT_DIR/report.md
 
 Reads ``env.json`` (versions), ``gpu-tests.xml``, ``multi-gpu-tests.xml`` and ``cpu-tests.xml``
-(pytest's JUnit XML), ``bench.json`` (benchmarks/gpu.py) and ``gpu-health.json`` (tests/gpu's
-NVML reading); a missing file is reported as missing, not skipped over. What the NCCL drills
+(pytest's JUnit XML), ``bench.json`` (benchmarks/gpu.py), ``device-waits.json``
+(benchmarks/devicewaits.py) and ``gpu-health.json`` (tests/gpu's NVML reading); a missing file is reported as missing, not skipped over. What the NCCL drills
 printed (``multi-gpu-tests.log``: the verdicts, what NCCL's RAS said) follows their table.
 """
 
@@ -151,6 +151,23 @@ def _bench(path: Path) -> list[str]:
     return out
 
 
+def _device_waits(path: Path) -> list[str]:
+    title = "## benchmarks/devicewaits.py"
+    if not path.exists():
+        return [title, "", "missing: device-waits.json (see device-waits.log)", ""]
+    d = json.loads(path.read_text())
+    return [
+        title,
+        "",
+        f"Timing the compute stream's waits ({d['events']} events), host time per FSDP2 "
+        f"all-gather wait: FSDP2's own {d['bare_us']:.2f} µs; the exporter adds "
+        f"{d['not_timed_us']:.2f} µs on a step it does not time, {d['timed_us']:.2f} µs on a "
+        f"step it times; {d['amortised_us']:.2f} µs per wait at one step in {d['every']}; "
+        f"errors {d['errors']}.",
+        "",
+    ]
+
+
 def _health(path: Path) -> list[str]:
     if not path.exists():
         return ["## GPU health (NVML)", "", "missing: gpu-health.json (see gpu-tests.log)", ""]
@@ -189,6 +206,7 @@ def main(argv: list[str]) -> int:
         *_printed(out / "multi-gpu-tests.log"),
         *_health(out / "gpu-health.json"),
         *_bench(out / "bench.json"),
+        *_device_waits(out / "device-waits.json"),
         *_table("core CPU tests with this torch", out / "cpu-tests.xml"),
     ]
     print("\n".join(lines))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -70,3 +71,23 @@ def test_the_report_tables_each_drill_and_quotes_what_it_printed(tmp_path, capsy
     kept = report.MAX_PRINTED
     assert f"line {kept - 1}\n... {100 - kept} more lines\n```" in printed
     assert f"line {kept}\n" not in printed
+
+
+def test_the_report_states_the_device_waits_cost_or_that_it_is_missing(tmp_path, capsys):
+    report = _report()
+    report.main(["gpu_report.py", str(tmp_path)])
+    assert "missing: device-waits.json (see device-waits.log)" in capsys.readouterr().out
+    figures = {
+        "events": "cuda",
+        "bare_us": 1.5,
+        "not_timed_us": 0.25,
+        "timed_us": 9.0,
+        "every": 8,
+        "amortised_us": 1.34,
+        "errors": 0,
+    }
+    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
+    report.main(["gpu_report.py", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert "adds 0.25 µs on a step it does not time, 9.00 µs on a step it times" in text
+    assert "1.34 µs per wait at one step in 8; errors 0." in text

@@ -296,13 +296,14 @@ def test_nccl_sharded_gradients_bit_identical(tmp_path):
     exporter's collective wrappers in place, loss, gradients and parameters stay the same bit for
     bit, and nothing is left in flight. (On one rank the exporter counts none of their
     collectives, which torch may skip on a group of one; counting them on NCCL needs a machine
-    with several GPUs.)"""
+    with several GPUs.) Every step's waits are timed on the device with CUDA events: no error."""
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
     out = tmp_path / "verdict.json"
     grad_worker = os.path.join("tests", "workers", "grad_worker.py")
     args = [str(out), "cuda", "nccl", "sharded"]
-    with Job(1, args, env={"OMP_NUM_THREADS": "1"}, module=grad_worker) as job:
+    env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DEVICE_WAIT_EVERY": "1"}
+    with Job(1, args, env=env, module=grad_worker) as job:
         assert job.wait(timeout=240) == 0, job.output()
     (per_rank,) = json.loads(out.read_text())
     print("sharded on NCCL:", json.dumps(per_rank))  # the ops counted, for the report
@@ -310,6 +311,7 @@ def test_nccl_sharded_gradients_bit_identical(tmp_path):
         r = per_rank[name]
         assert r["grads"] and r["params"] and r["losses"], (name, r)
         assert r["steps"] == 6 and r["timing"] == "collectives", (name, r)
+        assert r["comm_timing_errors"] == 0, (name, r)
         # On CUDA a collective's latency is not observed (an NCCL call returns once enqueued):
         # counted untimed, and marked complete, so that nothing looks in flight forever.
         assert r["ops"] == [] and r["settled"], (name, r)

@@ -1,0 +1,151 @@
+"""Measure the host cost of timing the compute stream's waits on the device (CUDA without DDP).
+
+Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a step it does not
+time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
+event between them), against FSDP2's own wait alone. With CUDA: real CUDA events on the current
+stream, the all-gather's event recorded on a side stream, a background thread resolving the
+pairs as the exporter's does. Without CUDA: a stand-in event source (the Python part only).
+
+    python benchmarks/devicewaits.py [--n CALLS] [--repeats R] [--json OUT]
+
+The figure the docs quote is ``amortised_us``: the cost per wait at the default sampling
+(``DDP_EXPORTER_DEVICE_WAIT_EVERY``), one step in ``every`` timed. An FSDP2 step makes about
+two such waits per ``fully_shard`` group, and one at the end of backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from exporter import settings
+from exporter.errors import ErrorCounter
+from exporter.sources.devicewaits import DeviceWaits
+from exporter.sources.fsdpwaits import FsdpWaitTiming
+from exporter.sources.recorder import Recorder
+
+
+class _StandInEvents:
+    """Marks from the host clock, complete at once (no device)."""
+
+    def usable(self) -> bool:
+        return True
+
+    def record(self) -> float:
+        return time.perf_counter()
+
+    def wait(self, event: Any) -> None:
+        pass
+
+    def elapsed(self, start: float, end: float) -> float:
+        return end - start
+
+
+class _Result:
+    def __init__(self, event: Any) -> None:
+        self.all_gather_event, self.all_gather_work = event, None
+
+
+def _classes(cuda: bool) -> tuple[type, type]:
+    """FSDP2's two classes as far as the wrapper sees them; the wait is FSDP2's own."""
+
+    class Group:
+        def wait_for_unshard(self) -> None:
+            if cuda:
+                torch.cuda.current_stream().wait_event(self._all_gather_result.all_gather_event)
+
+    class State:
+        def _root_post_backward_final_callback(self) -> None:
+            pass
+
+    return Group, State
+
+
+def _ns_per_call(group: Any, n: int) -> float:
+    gc.collect()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        group.wait_for_unshard()
+    return (time.perf_counter_ns() - t0) / n
+
+
+def measure(n: int, repeats: int) -> dict[str, Any]:
+    """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats."""
+    cuda = torch.cuda.is_available()
+    group_cls, state_cls = _classes(cuda)
+    group = group_cls()
+    if cuda:
+        side = torch.cuda.Stream()
+        event = torch.cuda.Event()
+        event.record(side)
+    else:
+        event = object()
+    group._all_gather_result = _Result(event)
+    every = settings.DEFAULT_DEVICE_WAIT_EVERY
+    rec, errors = Recorder("explicit"), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=every, events=None if cuda else _StandInEvents())
+    part = FsdpWaitTiming(waits, (group_cls, state_cls))
+    times: dict[str, list[float]] = {"bare": [], "not_timed": [], "timed": []}
+    _ns_per_call(group, max(1, n // 10))  # warm-up
+    try:
+        for r in range(repeats):
+            arms = ["bare", "not_timed", "timed"]
+            for arm in arms if r % 2 == 0 else reversed(arms):
+                if arm != "bare":
+                    part.instrument()
+                    # The step count decides: the last step of each `every` is timed.
+                    rec.steps = every - 1 if arm == "timed" else 0
+                times[arm].append(_ns_per_call(group, n) / 1e3)
+                part.uninstrument()
+                if cuda:
+                    torch.cuda.synchronize()
+                waits.drain()
+    finally:
+        part.uninstrument()
+        waits.close()
+    med = {arm: statistics.median(v) for arm, v in times.items()}
+    not_timed = med["not_timed"] - med["bare"]
+    timed = med["timed"] - med["bare"]
+    return {
+        "device": "cuda" if cuda else "cpu",
+        "events": "cuda" if cuda else "stand-in",
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "calls": n,
+        "repeats": repeats,
+        "bare_us": med["bare"],
+        "not_timed_us": not_timed,
+        "timed_us": timed,
+        "every": every,
+        "amortised_us": (timed + (every - 1) * not_timed) / every,
+        "errors": sum(errors.snapshot().values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=20_000, help="waits per repeat and arm")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    r = measure(args.n, args.repeats)
+    print(
+        f"device waits ({r['events']} events): FSDP2's wait alone {r['bare_us']:.2f} us; the "
+        f"wrapper adds {r['not_timed_us']:.2f} us on a step not timed, {r['timed_us']:.2f} us on "
+        f"a timed step; {r['amortised_us']:.2f} us per wait at one step in {r['every']}; "
+        f"errors {r['errors']}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
