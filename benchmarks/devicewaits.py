@@ -3,8 +3,9 @@
 Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a step it does not
 time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
 event between them), against FSDP2's own wait alone. With CUDA: real CUDA events on the current
-stream, the all-gather's event recorded on a side stream, a background thread resolving the
-pairs as the exporter's does. Without CUDA: a stand-in event source (the Python part only).
+stream, the all-gather's event recorded on a side stream, the pairs resolved between repeats
+(off the training thread in the exporter). Without CUDA: a stand-in event source (the Python
+part only).
 
     python benchmarks/devicewaits.py [--n CALLS] [--repeats R] [--json OUT]
 
@@ -90,7 +91,10 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
     group._all_gather_result = _Result(event)
     every = settings.DEFAULT_DEVICE_WAIT_EVERY
     rec, errors = Recorder("explicit"), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=every, events=None if cuda else _StandInEvents())
+    # Resolved between repeats, not by its thread during them: the training thread's cost alone.
+    waits = DeviceWaits(
+        rec, errors, every=every, events=None if cuda else _StandInEvents(), interval_s=3600
+    )
     part = FsdpWaitTiming(waits, (group_cls, state_cls))
     times: dict[str, list[float]] = {"bare": [], "not_timed": [], "timed": []}
     _ns_per_call(group, max(1, n // 10))  # warm-up

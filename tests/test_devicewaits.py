@@ -7,6 +7,7 @@ torch's own, on a real one-rank gloo group.
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
@@ -98,7 +99,7 @@ def test_every_nth_steps_waits_count_n_times_in_comm_wait(device):
     assert not any(errors.snapshot().values())
 
 
-def test_a_wait_resolves_once_the_device_completes_it_and_in_order(device):
+def test_a_wait_resolves_once_complete_and_never_lowers_the_compute_a_scrape_read(device):
     rec, _errors, waits, clock = device
     for _ in range(3):
         step(rec, clock)
@@ -107,7 +108,39 @@ def test_a_wait_resolves_once_the_device_completes_it_and_in_order(device):
     assert waits.drain() == 0 and rec.snapshot().phase_sum[2] == 0.0
     waits.events.marks[-1].done = True
     assert waits.drain() == 1
-    assert rec.snapshot().phase_sum[2] == pytest.approx(4 * 0.5)
+    # A scrape read 4 s of compute: the 2 s of waits (4 x 0.5) come out of the next steps'.
+    seen = [rec.snapshot().phase_sum]
+    for _ in range(3):
+        step(rec, clock)
+        seen.append(rec.snapshot().phase_sum)
+    computes = [s[1] for s in seen]
+    assert computes == sorted(computes), computes
+    assert [s[2] for s in seen] == pytest.approx([0.0, 1.0, 2.0, 2.0])
+    assert computes[-1] == pytest.approx(7 - 2.0)
+
+
+def test_waits_the_host_never_had_compute_for_are_dropped_not_owed_forever():
+    clock = Clock()
+    rec = Recorder("explicit", clock=clock)
+    step(rec, clock)
+    rec.snapshot()
+    rec.add_comm_wait(100.0, spread=2)  # far beyond any step's compute
+    for _ in range(6):
+        step(rec, clock)
+    _data, compute, comm, _opt = rec.snapshot().phase_sum
+    # Paid by the 4 step closes that follow (twice the spread), then dropped.
+    assert comm == pytest.approx(4.0) and compute == pytest.approx(3.0)
+
+
+def test_waits_inside_a_section_that_interrupts_training_are_not_timed(device):
+    rec, _errors, waits, clock = device
+    for _ in range(3):
+        step(rec, clock)
+    rec.open_step()
+    rec.section_begin()  # rank 0's evaluation between steps
+    assert waits.begin() is None and waits.events.marks == []
+    rec.section_end()
+    assert waits.begin() is not None
 
 
 def test_a_wait_read_before_its_step_closes_moves_once_there_is_compute():
@@ -199,7 +232,8 @@ def test_fsdp2s_all_gather_wait_is_marked_apart_from_its_copy_out(device):
     assert group.wait_for_unshard() == "unsharded"  # nothing gathered: nothing marked
     group._all_gather_result = Result(event="ag")
     assert group.wait_for_unshard() == "unsharded"
-    group._all_gather_result = Result(work="work")
+    # Asynchronous: FSDP2 records its event on the current stream too; the work is the wait.
+    group._all_gather_result = Result(event="not the gather", work="work")
     group.wait_for_unshard()
     state_cls()._root_post_backward_final_callback()
     assert log == [
@@ -208,7 +242,7 @@ def test_fsdp2s_all_gather_wait_is_marked_apart_from_its_copy_out(device):
         "marked wait for ag",
         "mark",
         "fsdp waits and copies out",
-        "mark",  # asynchronous work: its wait is inside
+        "mark",  # asynchronous work: its wait is inside, no wait on its event
         "fsdp waits and copies out",
         "mark",
         "mark",
@@ -262,6 +296,11 @@ def test_real_fsdp2_is_found_marked_and_restored(world1):
         # One rank gathers nothing; each backward's end is marked once.
         assert len(waits.events.marks) == 2 * 3
         assert waits.drain() == 3 and not any(errors.snapshot().values())
+        # What the all-gather wrapper reads, by this torch's names (one rank never fills it).
+        package = group_cls.__module__.rsplit(".", 1)[0]
+        result = importlib.import_module(f"{package}._fsdp_collectives").AllGatherResult
+        assert {"all_gather_event", "all_gather_work"} <= set(result._fields)
+        assert hasattr(model[0]._get_fsdp_state()._fsdp_param_group, "_all_gather_result")
     finally:
         part.uninstrument()
         waits.close()

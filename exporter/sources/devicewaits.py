@@ -33,7 +33,7 @@ from .recorder import Recorder
 
 __all__ = ["CudaEvents", "DeviceWaits", "EventSource", "MAX_PENDING"]
 
-#: Pairs waiting to complete; beyond, the oldest are dropped (a device far behind the host).
+#: Pairs waiting to complete; beyond, new waits are not timed (a device far behind the host).
 MAX_PENDING = 65536
 
 
@@ -110,23 +110,27 @@ class DeviceWaits:
         self.events: EventSource = events if events is not None else CudaEvents()
         self._rec = recorder
         self._errors = errors
-        self._pending: deque[tuple[Any, Any]] = deque(maxlen=MAX_PENDING)
+        self._pending: deque[tuple[Any, Any]] = deque()
         self._lock = threading.Lock()
         #: Waits resolved so far (each counted ``every`` times in comm_wait).
         self.resolved = 0
-        # Resolved wait time not moved yet: its step's compute was not closed when it was read.
-        self._owed = 0.0
+        #: Waits not timed because :data:`MAX_PENDING` were waiting to complete.
+        self.dropped = 0
         self._loop = BackgroundLoop(
             "ddp-exporter-device-waits", self.drain, interval_s, errors=errors, where="comm_timing"
         ).start()
 
     def begin(self) -> Any:
         """Return a mark recorded now if this step's waits are timed, else None; never raises."""
-        # The last step of each ``every``: never the first step, which sets up communicators.
-        if self._rec.steps % self.every != self.every - 1:
+        if _is_compiling():  # first: torch.compile would guard on the step count
+            return None
+        rec = self._rec
+        # The last step of each ``every`` (with more than one, never the first step, which sets
+        # up communicators); not inside a section that interrupts training (not a step's time).
+        if rec.steps % self.every != self.every - 1 or rec.paused:
             return None
         try:
-            if _is_compiling() or not self.events.usable():
+            if not self.events.usable():
                 return None
             return self.events.record()
         except Exception as exc:  # noqa: BLE001 - never in the way of the collective
@@ -135,6 +139,9 @@ class DeviceWaits:
 
     def end(self, start: Any) -> None:
         """Close the wait :meth:`begin` marked (``start`` not None); never raises."""
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped += 1  # the device is far behind: this wait is not timed
+            return
         try:
             self._pending.append((start, self.events.record()))
         except Exception as exc:  # noqa: BLE001
@@ -148,10 +155,11 @@ class DeviceWaits:
             self._errors.record("comm_timing", exc)
 
     def drain(self) -> int:
-        """Move the completed waits' time, in order, to comm_wait; return how many (never raises)."""
-        if not self._lock.acquire(blocking=False):
-            return 0  # the other caller is draining
-        try:
+        """Move the completed waits' time, in order, to comm_wait; return how many (never raises).
+
+        A scrape waits for a drain under way on the thread, so that it reads every wait done.
+        """
+        with self._lock:
             total, done = 0.0, 0
             pending = self._pending
             while pending:
@@ -167,13 +175,10 @@ class DeviceWaits:
                 pending.popleft()
                 total += max(seconds, 0.0)
                 done += 1
-            self._owed += total * self.every
-            if self._owed > 0.0:
-                self._owed -= self._rec.add_comm_wait(self._owed)
+            if total > 0.0:
+                self._rec.add_comm_wait(total * self.every, self.every)
             self.resolved += done
             return done
-        finally:
-            self._lock.release()
 
     def close(self) -> None:
         """Stop the thread."""

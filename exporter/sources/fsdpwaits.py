@@ -9,12 +9,15 @@ private, found by name in either of the modules FSDP2 has lived in):
   all-gather. The part waits for the all-gather's event itself, between its two marks, before
   FSDP2 does: the copy-out that follows is compute, not a wait. (FSDP2's second wait for the
   same event orders nothing more.) An all-gather issued as asynchronous work
-  (``unshard(async_op=True)``) is timed over the whole method.
+  (``unshard(async_op=True)``) is timed over the whole method, copy-out included.
 - ``FSDPState._root_post_backward_final_callback``: at the end of backward, the wait for the
   reduce-scatters (and HSDP's all-reduces) still running: the step's exposed tail.
 
-Not marked: the wait for an older reduce-scatter in the middle of backward, which FSDP2 makes
-only when more reduce-scatter inputs are held than it allows (one by default).
+Not marked: each group's wait, in its backward, for the reduce-scatter before it, where FSDP2
+also copies the gradients in on the compute stream (marks around the method would count that
+copy). A healthy rank's wait in backward mostly shows at the next all-gather, queued behind that
+reduce-scatter on the same communicator; with ``reshard_after_forward=False`` (no all-gather in
+backward) it is counted as compute.
 """
 
 from __future__ import annotations
@@ -92,12 +95,15 @@ class FsdpWaitTiming:
         def wait_for_unshard(group: Any, *args: Any, **kwargs: Any) -> Any:
             result = getattr(group, "_all_gather_result", None)
             event = getattr(result, "all_gather_event", None)
-            if event is None and getattr(result, "all_gather_work", None) is None:
+            work = getattr(result, "all_gather_work", None)
+            if event is None and work is None:
                 return original(group, *args, **kwargs)  # nothing gathered (or one rank)
             start = device.begin()
             if start is None:
                 return original(group, *args, **kwargs)
-            if event is None:  # asynchronous work: its wait is inside
+            if work is not None:
+                # Asynchronous: the wait is the work's, inside (its event, recorded on the
+                # current stream, completes with the compute before it, not with the gather).
                 try:
                     return original(group, *args, **kwargs)
                 finally:

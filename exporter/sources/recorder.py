@@ -133,6 +133,14 @@ class Recorder:
         # Without DDP: a step's comm_wait is the time the training thread waited for
         # collectives (comm_blocked), not a bucket's launch-to-completion.
         self._exposed_from_waits = False
+        # Communication timed on the device after its step closed (add_comm_wait): taken from
+        # compute no scrape has read yet, else owed by the next steps' compute, so that the
+        # compute total never goes down. An owed balance not paid off within _owed_limit step
+        # closes is dropped (device waits beyond the host's compute).
+        self._compute_read = 0.0
+        self._owed = 0.0
+        self._owed_closes = 0
+        self._owed_limit = 2
         self._reset_step(None)
 
     # -- step state ------------------------------------------------------------------------
@@ -182,6 +190,11 @@ class Recorder:
             compute = rest - comm
             if compute < 0.0:
                 compute = 0.0
+            if self._owed > 0.0:
+                paid = min(self._owed, compute)
+                compute -= paid
+                comm += paid
+                self._pay_owed(paid)
             ps = self.phase_sum
             ps[_DATA] += data
             ps[_COMPUTE] += compute
@@ -437,7 +450,7 @@ class Recorder:
         """
         with self.lock:
             self._count_iteration(stats, nbytes, span_s)
-            self._move_to_comm(exposed_s)
+            self._move_to_comm(exposed_s, 1)
 
     def iteration_untimed(self, stats: CollectiveStats, nbytes: int) -> None:
         """Count one DDP iteration's communication that could not be timed."""
@@ -453,23 +466,43 @@ class Recorder:
         if span_s is not None:
             stats.hist.observe(span_s)
 
-    def add_comm_wait(self, seconds: float) -> float:
-        """Move ``seconds`` of the finished steps' compute to comm_wait (CUDA paths).
+    def add_comm_wait(self, seconds: float, spread: int = 1) -> None:
+        """Move ``seconds`` of compute to comm_wait: communication timed on the device later.
 
-        Return what was moved: no more than the compute counted so far.
+        Taken from the compute counted since the last :meth:`snapshot`, else from the compute of
+        the steps that close next; ``spread``: over how many steps such waits were sampled (what
+        is still owed after twice that many step closes is dropped).
         """
         with self.lock:
-            return self._move_to_comm(seconds)
+            self._move_to_comm(seconds, spread)
 
-    def _move_to_comm(self, seconds: float) -> float:
-        moved = min(seconds, self.phase_sum[_COMPUTE])
-        if moved <= 0.0:
-            return 0.0
-        self.phase_sum[_COMPUTE] -= moved
-        self.phase_sum[_COMM] += moved
-        return moved
+    def _move_to_comm(self, seconds: float, spread: int) -> None:
+        ps = self.phase_sum
+        moved = min(seconds, ps[_COMPUTE] - self._compute_read)
+        if moved > 0.0:
+            ps[_COMPUTE] -= moved
+            ps[_COMM] += moved
+            seconds -= moved
+        if seconds > 0.0:
+            self._owed += seconds
+            self._owed_limit = max(self._owed_limit, 2 * spread)
+
+    def _pay_owed(self, paid: float) -> None:
+        """Count ``paid`` of the owed balance paid by the step closing now; drop it when stale."""
+        self._owed -= paid
+        if self._owed <= 0.0:
+            self._owed, self._owed_closes = 0.0, 0
+            return
+        self._owed_closes += 1
+        if self._owed_closes >= self._owed_limit:
+            self._owed, self._owed_closes = 0.0, 0
 
     # -- scrape ------------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """Whether a section that interrupts training is open (a plain read, off the lock)."""
+        return self._paused is not None
+
     def open_since(self) -> float | None:
         """Return when the open step started (perf_counter), None before the first step opens.
 
@@ -484,6 +517,8 @@ class Recorder:
     def snapshot(self) -> Snapshot:
         """Copy the aggregates under the lock; formatting happens outside it."""
         with self.lock:
+            # What a scraper has read must never go down (a counter): see add_comm_wait.
+            self._compute_read = self.phase_sum[_COMPUTE]
             colls = [
                 (
                     st.op,
