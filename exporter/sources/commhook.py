@@ -83,12 +83,15 @@ class CudaEventResolver:
         """Resolve every queued pair whose events have completed, in order."""
         while self._pending:
             stats, t0, start, end, launch = self._pending[0]
-            if not end.query():
-                return
-            self._pending.popleft()
-            self._recorder.bucket_timed(stats, t0, start.elapsed_time(end) / 1000.0)
-            if launch is not None:
-                self._recorder.add_comm_wait(launch.elapsed_time(end) / 1000.0)
+            # With the events' GPU current on this thread: a CUDA call on a thread whose device
+            # was never set makes a context on GPU 0, hundreds of MiB there for every rank.
+            with torch.cuda.device(end.device):
+                if not end.query():
+                    return
+                self._pending.popleft()
+                self._recorder.bucket_timed(stats, t0, start.elapsed_time(end) / 1000.0)
+                if launch is not None:
+                    self._recorder.add_comm_wait(launch.elapsed_time(end) / 1000.0)
 
     def close(self) -> None:
         """Stop the thread."""

@@ -156,12 +156,16 @@ class CudaMarks:
 
     def done(self, marks: list[Any]) -> bool:
         """Say whether the GPU passed the last mark (no synchronisation)."""
-        return bool(marks[2].query())
+        # On the resolver thread, with this GPU current: a CUDA call on a thread whose device
+        # was never set makes a context on GPU 0, hundreds of MiB there for every rank.
+        with torch.cuda.device(self._index):
+            return bool(marks[2].query())
 
     def seconds(self, marks: list[Any]) -> tuple[float, float]:
         """Return the GPU time from the first and from the second mark to the last."""
-        span = marks[0].elapsed_time(marks[2]) / 1e3
-        exposed = marks[1].elapsed_time(marks[2]) / 1e3
+        with torch.cuda.device(self._index):
+            span = marks[0].elapsed_time(marks[2]) / 1e3
+            exposed = marks[1].elapsed_time(marks[2]) / 1e3
         return max(span, 0.0), max(exposed, 0.0)
 
 

@@ -73,9 +73,13 @@ class CudaEvents:
 
     def elapsed(self, start: Any, end: Any) -> float | None:
         """Return the device time between the events once ``end`` has completed."""
-        if not end.query():
-            return None
-        return float(start.elapsed_time(end)) / 1000.0
+        # Read off the training thread, with the events' GPU current: a CUDA call on a thread
+        # whose device was never set makes a context on GPU 0, hundreds of MiB there for every
+        # rank of the node.
+        with torch.cuda.device(end.device):
+            if not end.query():
+                return None
+            return float(start.elapsed_time(end)) / 1000.0
 
 
 def _never() -> bool:

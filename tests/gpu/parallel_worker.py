@@ -12,6 +12,7 @@ exporter's own).
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,6 +101,28 @@ def kernels(prof: profile) -> tuple[float, float]:
     return sum(b - a for a, b in comm) / 1e6, exposed(comm, other) / 1e6
 
 
+def contexts() -> list[str]:
+    """Return the GPUs (UUIDs) this process holds a context on, as nvidia-smi lists them.
+
+    Empty where nvidia-smi cannot tell (absent, or processes of another PID namespace).
+    """
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    pid, found = str(os.getpid()), set()
+    for line in listed.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == pid:
+            found.add(fields[1])
+    return sorted(found)
+
+
 def main() -> None:
     out, parallel = sys.argv[1], sys.argv[2]
     cpu = sys.argv[3:] == ["cpu"]
@@ -148,6 +171,8 @@ def main() -> None:
         "profiler_s": device_s,
         "profiler_exposed_s": exposed_s,
         "errors": obs.errors.snapshot(),
+        "contexts": [] if cpu else contexts(),
+        "own_gpu": None if cpu else str(torch.cuda.get_device_properties(device).uuid),
     }
     obs.close()
     with open(f"{out}.{dist.get_rank()}", "w") as f:

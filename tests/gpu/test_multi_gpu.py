@@ -164,7 +164,8 @@ def test_nccl_parallel_collectives_are_timed_on_the_device(tmp_path, parallel):
     each one timed from the Flight Recorder's durations (none untimed), their sum within 10 % of
     the NCCL kernels' device time in torch's profiler; the step split's comm_wait (the compute
     stream's waits, timed on the device every step here) within 10 % of the profiler's exposed
-    communication (NCCL kernel time no other kernel overlapped)."""
+    communication (NCCL kernel time no other kernel overlapped). No rank holds a context on
+    another rank's GPU (the exporter's threads query events with their own GPU current)."""
     out = tmp_path / "timing"
     env = _env(TORCH_NCCL_ENABLE_TIMING="1", DDP_EXPORTER_DEVICE_WAIT_EVERY="1")
     worker = os.path.join("tests", "gpu", "parallel_worker.py")
@@ -175,6 +176,9 @@ def test_nccl_parallel_collectives_are_timed_on_the_device(tmp_path, parallel):
     waits = []
     for r in reports:
         assert r["comm_timing"] == "collectives" and not any(r["errors"].values()), r
+        # nvidia-smi's view (empty where it cannot see this container's processes).
+        uuid = r["own_gpu"] if r["own_gpu"].startswith("GPU-") else f"GPU-{r['own_gpu']}"
+        assert r["contexts"] in ([], [uuid]), r
         assert r["exporter"] and r["profiler_s"] > 1e-3, r
         for op, (timed, _total, untimed) in r["exporter"].items():
             assert timed > 0 and untimed == 0, (op, r)
