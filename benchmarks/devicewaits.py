@@ -29,7 +29,7 @@ import torch
 from exporter import settings
 from exporter.errors import ErrorCounter
 from exporter.sources.devicewaits import DeviceWaits
-from exporter.sources.fsdpwaits import FsdpWaitTiming
+from exporter.sources.fsdpwaits import Fsdp2, FsdpWaitTiming
 from exporter.sources.recorder import Recorder
 
 
@@ -54,8 +54,8 @@ class _Result:
         self.all_gather_event, self.all_gather_work = event, None
 
 
-def _classes(cuda: bool) -> tuple[type, type]:
-    """FSDP2's two classes as far as the wrapper sees them; the wait is FSDP2's own."""
+def _fsdp2(cuda: bool) -> Fsdp2:
+    """FSDP2 as far as the all-gather wrapper sees it; the wait is FSDP2's own."""
 
     class Group:
         def wait_for_unshard(self) -> None:
@@ -66,7 +66,7 @@ def _classes(cuda: bool) -> tuple[type, type]:
         def _root_post_backward_final_callback(self) -> None:
             pass
 
-    return Group, State
+    return Fsdp2(Group, State)
 
 
 def _ns_per_call(group: Any, n: int) -> float:
@@ -80,8 +80,8 @@ def _ns_per_call(group: Any, n: int) -> float:
 def measure(n: int, repeats: int) -> dict[str, Any]:
     """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats."""
     cuda = torch.cuda.is_available()
-    group_cls, state_cls = _classes(cuda)
-    group = group_cls()
+    fsdp2 = _fsdp2(cuda)
+    group = fsdp2.group()
     if cuda:
         side = torch.cuda.Stream()
         event = torch.cuda.Event()
@@ -95,7 +95,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
     waits = DeviceWaits(
         rec, errors, every=every, events=None if cuda else _StandInEvents(), interval_s=3600
     )
-    part = FsdpWaitTiming(waits, (group_cls, state_cls))
+    part = FsdpWaitTiming(waits, fsdp2)
     times: dict[str, list[float]] = {"bare": [], "not_timed": [], "timed": []}
     _ns_per_call(group, max(1, n // 10))  # warm-up
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import types
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from harness import wait_for
 
 from exporter.errors import ErrorCounter
 from exporter.sources.devicewaits import DeviceWaits
-from exporter.sources.fsdpwaits import FsdpWaitTiming, fsdp2_classes
+from exporter.sources.fsdpwaits import Fsdp2, FsdpWaitTiming, fsdp2_classes
 from exporter.sources.functional import FunctionalCollectiveTiming
 from exporter.sources.recorder import Recorder
 
@@ -198,44 +199,60 @@ class Result:
         self.all_gather_event, self.all_gather_work = event, work
 
 
-def stand_ins(log: list[str]) -> tuple[type, type]:
-    """FSDP2's two classes as far as the part uses them, logging what runs."""
+def stand_ins(log: list[str]) -> Fsdp2:
+    """FSDP2 as far as the part uses it, logging what runs on the compute stream."""
+    reducing = types.SimpleNamespace()
+
+    def foreach_reduce() -> None:
+        log.append("copy-in, reduce-scatter issued")
+
+    reducing.foreach_reduce = foreach_reduce
 
     class Group:
         _all_gather_result: Result | None = None
+        fsdp_params: tuple = ()
 
         def wait_for_unshard(self) -> str:
             log.append("fsdp waits and copies out")
             return "unsharded"
 
+        def post_backward(self) -> None:
+            log.append("waits for the reduce-scatter before")
+            reducing.foreach_reduce()  # looked up in its module at call time, as FSDP2 does
+
     class State:
         def _root_post_backward_final_callback(self) -> None:
-            log.append("fsdp waits for its reductions")
+            log.append("waits")
+            Group().post_backward()  # a group whose inputs needed no gradient
+            log.append("waits for its reductions")
 
-    return Group, State
+    return Fsdp2(Group, State, reducing)
 
 
-def test_fsdp2s_all_gather_wait_is_marked_apart_from_its_copy_out(device):
+def logging_marks(waits: DeviceWaits, log: list[str]) -> None:
+    events = waits.events
+    events.wait = lambda event: log.append(f"marked wait for {event}")
+    real_record = events.record
+    events.record = lambda: (log.append("mark"), real_record())[1]
+
+
+def test_fsdp2s_waits_are_marked_apart_from_the_compute_around_them(device):
     rec, _errors, waits, clock = device
     for _ in range(3):
         step(rec, clock)
     log: list[str] = []
-    group_cls, state_cls = stand_ins(log)
-    events = waits.events
-    events.wait = lambda event: log.append(f"marked wait for {event}")  # type: ignore[method-assign]
-    real_record = events.record
-    events.record = lambda: (log.append("mark"), real_record())[1]  # type: ignore[method-assign]
-    part = FsdpWaitTiming(waits, (group_cls, state_cls))
-    original = group_cls.wait_for_unshard
+    fsdp2 = stand_ins(log)
+    logging_marks(waits, log)
+    part = FsdpWaitTiming(waits, fsdp2)
+    originals = dict(vars(fsdp2.group)), dict(vars(fsdp2.reducing))
     assert part.instrument() and part.instrument()
-    group = group_cls()
+    group = fsdp2.group()
     assert group.wait_for_unshard() == "unsharded"  # nothing gathered: nothing marked
     group._all_gather_result = Result(event="ag")
     assert group.wait_for_unshard() == "unsharded"
     # Asynchronous: FSDP2 records its event on the current stream too; the work is the wait.
     group._all_gather_result = Result(event="not the gather", work="work")
     group.wait_for_unshard()
-    state_cls()._root_post_backward_final_callback()
     assert log == [
         "fsdp waits and copies out",
         "mark",
@@ -245,39 +262,61 @@ def test_fsdp2s_all_gather_wait_is_marked_apart_from_its_copy_out(device):
         "mark",  # asynchronous work: its wait is inside, no wait on its event
         "fsdp waits and copies out",
         "mark",
+    ]
+    log.clear()
+    group.post_backward()
+    fsdp2.state()._root_post_backward_final_callback()
+    assert log == [
         "mark",
-        "fsdp waits for its reductions",
+        "waits for the reduce-scatter before",
+        "mark",  # before the copy-in
+        "copy-in, reduce-scatter issued",
+        "mark",  # the tail
+        "waits",
+        "waits for the reduce-scatter before",
+        "mark",  # the late group's copy-in is not the tail's wait ...
+        "copy-in, reduce-scatter issued",
+        "mark",  # ... which goes on after it
+        "waits for its reductions",
         "mark",
     ]
+    assert len(waits.events.marks) % 2 == 0
     part.uninstrument()
     part.uninstrument()
-    assert group_cls.__dict__["wait_for_unshard"] is original
+    assert (dict(vars(fsdp2.group)), dict(vars(fsdp2.reducing))) == originals
 
 
-def test_fsdp2_unmarked_steps_call_straight_through_and_a_later_wrapper_stays(device):
-    _rec, _errors, waits, _clock = device
+def test_fsdp2_accumulating_gradients_and_unmarked_steps_call_straight_through(device):
+    rec, _errors, waits, clock = device
     log: list[str] = []
-    group_cls, state_cls = stand_ins(log)
-    part = FsdpWaitTiming(waits, (group_cls, state_cls))
+    fsdp2 = stand_ins(log)
+    part = FsdpWaitTiming(waits, fsdp2)
     part.instrument()
-    group = group_cls()
+    group = fsdp2.group()
     group._all_gather_result = Result(event="ag")
     group.wait_for_unshard()  # step 1 of 4: not timed
-    assert waits.events.marks == [] and log == ["fsdp waits and copies out"]
-    later = group_cls.wait_for_unshard
-    group_cls.wait_for_unshard = lambda self: later(self)
-    mine = group_cls.wait_for_unshard
+    group.post_backward()
+    assert waits.events.marks == []
+    for _ in range(3):
+        step(rec, clock)
+    group.fsdp_params = (types.SimpleNamespace(unsharded_accumulated_grad=torch.ones(1)),)
+    group.post_backward()  # sums run on the stream there: not a wait
+    assert waits.events.marks == []
+    later = fsdp2.group.wait_for_unshard
+    fsdp2.group.wait_for_unshard = lambda self: later(self)
+    mine = fsdp2.group.wait_for_unshard
     part.uninstrument()
-    assert group_cls.__dict__["wait_for_unshard"] is mine
+    assert fsdp2.group.__dict__["wait_for_unshard"] is mine
 
 
 def test_real_fsdp2_is_found_marked_and_restored(world1):
     from torch.distributed.fsdp import fully_shard
 
-    classes = fsdp2_classes()
-    assert classes is not None, "this torch has FSDP2: its classes must be found"
-    group_cls, state_cls = classes
-    before = (group_cls.wait_for_unshard, state_cls._root_post_backward_final_callback)
+    fsdp2 = fsdp2_classes()
+    assert fsdp2 is not None and fsdp2.reducing is not None, "this torch's FSDP2 must be found"
+    names = ("wait_for_unshard", "post_backward", "_root_post_backward_final_callback")
+    before = [vars(fsdp2.group).get(n) or vars(fsdp2.state).get(n) for n in names]
+    before.append(fsdp2.reducing.foreach_reduce)
     clock = Clock()
     rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
     waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
@@ -293,18 +332,20 @@ def test_real_fsdp2_is_found_marked_and_restored(world1):
             rec.open_step()
             model(torch.ones(2, 4)).sum().backward()
             rec.boundary("explicit")
-        # One rank gathers nothing; each backward's end is marked once.
-        assert len(waits.events.marks) == 2 * 3
-        assert waits.drain() == 3 and not any(errors.snapshot().values())
+        # One rank gathers nothing. Per backward: the second layer's wait before its reduce,
+        # and the tail, cut by the first layer's reduce (its input needs no gradient).
+        assert len(waits.events.marks) == 3 * 2 * 3
+        assert waits.drain() == 3 * 3 and not any(errors.snapshot().values())
         # What the all-gather wrapper reads, by this torch's names (one rank never fills it).
-        package = group_cls.__module__.rsplit(".", 1)[0]
+        package = fsdp2.group.__module__.rsplit(".", 1)[0]
         result = importlib.import_module(f"{package}._fsdp_collectives").AllGatherResult
         assert {"all_gather_event", "all_gather_work"} <= set(result._fields)
         assert hasattr(model[0]._get_fsdp_state()._fsdp_param_group, "_all_gather_result")
     finally:
         part.uninstrument()
         waits.close()
-    after = (group_cls.wait_for_unshard, state_cls._root_post_backward_final_callback)
+    after = [vars(fsdp2.group).get(n) or vars(fsdp2.state).get(n) for n in names]
+    after.append(fsdp2.reducing.foreach_reduce)
     assert after == before
 
 

@@ -124,14 +124,18 @@ class DeviceWaits:
             "ddp-exporter-device-waits", self.drain, interval_s, errors=errors, where="comm_timing"
         ).start()
 
-    def begin(self) -> Any:
-        """Return a mark recorded now if this step's waits are timed, else None; never raises."""
+    def sampled(self) -> bool:
+        """Return whether waits made now are timed (a few plain reads; never raises)."""
         if _is_compiling():  # first: torch.compile would guard on the step count
-            return None
+            return False
         rec = self._rec
         # The last step of each ``every`` (with more than one, never the first step, which sets
         # up communicators); not inside a section that interrupts training (not a step's time).
-        if rec.steps % self.every != self.every - 1 or rec.paused:
+        return rec.steps % self.every == self.every - 1 and not rec.paused
+
+    def begin(self) -> Any:
+        """Return a mark recorded now if this step's waits are timed, else None; never raises."""
+        if not self.sampled():
             return None
         try:
             if not self.events.usable():
