@@ -171,3 +171,26 @@ def test_nested_sections_end_with_the_outer_one():
     rec.optimizer_begin()
     rec.optimizer_end()
     assert rec.snapshot().step_sum == pytest.approx(0.2)
+
+
+def test_an_iteration_timed_after_a_scrape_never_lowers_the_compute_it_read():
+    """DDP's iteration marks on a GPU resolve after their step closed: the exposed time comes
+    out of compute not yet read, else out of the next step's, never out of what was scraped."""
+    clock = Clock()
+    rec = Recorder("optimizer", clock=clock)
+    stats = rec.collective_stats("allreduce", "0", 60.0)
+
+    def one_step():
+        rec.open_step()
+        clock.t += 1.0
+        rec.optimizer_begin()
+        rec.optimizer_end()
+
+    one_step()
+    read = rec.snapshot().phase_sum
+    rec.iteration_timed(stats, 0.5, 0.4, 1000)  # the first step's, resolved after the scrape
+    assert rec.snapshot().phase_sum == read
+    one_step()  # pays the 0.4 s out of its own compute
+    rec.iteration_timed(stats, 0.5, 0.3, 1000)  # no scrape since this step: moved at once
+    _data, compute, comm, _opt = rec.snapshot().phase_sum
+    assert comm == pytest.approx(0.7) and compute == pytest.approx(2.0 - 0.7)
