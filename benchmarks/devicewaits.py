@@ -11,13 +11,15 @@ part only).
 
 The figure the docs quote is ``amortised_us``: the cost per wait at the default sampling
 (``DDP_EXPORTER_DEVICE_WAIT_EVERY``), one step in ``every`` timed. An FSDP2 step makes about
-two such waits per ``fully_shard`` group, and one at the end of backward.
+three such waits per ``fully_shard`` group (two all-gathers, one reduce-scatter), and one at the
+end of backward.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import statistics
 import sys
@@ -79,6 +81,9 @@ def _ns_per_call(group: Any, n: int) -> float:
 
 def measure(n: int, repeats: int) -> dict[str, Any]:
     """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats."""
+    # FSDP2's hooks import torch._dynamo as they first run: torch.compiler.is_compiling(), which
+    # every wrapper asks first, costs more then.
+    importlib.import_module("torch._dynamo")
     cuda = torch.cuda.is_available()
     fsdp2 = _fsdp2(cuda)
     group = fsdp2.group()
