@@ -42,6 +42,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
 
 
+class HandClock:
+    """A clock the test moves by hand (``clock.t += 1.0``)."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
     """Poll ``cond`` until it returns a truthy value; fail with ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from harness import HandClock as Clock
 from harness import wait_for
 
 from exporter.errors import ErrorCounter
@@ -22,16 +23,6 @@ from exporter.sources.functional import FunctionalCollectiveTiming
 from exporter.sources.recorder import Recorder
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Mark:

@@ -1,18 +1,11 @@
 """Step and phase arithmetic of the hot-path recorder, with a hand-driven clock."""
 
 import pytest
+from harness import HandClock as Clock
 
 from exporter.sources.recorder import Histogram, Recorder
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_phases_add_up_and_comm_wait_is_the_exposed_tail():
