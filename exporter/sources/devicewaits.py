@@ -12,11 +12,13 @@ queued before the wait is done, so the time between them is how long the stream 
 where the collective ended before the stream got there). :class:`DeviceWaits` records such
 pairs where the parts that know the wait points ask it to (:mod:`exporter.sources.fsdpwaits`,
 the functional collectives' ``wait_tensor``), and resolves them off the training thread
-(``Event.query()``: no synchronisation), moving their time from compute to comm_wait.
+(``Event.query()``: no synchronisation), moving their time from compute to comm_wait
+(:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never compute a scrape has read).
 
 Sampled: only the waits of every ``every``-th step are timed (two events each, a few
 microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
-compiles the caller or a CUDA graph is being captured.
+compiles the caller, while a CUDA graph is being captured, or inside a declared section that
+interrupts training.
 """
 
 from __future__ import annotations
