@@ -30,7 +30,7 @@ from .sources.gpu.health import HealthSource
 from .sources.gpu.nvml import nvml_source
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
-from .sources.parallelism import kind_of
+from .sources.parallelism import compute_device, kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
 
@@ -116,8 +116,7 @@ def hook_steps(
     parallelism = kind_of(model)
     ddp = parallelism == "ddp"
     recorder = Recorder(_closer(optimizer, dataloader, ddp))
-    params = model.parameters() if model is not None else iter(())
-    device = next((p.device for p in params), torch.device("cpu"))
+    device = compute_device(model)
     pg = model.process_group if ddp and model is not None else None
     backend = backend_name(pg, device)
     # In-flight state: the Flight Recorder where it works, else the hook's bookkeeping.

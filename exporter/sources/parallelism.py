@@ -11,13 +11,16 @@ Flight Recorder's in-flight state, hangs) is the same for every kind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import catalog
 
-__all__ = ["kind_of", "trained_model_kind"]
+__all__ = ["compute_device", "kind_of", "trained_model_kind"]
 
 
 def _fsdp_classes() -> tuple[type, ...]:
@@ -69,6 +72,32 @@ def kind_of(model: object) -> str:
     if classic is not None and any(isinstance(m, classic) for m in modules):
         return "fsdp"
     return "module"  # a DDP inside a module too: its reducer is not the exporter's to time
+
+
+def _current_cuda() -> int | None:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def compute_device(
+    model: Any, current_cuda: Callable[[], int | None] = _current_cuda
+) -> torch.device:
+    """Return the device ``model`` computes and communicates on (the CPU without a model).
+
+    Its first parameter's device, but for a DTensor parameter kept on the CPU over a CUDA mesh
+    (FSDP2's ``CPUOffloadPolicy``: the shards rest on the CPU, forward, backward and the
+    collectives run on the GPU) the current CUDA device. ``current_cuda``: that device's
+    index, None without CUDA (tests pass a stand-in).
+    """
+    params = model.parameters() if model is not None else iter(())
+    first = next(params, None)
+    if first is None:
+        return torch.device("cpu")
+    mesh = getattr(first, "device_mesh", None)
+    if first.device.type == "cpu" and getattr(mesh, "device_type", None) == "cuda":
+        index = current_cuda()
+        if index is not None:
+            return torch.device("cuda", index)
+    return torch.device(first.device)
 
 
 def trained_model_kind(model: object) -> str | None:
