@@ -120,8 +120,6 @@ class DeviceWaits:
         self._lock = threading.Lock()
         #: Waits resolved so far (each counted ``every`` times in comm_wait).
         self.resolved = 0
-        #: Waits not timed because :data:`MAX_PENDING` were waiting to complete.
-        self.dropped = 0
         self._loop = BackgroundLoop(
             "ddp-exporter-device-waits", self.drain, interval_s, errors=errors, where="comm_timing"
         ).start()
@@ -150,8 +148,7 @@ class DeviceWaits:
     def end(self, start: Any) -> None:
         """Close the wait :meth:`begin` marked (``start`` not None); never raises."""
         if len(self._pending) >= MAX_PENDING:
-            self.dropped += 1  # the device is far behind: this wait is not timed
-            return
+            return  # the device is far behind: this wait is not timed
         try:
             self._pending.append((start, self.events.record()))
         except Exception as exc:  # noqa: BLE001

@@ -191,7 +191,7 @@ class FsdpWaitTiming:
                 return original(state, *args, **kwargs)
             finally:
                 local.tail = False
-                mark, local.mark = getattr(local, "mark", None), None
+                mark, local.mark = local.mark, None
                 if mark is not None:
                     device.end(mark)
 
