@@ -130,6 +130,12 @@ class TopWatch:
         tables = self.reader.tables
         return all(tables[m] and tables[m][-1].get(rank, "").startswith(verdict) for m in tables)
 
+    def latest(self, rank: int, reads: int = 12) -> dict[str, list[str]]:
+        """Return the verdicts of ``rank`` in each source's last ``reads`` tables."""
+        return {
+            m: [t.get(rank, "?")[:40] for t in ts[-reads:]] for m, ts in self.reader.tables.items()
+        }
+
     def wrongly_accused(self, culprit: int | None) -> list[tuple[str, int, str]]:
         """Return every (source, rank, verdict) that blamed a rank other than ``culprit``."""
         return [
@@ -186,11 +192,14 @@ def check_fault(st: LocalStack, fault: str, fault_rank: int, run: str, ranks: Ra
         ]
         assert not wrong, f"healthy ranks blamed: {wrong}"
         # top agrees with the alert: it names the same rank, for the same reason, and nobody else.
-        wait_for(
-            lambda: watch.named(fault_rank, TOP_VERDICT[fault]),
-            30,
-            f"top to give rank {fault_rank} {TOP_VERDICT[fault]!r}",
-        )
+        # From Prometheus its suspicion must hold over a whole rate window, read after read, and
+        # on a loaded host a read that misses a scrape starts that window again.
+        verdict = TOP_VERDICT[fault]
+        try:
+            named = functools.partial(watch.named, fault_rank, verdict)
+            wait_for(named, 60, f"top to give rank {fault_rank} {verdict!r}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last reads: {watch.latest(fault_rank)}") from None
         assert not watch.wrongly_accused(fault_rank), watch.wrongly_accused(fault_rank)
     finally:
         watch.stop()
