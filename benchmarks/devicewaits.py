@@ -41,6 +41,9 @@ class _StandInEvents:
     def usable(self) -> bool:
         return True
 
+    def on_default_stream(self) -> bool:
+        return True
+
     def record(self) -> float:
         return time.perf_counter()
 

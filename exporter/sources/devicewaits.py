@@ -11,9 +11,11 @@ made to wait, one just after. The second completes when the collective has ended
 queued before the wait is done, so the time between them is how long the stream waited (none
 where the collective ended before the stream got there). :class:`DeviceWaits` records such
 pairs where the parts that know the wait points ask it to (:mod:`exporter.sources.fsdpwaits`,
-the functional collectives' ``wait_tensor``), and resolves them off the training thread
-(``Event.query()``: no synchronisation), moving their time from compute to comm_wait
-(:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never compute a scrape has read).
+the functional collectives' ``wait_tensor``, ``Work.wait()`` on the default stream), and
+resolves them off the training thread (``Event.query()``: no synchronisation), moving their time
+from compute to comm_wait (:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never
+compute a scrape has read). A wait inside one the same thread has marked already is not marked
+again: its time is in the outer pair.
 
 Sampled: only the waits of every ``every``-th step are timed (two events each, a few
 microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
@@ -45,6 +47,9 @@ class EventSource(Protocol):
     def usable(self) -> bool:
         """Return whether a mark may be recorded now (not while a CUDA graph is captured)."""
 
+    def on_default_stream(self) -> bool:
+        """Return whether the current stream is the device's default stream."""
+
     def record(self) -> Any:
         """Record a mark on the current stream; return it."""
 
@@ -62,6 +67,10 @@ class CudaEvents:
         """Return False while the current stream is being captured into a CUDA graph."""
         # A timing event recorded during capture would invalidate the user's graph.
         return not torch.cuda.is_current_stream_capturing()
+
+    def on_default_stream(self) -> bool:
+        """Return whether the current stream is the current device's default stream."""
+        return bool(torch.cuda.current_stream() == torch.cuda.default_stream())
 
     def record(self) -> torch.cuda.Event:
         """Record a timing event on the current stream."""
@@ -118,6 +127,8 @@ class DeviceWaits:
         self._errors = errors
         self._pending: deque[tuple[Any, Any]] = deque()
         self._lock = threading.Lock()
+        # Per thread: the mark of the wait under way, inside which no wait is marked again.
+        self._open = threading.local()
         #: Waits resolved so far (each counted ``every`` times in comm_wait).
         self.resolved = 0
         self._loop = BackgroundLoop(
@@ -133,20 +144,34 @@ class DeviceWaits:
         # up communicators); not inside a section that interrupts training (not a step's time).
         return rec.steps % self.every == self.every - 1 and not rec.paused
 
-    def begin(self) -> Any:
-        """Return a mark recorded now if this step's waits are timed, else None; never raises."""
-        if not self.sampled():
+    def begin(self, *, default_stream: bool = False) -> Any:
+        """Return a mark recorded now if this step's waits are timed, else None; never raises.
+
+        None too inside a wait this thread has marked already (its time is counted once), and,
+        with ``default_stream``, where the current stream is not the device's default stream
+        (a stream of FSDP's own waiting for a collective is not the compute stream waiting).
+        A mark returned is closed by :meth:`end` or given up by :meth:`drop`.
+        """
+        if not self.sampled() or getattr(self._open, "mark", None) is not None:
             return None
         try:
-            if not self.events.usable():
+            events = self.events
+            if not events.usable() or (default_stream and not events.on_default_stream()):
                 return None
-            return self.events.record()
+            mark = self._open.mark = events.record()
+            return mark
         except Exception as exc:  # noqa: BLE001 - never in the way of the collective
             self._errors.record("comm_timing", exc)
             return None
 
+    def drop(self, start: Any) -> None:
+        """Give up the wait :meth:`begin` marked: nothing is timed."""
+        if getattr(self._open, "mark", None) is start:
+            self._open.mark = None
+
     def end(self, start: Any) -> None:
         """Close the wait :meth:`begin` marked (``start`` not None); never raises."""
+        self.drop(start)
         if len(self._pending) >= MAX_PENDING:
             return  # the device is far behind: this wait is not timed
         try:

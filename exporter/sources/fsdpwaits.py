@@ -156,7 +156,9 @@ class FsdpWaitTiming:
             try:
                 return original(group, *args, **kwargs)
             finally:
-                local.mark = None  # nothing reduced: the mark is dropped
+                mark, local.mark = local.mark, None
+                if mark is not None:
+                    device.drop(mark)  # nothing reduced: no wait to time
 
         post_backward.__name__ = _POST_BACKWARD
         return post_backward
