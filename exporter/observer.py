@@ -71,7 +71,7 @@ class Observer:
         self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
         self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
         timing = hooks.timing
-        self.comm_timing, self.hook, self._resolver = timing.mode, timing.hook, timing.resolver
+        self.comm_timing, self.hook, self._timers = timing.mode, timing.hook, timing.threads()
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor
         self._loader, self._optim, self._sections = hooks.loader, hooks.optim, hooks.sections
@@ -227,7 +227,7 @@ class Observer:
                 part.uninstrument()
         if ending.ending_cleanly() if clean is None else clean:
             self._publish_end()
-        for thread in (self.heartbeat, self.hangs, self._resolver, self.goodput):
+        for thread in (self.heartbeat, self.hangs, *self._timers, self.goodput):
             if thread is not None:
                 thread.close()
         if self.otlp is not None:

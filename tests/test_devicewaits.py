@@ -37,12 +37,16 @@ class Events:
         self.clock = clock
         self.complete = True
         self.capturing = False
+        self.default = True  # the current stream is the device's default stream
         self.fail: Exception | None = None
         self.marks: list[Mark] = []
         self.waited: list[object] = []
 
     def usable(self) -> bool:
         return not self.capturing
+
+    def on_default_stream(self) -> bool:
+        return self.default
 
     def record(self) -> Mark:
         if self.fail is not None:
@@ -376,13 +380,133 @@ def test_only_a_cuda_rank_without_ddp_times_its_waits_on_the_device(world1, cuda
     )
     try:
         assert timing.mode == "collectives"
-        assert isinstance(timing.resolver, DeviceWaits) is device
+        assert isinstance(timing.device, DeviceWaits) is device
         parts = [type(p) for p in timing.instrumentor.parts]
         assert (FsdpWaitTiming in parts) is device
         if device:
-            assert timing.resolver.every == every
-            assert timing.resolver.drain in timing.settlers()
+            assert timing.device.every == every
+            assert timing.device.drain in timing.settlers()
+            assert timing.threads() == [timing.device]
     finally:
         timing.instrumentor.uninstrument()
-        if timing.resolver is not None:
-            timing.resolver.close()
+        for thread in timing.threads():
+            thread.close()
+
+
+def test_a_wait_inside_a_marked_wait_is_not_marked_again(device):
+    rec, _errors, waits, clock = device
+    for _ in range(3):
+        step(rec, clock)
+    outer = waits.begin()
+    assert outer is not None and waits.begin() is None  # FSDP2's unshard waits on its work
+    waits.end(outer)
+    inner = waits.begin()
+    assert inner is not None
+    waits.drop(inner)  # given up: the thread may mark again, nothing was timed
+    assert waits.begin() is not None
+    elsewhere: list[object] = []
+    thread = threading.Thread(target=lambda: elsewhere.append(waits.begin()))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not None  # another thread's wait is its own
+    assert len(waits.events.marks) == 5
+
+
+def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1):
+    from exporter.sources.collectives import CollectiveTiming
+
+    dist = world1
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    wrappers = CollectiveTiming(rec, errors, timed=False, device=waits)
+    try:
+        assert wrappers.instrument()
+        dist.all_reduce(torch.ones(4))  # synchronous: torch waits with Work.wait()
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        assert len(waits.events.marks) == 4
+        waits.events.default = False  # a stream of FSDP's own waits, not the compute stream
+        dist.all_reduce(torch.ones(4))
+        assert len(waits.events.marks) == 4
+        waits.events.default = True
+        outer = waits.begin()  # inside a wait FSDP2's part marks: counted once
+        dist.all_reduce(torch.ones(4))
+        waits.end(outer)
+        assert len(waits.events.marks) == 6
+        assert waits.drain() == 3 and not any(errors.snapshot().values())
+    finally:
+        wrappers.uninstrument()
+    timed = CollectiveTiming(rec, errors, timed=True, device=waits)
+    try:
+        assert timed.instrument()
+        dist.all_reduce(torch.ones(4))
+        assert len(waits.events.marks) == 6  # the host times it: no device marks
+    finally:
+        timed.uninstrument()
+        waits.close()
+
+
+def test_a_ddp_steps_own_waits_are_marked_on_a_gpu_not_timed_on_the_host(world1):
+    from exporter.sources.waits import WaitTiming
+
+    dist = world1
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    part = WaitTiming(rec, errors, device=waits)
+    try:
+        assert part.instrument()
+        rec.open_step()
+        dist.all_reduce(torch.ones(1))  # a logged loss
+        thread = threading.Thread(target=dist.all_reduce, args=(torch.ones(1),))
+        thread.start()  # SyncBatchNorm's backward waits on autograd's thread
+        thread.join()
+        assert len(waits.events.marks) == 4
+        clock.t += 1.0
+        rec.boundary("explicit")
+        assert waits.drain() == 2
+        # The host's time inside the wait is not comm_wait: the marks measured none.
+        assert rec.snapshot().phase_sum[2] == 0.0
+    finally:
+        part.uninstrument()
+        waits.close()
+    assert not any(errors.snapshot().values())
+
+
+def test_a_cuda_ddp_rank_times_its_own_steps_waits_on_the_device(world1):
+    from exporter.sources.commtiming import start_comm_timing
+    from exporter.sources.waits import WaitTiming
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    rec, errors = Recorder("optimizer"), ErrorCounter()
+    timing = start_comm_timing(
+        model, "ddp", rec, errors, requested="hook", inflight="none", cuda=True, device_every=8
+    )
+    try:
+        assert timing.mode == "hook" and isinstance(timing.device, DeviceWaits)
+        assert WaitTiming in [type(p) for p in timing.instrumentor.parts]
+        assert timing.device.drain in timing.settlers()
+        assert timing.device in timing.threads() and timing.resolver in timing.threads()
+    finally:
+        timing.instrumentor.uninstrument()
+        for thread in timing.threads():
+            thread.close()
+
+
+def test_a_timing_mode_that_cannot_work_raises_before_anything_is_started(world1):
+    from exporter.sources.commtiming import start_comm_timing
+
+    wait = vars(world1.Work).get("wait")
+    with pytest.raises(ValueError, match="comm_timing='events'"):
+        start_comm_timing(
+            torch.nn.Linear(1, 1),
+            "ddp",
+            Recorder("optimizer"),
+            ErrorCounter(),
+            requested="events",
+            inflight="flight_recorder",
+            cuda=True,
+            device_every=8,
+        )
+    assert vars(world1.Work).get("wait") is wait
+    assert not any(t.name == "ddp-exporter-device-waits" for t in threading.enumerate())

@@ -330,11 +330,12 @@ SETTINGS: dict[str, Setting] = {
             integer(0),
             "",
             str(DEFAULT_DEVICE_WAIT_EVERY),
-            meaning="On a CUDA rank without DDP (FSDP2, tensor parallelism), time on the "
-            "device how long the compute stream waits for collectives (two CUDA events per "
-            "wait, resolved off the training thread) in one step of every this many, and "
-            "count that step's waits this many times in comm_wait. ``1``: every step. ``0``: "
-            "none; comm_wait then stays 0 on such a rank, whose waits count as compute.",
+            meaning="On a CUDA rank, time on the device how long the compute stream waits "
+            "for collectives other than DDP's own (FSDP2's, tensor parallelism's, a loop's, "
+            "a DDP step's logged loss or SyncBatchNorm; two CUDA events per wait, resolved off "
+            "the training thread) in one step of every this many, and count that step's waits "
+            "this many times in comm_wait. ``1``: every step. ``0``: none; those waits then "
+            "count as compute.",
         ),
         Setting(
             ABORT_AFTER_S,

@@ -27,7 +27,10 @@ An asynchronous collective consumed through ``Work.get_future()`` (a DDP comm ho
 (``ddp_collective_untimed_total``), when its future is taken, and not held until then.
 
 On a CUDA device the latency is not observed (an NCCL future completes when the collective is
-enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are.
+enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are. There
+the wait of the device's default stream inside ``Work.wait()`` is timed on the device where a
+:class:`~exporter.sources.devicewaits.DeviceWaits` is given: the compute stream of a plain loop
+waiting for its collectives (a wait on a stream of FSDP's own is not the compute's).
 Cost: about 10 µs per collective on the calling thread (``benchmarks/hotpath.py``).
 :meth:`CollectiveTiming.uninstrument` restores exactly the objects it replaced, unless someone
 replaced them again since (then it leaves theirs and forgets its own).
@@ -46,6 +49,7 @@ import torch.distributed as dist
 
 from .. import catalog
 from ..errors import ErrorCounter
+from .devicewaits import DeviceWaits
 from .flight import pg_timeout_seconds
 from .patching import Patcher, patch_method, payload_bytes, restore_method
 from .recorder import CollectiveStats, Recorder
@@ -98,6 +102,7 @@ class CollectiveTiming(Patcher):
 
     ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
     ``timed``: observe latencies (False on CUDA, see the module docstring).
+    ``device``: where ``timed`` is False, what times the default stream's waits on the device.
     """
 
     def __init__(
@@ -109,10 +114,12 @@ class CollectiveTiming(Patcher):
         timed: bool = True,
         namespace: Any = dist,
         work_class: Any = None,
+        device: DeviceWaits | None = None,
     ) -> None:
         super().__init__(
             recorder, errors, training_thread=training_thread, timed=timed, namespace=namespace
         )
+        self._device = None if timed else device
         self._work = work_class if work_class is not None else getattr(dist, "Work", None)
         self._wait: tuple[Any, Any] | None = None
         self._future: tuple[Any, Any] | None = None
@@ -208,14 +215,17 @@ class CollectiveTiming(Patcher):
 
     def _wrap_wait(self, wait: Callable[..., Any]) -> Callable[..., Any]:
         rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
-        works = self._works
+        works, device = self._works, self._device
 
         @functools.wraps(wait)
         def timed_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = rec.clock()
+            mark = device.begin(default_stream=True) if device is not None else None
             try:
                 return wait(work, *args, **kwargs)
             finally:
+                if mark is not None and device is not None:
+                    device.end(mark)
                 try:
                     mine = works.pop(id(work), None)
                     if mine is not None and mine[0] is work:

@@ -6,11 +6,12 @@ DDP: its reducer's own timers, marks of each iteration, or the timing comm hook
 of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.collectives`). With
 either, the functional collectives DTensor issues (tensor parallelism, ``clip_grad_norm_`` on
 DTensor parameters): :mod:`exporter.sources.functional`. Beside DDP on a CPU, the training
-thread's waits for collectives of its own: :mod:`exporter.sources.waits`. Without DDP on a
-CUDA device, the compute stream's waits for FSDP2's and the functional collectives, timed on the
-device: :mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`. The result is
-what the observer keeps: the parts to uninstrument at close, the mode published in
-``ddp_rank_info{comm_timing}``, the hook and the background resolver where there are any.
+thread's waits for collectives of its own: :mod:`exporter.sources.waits`. On a CUDA device, the
+compute stream's waits for collectives outside DDP's own (FSDP2's, the functional collectives',
+``Work.wait()`` on the default stream), timed on the device: :mod:`exporter.sources.devicewaits`,
+:mod:`exporter.sources.fsdpwaits`. The result is what the observer keeps: the parts to
+uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the hook and the
+background threads where there are any.
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ class CommTiming:
     mode: str
     #: The timing comm hook; None unless DDP's communication is timed by the hook.
     hook: CommHookWrapper | None = None
-    #: What resolves timings off the training thread (the iteration marks, the hook's CUDA
-    #: events, the device waits), closed with the observer; None where nothing does.
-    resolver: IterationEvents | CudaEventResolver | DeviceWaits | None = None
+    #: What resolves DDP's timings off the training thread (the iteration marks, the hook's CUDA
+    #: events), closed with the observer; None where nothing does.
+    resolver: IterationEvents | CudaEventResolver | None = None
+    #: The device waits (CUDA), closed with the observer; None where they are not timed.
+    device: DeviceWaits | None = None
     #: Observes, at scrape time, the device times the Flight Recorder holds of the collectives
     #: the wrappers count untimed (CUDA without DDP); None elsewhere.
     durations: RecorderDurations | None = None
@@ -89,9 +92,13 @@ class CommTiming:
         found: list[Callable[[], Any]] = []
         if self.durations is not None:
             found.append(self.durations.drain)
-        if isinstance(self.resolver, DeviceWaits):
-            found.append(self.resolver.drain)
+        if self.device is not None:
+            found.append(self.device.drain)
         return found
+
+    def threads(self) -> list[IterationEvents | CudaEventResolver | DeviceWaits]:
+        """Return the background threads to close with the observer."""
+        return [t for t in (self.resolver, self.device) if t is not None]
 
 
 def choose_timing(
@@ -150,30 +157,33 @@ def start_comm_timing(
 
     ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder);
     ``keyword``: ``requested`` was given in code (see :func:`choose_timing`);
-    ``device_every``: without DDP on a CUDA device, time the compute stream's waits every this
-    many steps (0: never).
+    ``device_every``: on a CUDA device, time the compute stream's waits for collectives outside
+    DDP's own every this many steps (0: never).
     """
     if parallelism != "ddp":
-        return _start_without_ddp(recorder, errors, cuda=cuda, device_every=device_every)
+        device = _device_waits(recorder, errors, cuda=cuda, every=device_every)
+        return _start_without_ddp(recorder, errors, cuda=cuda, device=device)
+    # Chosen first: a mode asked for in code but impossible raises before anything is started.
+    mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
+    device = _device_waits(recorder, errors, cuda=cuda, every=device_every)
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
-    functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda)
+    functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
     functional.instrument()
     # The step's own collectives (a logged loss, SyncBatchNorm): their waits are comm_wait.
     beside: tuple[Part, ...] = (functional,)
-    if not cuda:
-        waits = WaitTiming(recorder, errors)
+    if not cuda or device is not None:
+        waits = WaitTiming(recorder, errors, device=device)
         waits.instrument()
         beside = (functional, waits)
     pg = model.process_group
     stats = recorder.collective_stats(
         "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)
     )
-    mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
     if mode == "events":
         marks = IterationEvents(model, recorder, errors, stats)
         marks.instrument()
-        return CommTiming(Parts(marks, *beside), mode, resolver=marks)
+        return CommTiming(Parts(marks, *beside), mode, resolver=marks, device=device)
     hooked = mode == "hook"
     resolver = CudaEventResolver(recorder, errors) if cuda and hooked else None
     hook = (
@@ -187,18 +197,23 @@ def start_comm_timing(
         mode = "none"  # a hook registered before the wrapper: not timed
     elif isinstance(part, ReducerTiming):  # not hooked
         recorder.time_comm_with(part.read, stats)
-    return CommTiming(Parts(part, *beside), mode, hook, resolver)
+    return CommTiming(Parts(part, *beside), mode, hook, resolver, device=device)
+
+
+def _device_waits(
+    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, every: int
+) -> DeviceWaits | None:
+    """Return what times the compute stream's waits on a GPU (where it waits, not the host)."""
+    return DeviceWaits(recorder, errors, every=every) if cuda and every else None
 
 
 def _start_without_ddp(
-    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, device_every: int
+    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, device: DeviceWaits | None
 ) -> CommTiming:
     """Time FSDP2, FSDP or a plain loop: every collective where the rank waits for it."""
-    # On a GPU the compute stream waits, not the host: two events around each wait time it.
-    device = DeviceWaits(recorder, errors, every=device_every) if cuda and device_every else None
     functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
     functional.instrument()
-    wrappers = CollectiveTiming(recorder, errors, timed=not cuda)
+    wrappers = CollectiveTiming(recorder, errors, timed=not cuda, device=device)
     mode = "collectives" if wrappers.instrument() else "none"
     recorder.time_comm_by_waits()
     parts: list[Part] = [wrappers, functional]
@@ -208,4 +223,4 @@ def _start_without_ddp(
         parts.append(fsdp)
     # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
     durations = RecorderDurations(recorder, errors) if cuda else None
-    return CommTiming(Parts(*parts), mode, resolver=device, durations=durations)
+    return CommTiming(Parts(*parts), mode, device=device, durations=durations)

@@ -12,9 +12,14 @@ adds the training thread's time inside it to the step's comm_wait
 It counts no collective: DDP's collective series stay DDP's buckets, and the in-flight state
 comes from the Flight Recorder or the hook as before. DDP itself waits in C++, never through
 this method, and its Python comm hooks consume futures. Where ``Work.wait`` cannot be replaced,
-nothing is, and those waits stay compute. Not used on a GPU, where ``Work.wait()`` only orders
-streams. Cost: about 1 µs per wait on the training thread (two clock reads and a lock, measured
-on a finished gloo all-reduce's wait), none elsewhere, none for DDP's own communication.
+nothing is, and those waits stay compute. Cost: about 1 µs per wait on the training thread (two
+clock reads and a lock, measured on a finished gloo all-reduce's wait), none elsewhere, none for
+DDP's own communication.
+
+On a GPU ``Work.wait()`` only makes the current stream wait: where a
+:class:`~exporter.sources.devicewaits.DeviceWaits` is given, the default stream's wait is timed
+on the device instead, on whatever thread it is made (SyncBatchNorm's backward runs on
+autograd's).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ErrorCounter
+from .devicewaits import DeviceWaits
 from .patching import patch_method, restore_method
 from .recorder import Recorder
 
@@ -37,7 +43,8 @@ class WaitTiming:
     """Add the training thread's time in ``Work.wait()`` to the step's comm_wait; undo it.
 
     ``training_thread``: the thread whose waits count (the main thread). ``work_class``: the
-    class whose ``wait`` is wrapped (``torch.distributed.Work``).
+    class whose ``wait`` is wrapped (``torch.distributed.Work``). ``device``: on a GPU, what
+    times the waits on the device instead.
     """
 
     def __init__(
@@ -47,7 +54,9 @@ class WaitTiming:
         *,
         training_thread: int | None = None,
         work_class: Any = None,
+        device: DeviceWaits | None = None,
     ) -> None:
+        self._device = device
         self._rec = recorder
         self._errors = errors
         main = threading.main_thread().ident
@@ -72,6 +81,8 @@ class WaitTiming:
         self._wait = None
 
     def _wrap(self, wait: Callable[..., Any]) -> Callable[..., Any]:
+        if self._device is not None:
+            return _on_device(wait, self._device)
         rec, errors, training = self._rec, self._errors, self._thread
 
         @functools.wraps(wait)
@@ -88,3 +99,18 @@ class WaitTiming:
                     errors.record("comm_timing", exc)
 
         return timed_wait
+
+
+def _on_device(wait: Callable[..., Any], device: DeviceWaits) -> Callable[..., Any]:
+    """Wrap ``wait`` with device marks around the default stream's wait."""
+
+    @functools.wraps(wait)
+    def marked_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        mark = device.begin(default_stream=True)
+        try:
+            return wait(work, *args, **kwargs)
+        finally:
+            if mark is not None:
+                device.end(mark)
+
+    return marked_wait
