@@ -1,7 +1,7 @@
-"""Time FSDP2's or tensor parallelism's NCCL collectives, one rank per GPU, against the profiler.
+"""Time FSDP2's, tensor parallelism's or a hand-written loop's NCCL collectives against the profiler.
 
-Run under torchrun with ``TORCH_NCCL_ENABLE_TIMING=1``:
-``parallel_worker.py REPORT fsdp2|tp [cpu]``. Each rank trains a few steps of a model large
+One rank per GPU. Run under torchrun with ``TORCH_NCCL_ENABLE_TIMING=1``:
+``parallel_worker.py REPORT fsdp2|tp|loop [cpu]``. Each rank trains a few steps of a model large
 enough for collectives of tens of MiB, under ``torch.profiler``, then writes ``REPORT.RANK``
 (JSON): the exporter's latency count, sum and untimed count per op (read from ``/metrics`` once
 every duration is in), its comm_wait over those steps, and from the profiler's trace the NCCL
@@ -37,8 +37,11 @@ WIDTH, BATCH, LAYERS = 4096, 4096, 4
 
 
 def build(parallel: str, device: torch.device) -> torch.nn.Module:
-    """Return the model, sharded (fsdp2) or split across every rank (tp)."""
+    """Return the model: sharded (fsdp2), split across every rank (tp) or replicated (loop)."""
     torch.manual_seed(0)
+    if parallel == "loop":  # its gradients averaged by hand, one all-reduce each
+        layers = (torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS))
+        return torch.nn.Sequential(*layers).to(device)
     if parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -140,6 +143,10 @@ def main() -> None:
 
     def step() -> None:
         model(x).square().mean().backward()
+        if parallel == "loop":
+            for p in model.parameters():
+                dist.all_reduce(p.grad)  # synchronous: the compute stream waits for it
+                p.grad.div_(dist.get_world_size())
         opt.step()
         opt.zero_grad()
 
