@@ -321,11 +321,17 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
     """A loop of NCCL collectives without DDP, ``TORCH_NCCL_ENABLE_TIMING=1``: every collective
     timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
     device time torch's profiler measured for them (NCCL's kernels, and the copies NCCL makes
-    instead on one rank), wherever that is long enough to compare."""
+    instead on one rank), wherever that is long enough to compare. Every ``Work.wait()`` is
+    marked on the device too: no error."""
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
     out = tmp_path / "durations.json"
-    env = {"OMP_NUM_THREADS": "1", "TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": "2000"}
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "TORCH_NCCL_ENABLE_TIMING": "1",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "DDP_EXPORTER_DEVICE_WAIT_EVERY": "1",
+    }
     worker = os.path.join("tests", "gpu", "durations_worker.py")
     with Job(1, [str(out)], env=env, module=worker) as job:
         assert job.wait(timeout=240) == 0, job.output()
