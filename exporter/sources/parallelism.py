@@ -78,20 +78,36 @@ def _current_cuda() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+def _default_backend() -> str:
+    """Return the default process group's backend, "" without one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ""
+    try:
+        return str(dist.get_backend())
+    except (RuntimeError, ValueError):
+        return ""
+
+
 def compute_device(
-    model: Any, current_cuda: Callable[[], int | None] = _current_cuda
+    model: Any,
+    current_cuda: Callable[[], int | None] = _current_cuda,
+    backend: Callable[[], str] = _default_backend,
 ) -> torch.device:
-    """Return the device ``model`` computes and communicates on (the CPU without a model).
+    """Return the device ``model`` computes and communicates on.
 
     Its first parameter's device, but for a DTensor parameter kept on the CPU over a CUDA mesh
     (FSDP2's ``CPUOffloadPolicy``: the shards rest on the CPU, forward, backward and the
-    collectives run on the GPU) the current CUDA device. ``current_cuda``: that device's
-    index, None without CUDA (tests pass a stand-in).
+    collectives run on the GPU) the current CUDA device. Without a model (a loop of
+    collectives) or a parameter, the collectives' device: the current CUDA device where the
+    default process group runs NCCL, else the CPU. ``current_cuda``: that device's index, None
+    without CUDA; ``backend``: the default group's backend, "" without one (tests pass
+    stand-ins).
     """
     params = model.parameters() if model is not None else iter(())
     first = next(params, None)
     if first is None:
-        return torch.device("cpu")
+        index = current_cuda() if "nccl" in backend() else None
+        return torch.device("cpu") if index is None else torch.device("cuda", index)
     mesh = getattr(first, "device_mesh", None)
     if first.device.type == "cpu" and getattr(mesh, "device_type", None) == "cuda":
         index = current_cuda()
