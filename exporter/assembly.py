@@ -136,6 +136,7 @@ def hook_steps(
         cuda=device.type == "cuda",
         keyword="comm_timing" in cfg.keywords,
         device_every=cfg.device_wait_every,
+        gpu=device.index if device.type == "cuda" else None,
     )
     loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, recorder, errors)
     optim = None if optimizer is None else OptimizerInstrumentor(optimizer, recorder, errors)

@@ -72,6 +72,8 @@ class Observer:
         self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
         timing = hooks.timing
         self.comm_timing, self.hook, self._timers = timing.mode, timing.hook, timing.threads()
+        #: What times the compute stream's waits on a GPU (None where they are not timed).
+        self.device_waits = timing.device
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor
         self._loader, self._optim, self._sections = hooks.loader, hooks.optim, hooks.sections

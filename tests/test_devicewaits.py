@@ -206,6 +206,7 @@ def stand_ins(log: list[str]) -> Fsdp2:
     class Group:
         _all_gather_result: Result | None = None
         fsdp_params: tuple = ()
+        reduces = True
 
         def wait_for_unshard(self) -> str:
             log.append("fsdp waits and copies out")
@@ -213,7 +214,8 @@ def stand_ins(log: list[str]) -> Fsdp2:
 
         def post_backward(self) -> None:
             log.append("waits for the reduce-scatter before")
-            reducing.foreach_reduce()  # looked up in its module at call time, as FSDP2 does
+            if self.reduces:  # not on a micro-batch that only accumulates
+                reducing.foreach_reduce()  # looked up in its module at call time, as FSDP2 does
 
     class State:
         def _root_post_backward_final_callback(self) -> None:
@@ -297,6 +299,10 @@ def test_fsdp2_accumulating_gradients_and_unmarked_steps_call_straight_through(d
     group.fsdp_params = (types.SimpleNamespace(unsharded_accumulated_grad=torch.ones(1)),)
     group.post_backward()  # sums run on the stream there: not a wait
     assert waits.events.marks == []
+    group.fsdp_params, group.reduces = (), False
+    group.post_backward()  # a micro-batch whose gradients wait for the next backward
+    assert len(waits.events.marks) == 1
+    assert waits.begin() is not None, "the mark given up must leave the thread free to mark"
     later = fsdp2.group.wait_for_unshard
     fsdp2.group.wait_for_unshard = lambda self: later(self)
     mine = fsdp2.group.wait_for_unshard
@@ -446,27 +452,56 @@ def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1):
         waits.close()
 
 
-def test_a_ddp_steps_own_waits_are_marked_on_a_gpu_not_timed_on_the_host(world1):
+class Stalled(torch.autograd.Function):
+    """Waits for a collective in its backward, as SyncBatchNorm does."""
+
+    @staticmethod
+    def forward(ctx, x, work):
+        ctx.work = work
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.work.wait()
+        return grad, None
+
+
+def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_waits():
     from exporter.sources.waits import WaitTiming
 
-    dist = world1
     clock = Clock()
     rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
     waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
-    part = WaitTiming(rec, errors, device=waits)
+    marks = waits.events.marks
+
+    class Work:
+        def wait(self) -> None:
+            clock.t += 0.5  # the host inside the wait, which only orders streams on a GPU
+
+    def stream_waited(seconds: float) -> None:
+        marks[-1].t = marks[-2].t + seconds
+
+    part = WaitTiming(rec, errors, work_class=Work, device=waits)
     try:
         assert part.instrument()
         rec.open_step()
-        dist.all_reduce(torch.ones(1))  # a logged loss
-        thread = threading.Thread(target=dist.all_reduce, args=(torch.ones(1),))
-        thread.start()  # SyncBatchNorm's backward waits on autograd's thread
-        thread.join()
-        assert len(waits.events.marks) == 4
+        Work().wait()  # a logged loss, on the training thread
+        stream_waited(0.125)
+        x = torch.ones(2, requires_grad=True)
+        backward = threading.Thread(target=lambda: Stalled.apply(x, Work()).sum().backward())
+        backward.start()  # SyncBatchNorm's backward, on whichever thread runs it
+        backward.join()
+        stream_waited(0.125)
+        assert len(marks) == 4
+        saver = threading.Thread(target=Work().wait)
+        saver.start()  # a checkpoint's thread: the training thread queues compute meanwhile
+        saver.join()
+        assert len(marks) == 4
         clock.t += 1.0
         rec.boundary("explicit")
         assert waits.drain() == 2
-        # The host's time inside the wait is not comm_wait: the marks measured none.
-        assert rec.snapshot().phase_sum[2] == 0.0
+        # What the stream waited, not the host's 1.5 s inside the waits.
+        assert rec.snapshot().phase_sum[2] == pytest.approx(0.25)
     finally:
         part.uninstrument()
         waits.close()

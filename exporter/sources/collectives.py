@@ -220,7 +220,7 @@ class CollectiveTiming(Patcher):
         @functools.wraps(wait)
         def timed_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = rec.clock()
-            mark = device.begin(default_stream=True) if device is not None else None
+            mark = device.begin(compute=True) if device is not None else None
             try:
                 return wait(work, *args, **kwargs)
             finally:

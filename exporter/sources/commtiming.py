@@ -152,20 +152,21 @@ def start_comm_timing(
     cuda: bool,
     keyword: bool = True,
     device_every: int = 0,
+    gpu: int | None = None,
 ) -> CommTiming:
     """Start timing ``model``'s communication; ``requested`` is the ``comm_timing`` setting.
 
     ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder);
     ``keyword``: ``requested`` was given in code (see :func:`choose_timing`);
     ``device_every``: on a CUDA device, time the compute stream's waits for collectives outside
-    DDP's own every this many steps (0: never).
+    DDP's own every this many steps (0: never); ``gpu``: the rank's CUDA device index.
     """
     if parallelism != "ddp":
-        device = _device_waits(recorder, errors, cuda=cuda, every=device_every)
+        device = _device_waits(recorder, errors, cuda=cuda, every=device_every, gpu=gpu)
         return _start_without_ddp(recorder, errors, cuda=cuda, device=device)
     # Chosen first: a mode asked for in code but impossible raises before anything is started.
     mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
-    device = _device_waits(recorder, errors, cuda=cuda, every=device_every)
+    device = _device_waits(recorder, errors, cuda=cuda, every=device_every, gpu=gpu)
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
     functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
@@ -201,10 +202,10 @@ def start_comm_timing(
 
 
 def _device_waits(
-    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, every: int
+    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, every: int, gpu: int | None
 ) -> DeviceWaits | None:
     """Return what times the compute stream's waits on a GPU (where it waits, not the host)."""
-    return DeviceWaits(recorder, errors, every=every) if cuda and every else None
+    return DeviceWaits(recorder, errors, every=every, gpu=gpu) if cuda and every else None
 
 
 def _start_without_ddp(

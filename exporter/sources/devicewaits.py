@@ -33,6 +33,7 @@ import torch
 
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
+from ..log import log
 from .recorder import Recorder
 
 __all__ = ["CudaEvents", "DeviceWaits", "EventSource", "MAX_PENDING"]
@@ -61,10 +62,32 @@ class EventSource(Protocol):
 
 
 class CudaEvents:
-    """Timing CUDA events on the current stream of the current device."""
+    """Timing CUDA events on the current stream of the current device.
+
+    ``index``: the rank's GPU; marks are made only while it is the current device (None: any).
+    """
+
+    def __init__(self, index: int | None = None) -> None:
+        self.index = index
+        self._told = False
 
     def usable(self) -> bool:
-        """Return False while the current stream is being captured into a CUDA graph."""
+        """Return False on another GPU than the rank's, or while a CUDA graph is captured."""
+        # First: any other CUDA call on a thread whose device is not the rank's would make a
+        # context on that GPU (GPU 0 for a thread whose device was never set), and its stream
+        # is not the rank's compute stream.
+        if self.index is not None and torch.cuda.current_device() != self.index:
+            if not self._told:
+                self._told = True
+                log.warning(
+                    "ddp-exporter: a wait for a collective on cuda:%d was made with cuda:%d "
+                    "current: such waits are not timed on the device (call "
+                    "torch.cuda.set_device(%d) before training)",
+                    self.index,
+                    torch.cuda.current_device(),
+                    self.index,
+                )
+            return False
         # A timing event recorded during capture would invalidate the user's graph.
         return not torch.cuda.is_current_stream_capturing()
 
@@ -97,8 +120,15 @@ def _never() -> bool:
     return False
 
 
+def _no_backward() -> int:
+    return -1
+
+
 #: Whether torch.compile is tracing the caller (then the graph, not this call, runs the wait).
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
+#: The autograd graph task running on this thread, -1 outside a backward pass (private:
+#: feature-detected; without it, only the training thread's waits are the compute's).
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_backward)
 
 
 class DeviceWaits:
@@ -107,7 +137,8 @@ class DeviceWaits:
     ``begin()`` before the stream is made to wait and ``end(mark)`` after it, on whatever thread
     waits (the training thread, autograd's for a backward). A background thread resolves the
     pairs in order; :meth:`drain` may also be called at scrape time, so a scrape after the device
-    is synchronised sees every wait. ``events``: where marks come from (default: CUDA events).
+    is synchronised sees every wait. ``events``: where marks come from (default: CUDA events on
+    GPU ``gpu``). ``training_thread``: the thread that trains (the main thread).
     """
 
     def __init__(
@@ -117,12 +148,16 @@ class DeviceWaits:
         *,
         every: int,
         events: EventSource | None = None,
+        gpu: int | None = None,
+        training_thread: int | None = None,
         interval_s: float = 0.05,
     ) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.every = every
-        self.events: EventSource = events if events is not None else CudaEvents()
+        self.events: EventSource = events if events is not None else CudaEvents(gpu)
+        main = threading.main_thread().ident
+        self._thread = training_thread if training_thread is not None else main
         self._rec = recorder
         self._errors = errors
         self._pending: deque[tuple[Any, Any]] = deque()
@@ -144,19 +179,23 @@ class DeviceWaits:
         # up communicators); not inside a section that interrupts training (not a step's time).
         return rec.steps % self.every == self.every - 1 and not rec.paused
 
-    def begin(self, *, default_stream: bool = False) -> Any:
+    def begin(self, *, compute: bool = False) -> Any:
         """Return a mark recorded now if this step's waits are timed, else None; never raises.
 
-        None too inside a wait this thread has marked already (its time is counted once), and,
-        with ``default_stream``, where the current stream is not the device's default stream
-        (a stream of FSDP's own waiting for a collective is not the compute stream waiting).
+        None too inside a wait this thread has marked already (its time is counted once). With
+        ``compute`` (a ``Work.wait()``, which any thread may call on any stream), None unless
+        the training thread or a backward pass waits, on the device's default stream: a stream
+        of FSDP's own waiting for its collective, or a checkpoint thread waiting while the
+        training thread queues compute on the same stream, is not the compute stream waiting.
         A mark returned is closed by :meth:`end` or given up by :meth:`drop`.
         """
         if not self.sampled() or getattr(self._open, "mark", None) is not None:
             return None
+        if compute and threading.get_ident() != self._thread and _graph_task_id() < 0:
+            return None
         try:
             events = self.events
-            if not events.usable() or (default_stream and not events.on_default_stream()):
+            if not events.usable() or (compute and not events.on_default_stream()):
                 return None
             mark = self._open.mark = events.record()
             return mark

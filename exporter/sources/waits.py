@@ -106,7 +106,7 @@ def _on_device(wait: Callable[..., Any], device: DeviceWaits) -> Callable[..., A
 
     @functools.wraps(wait)
     def marked_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-        mark = device.begin(default_stream=True)
+        mark = device.begin(compute=True)
         try:
             return wait(work, *args, **kwargs)
         finally:
