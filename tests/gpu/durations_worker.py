@@ -60,6 +60,9 @@ def main() -> None:
             dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True).wait()
             gather(out, x)  # one rank: a device-to-device copy
         torch.cuda.synchronize()
+    waits = obs.device_waits
+    if waits is not None:
+        waits.drain()
     # What ran on the device for the collectives: NCCL's kernels, and the copies NCCL makes
     # instead on one rank (the loop makes no other).
     work = [
@@ -82,6 +85,8 @@ def main() -> None:
         "profiler_s": device_s,
         "device_work": sorted({e.name for e in work}),
         "errors": obs.errors.snapshot(),
+        # Each Work.wait() marked on the device and resolved (one per collective here).
+        "device_waits": None if waits is None else waits.resolved,
     }
     obs.close()
     with open(sys.argv[1], "w") as f:

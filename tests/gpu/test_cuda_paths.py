@@ -322,7 +322,7 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
     timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
     device time torch's profiler measured for them (NCCL's kernels, and the copies NCCL makes
     instead on one rank), wherever that is long enough to compare. Every ``Work.wait()`` is
-    marked on the device too: no error."""
+    marked on the device too, and resolved without error."""
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
     out = tmp_path / "durations.json"
@@ -338,6 +338,7 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
     r = json.loads(out.read_text())
     print("device durations:", json.dumps(r))  # the figures, for the report
     assert r["comm_timing"] == "collectives" and not any(r["errors"].values()), r
+    assert r["device_waits"] == sum(r["expected"].values()), r
     for op, n in r["expected"].items():
         timed, _total, untimed = r["exporter"][op]
         assert (timed, untimed) == (n, 0), (op, r)
