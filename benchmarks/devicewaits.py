@@ -2,7 +2,8 @@
 
 Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a step it does not
 time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
-event between them), against FSDP2's own wait alone. With CUDA: real CUDA events on the current
+event between them), against FSDP2's own wait alone; the same for a ``Work.wait()`` (a loop's
+collective, a DDP step's own), whose marks also check the thread and the stream. With CUDA: real CUDA events on the current
 stream, the all-gather's event recorded on a side stream, the pairs resolved between repeats
 (off the training thread in the exporter). Without CUDA: a stand-in event source (the Python
 part only).
@@ -33,6 +34,7 @@ from exporter.errors import ErrorCounter
 from exporter.sources.devicewaits import DeviceWaits
 from exporter.sources.fsdpwaits import Fsdp2, FsdpWaitTiming
 from exporter.sources.recorder import Recorder
+from exporter.sources.waits import WaitTiming
 
 
 class _StandInEvents:
@@ -74,16 +76,61 @@ def _fsdp2(cuda: bool) -> Fsdp2:
     return Fsdp2(Group, State)
 
 
-def _ns_per_call(group: Any, n: int) -> float:
+def _work(cuda: bool, event: Any) -> Any:
+    """A collective's work as far as ``Work.wait()`` goes: the current stream waits for it."""
+
+    class Work:
+        def wait(self) -> None:
+            if cuda:
+                torch.cuda.current_stream().wait_event(event)
+
+    return Work
+
+
+def _ns_per_call(call: Any, n: int) -> float:
     gc.collect()
     t0 = time.perf_counter_ns()
     for _ in range(n):
-        group.wait_for_unshard()
+        call()
     return (time.perf_counter_ns() - t0) / n
 
 
+def _arms(call: Any, part: Any, waits: DeviceWaits, rec: Recorder, n: int, repeats: int) -> dict:
+    """Return the median µs per call of ``call`` bare, wrapped on a step not timed and timed."""
+    cuda = torch.cuda.is_available()
+    times: dict[str, list[float]] = {"bare": [], "not_timed": [], "timed": []}
+    _ns_per_call(call, max(1, n // 10))  # warm-up
+    try:
+        for r in range(repeats):
+            arms = ["bare", "not_timed", "timed"]
+            for arm in arms if r % 2 == 0 else reversed(arms):
+                if arm != "bare":
+                    part.instrument()
+                    # The step count decides: the last step of each `every` is timed.
+                    rec.steps = waits.every - 1 if arm == "timed" else 0
+                times[arm].append(_ns_per_call(call, n) / 1e3)
+                part.uninstrument()
+                if cuda:
+                    torch.cuda.synchronize()
+                waits.drain()
+    finally:
+        part.uninstrument()
+    return {arm: statistics.median(v) for arm, v in times.items()}
+
+
+def _costs(med: dict, every: int) -> dict[str, float]:
+    not_timed, timed = med["not_timed"] - med["bare"], med["timed"] - med["bare"]
+    return {
+        "bare_us": med["bare"],
+        "not_timed_us": not_timed,
+        "timed_us": timed,
+        "amortised_us": (timed + (every - 1) * not_timed) / every,
+    }
+
+
 def measure(n: int, repeats: int) -> dict[str, Any]:
-    """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats."""
+    """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats:
+    FSDP2's all-gather wait (top level) and ``Work.wait()`` (``work_wait``)."""
     # FSDP2's hooks import torch._dynamo as they first run: torch.compiler.is_compiling(), which
     # every wrapper asks first, costs more then.
     importlib.import_module("torch._dynamo")
@@ -101,41 +148,32 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
     rec, errors = Recorder("explicit"), ErrorCounter()
     # Resolved between repeats, not by its thread during them: the training thread's cost alone.
     waits = DeviceWaits(
-        rec, errors, every=every, events=None if cuda else _StandInEvents(), interval_s=3600
+        rec,
+        errors,
+        every=every,
+        events=None if cuda else _StandInEvents(),
+        gpu=torch.cuda.current_device() if cuda else None,
+        interval_s=3600,
     )
-    part = FsdpWaitTiming(waits, fsdp2)
-    times: dict[str, list[float]] = {"bare": [], "not_timed": [], "timed": []}
-    _ns_per_call(group, max(1, n // 10))  # warm-up
+    work_class = _work(cuda, event)
+    work = work_class()
     try:
-        for r in range(repeats):
-            arms = ["bare", "not_timed", "timed"]
-            for arm in arms if r % 2 == 0 else reversed(arms):
-                if arm != "bare":
-                    part.instrument()
-                    # The step count decides: the last step of each `every` is timed.
-                    rec.steps = every - 1 if arm == "timed" else 0
-                times[arm].append(_ns_per_call(group, n) / 1e3)
-                part.uninstrument()
-                if cuda:
-                    torch.cuda.synchronize()
-                waits.drain()
+        # Looked up at each call, as the caller does: the wrappers replace the class's method.
+        unshard = FsdpWaitTiming(waits, fsdp2)
+        fsdp = _arms(lambda: group.wait_for_unshard(), unshard, waits, rec, n, repeats)
+        part = WaitTiming(rec, errors, work_class=work_class, device=waits)
+        work_wait = _arms(lambda: work.wait(), part, waits, rec, n, repeats)
     finally:
-        part.uninstrument()
         waits.close()
-    med = {arm: statistics.median(v) for arm, v in times.items()}
-    not_timed = med["not_timed"] - med["bare"]
-    timed = med["timed"] - med["bare"]
     return {
         "device": "cuda" if cuda else "cpu",
         "events": "cuda" if cuda else "stand-in",
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "calls": n,
         "repeats": repeats,
-        "bare_us": med["bare"],
-        "not_timed_us": not_timed,
-        "timed_us": timed,
+        **_costs(fsdp, every),
+        "work_wait": _costs(work_wait, every),
         "every": every,
-        "amortised_us": (timed + (every - 1) * not_timed) / every,
         "errors": sum(errors.snapshot().values()),
     }
 
@@ -147,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     r = measure(args.n, args.repeats)
+    w = r["work_wait"]
     print(
         f"device waits ({r['events']} events): FSDP2's wait alone {r['bare_us']:.2f} us; the "
         f"wrapper adds {r['not_timed_us']:.2f} us on a step not timed, {r['timed_us']:.2f} us on "
-        f"a timed step; {r['amortised_us']:.2f} us per wait at one step in {r['every']}; "
-        f"errors {r['errors']}"
+        f"a timed step; {r['amortised_us']:.2f} us per wait at one step in {r['every']}. "
+        f"Work.wait(): adds {w['not_timed_us']:.2f} us not timed, {w['timed_us']:.2f} us timed, "
+        f"{w['amortised_us']:.2f} us per wait; errors {r['errors']}"
     )
     if args.json:
         with open(args.json, "w") as f:

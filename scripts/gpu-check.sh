@@ -6,7 +6,8 @@
 #          every drill is skipped, with why, in the report),
 #   bench: benchmarks/gpu.py (overhead where the GPU and where the host is the bottleneck, the
 #          host CPU per step and per bucket, the hook mode's wrapper cost, scrape time) and
-#          benchmarks/devicewaits.py (the host cost of timing FSDP2's waits with CUDA events),
+#          benchmarks/devicewaits.py (the host cost of timing FSDP2's waits and Work.wait()
+#          with CUDA events),
 #   cpu:   the core CPU tests with this machine's torch (the torch range: it may be older than
 #          the pin),
 # then write a markdown report with the versions, every figure and each test's outcome.

@@ -156,7 +156,7 @@ def _device_waits(path: Path) -> list[str]:
     if not path.exists():
         return [title, "", "missing: device-waits.json (see device-waits.log)", ""]
     d = json.loads(path.read_text())
-    return [
+    lines = [
         title,
         "",
         f"Timing the compute stream's waits ({d['events']} events), host time per FSDP2 "
@@ -166,6 +166,15 @@ def _device_waits(path: Path) -> list[str]:
         f"errors {d['errors']}.",
         "",
     ]
+    w = d.get("work_wait")
+    if w:
+        lines += [
+            f"Per `Work.wait()`: the exporter adds {w['not_timed_us']:.2f} µs on a step it does "
+            f"not time, {w['timed_us']:.2f} µs on a step it times; {w['amortised_us']:.2f} µs "
+            "per wait.",
+            "",
+        ]
+    return lines
 
 
 def _health(path: Path) -> list[str]:

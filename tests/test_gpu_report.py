@@ -91,3 +91,10 @@ def test_the_report_states_the_device_waits_cost_or_that_it_is_missing(tmp_path,
     text = capsys.readouterr().out
     assert "adds 0.25 µs on a step it does not time, 9.00 µs on a step it times" in text
     assert "1.34 µs per wait at one step in 8; errors 0." in text
+    assert "Work.wait()" not in text  # a report from before the Work.wait() arm
+    figures["work_wait"] = {"not_timed_us": 0.5, "timed_us": 12.0, "amortised_us": 1.94}
+    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
+    report.main(["gpu_report.py", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert "`Work.wait()`: the exporter adds 0.50 µs on a step it does not time, 12.00 µs" in text
+    assert "1.94 µs per wait." in text
