@@ -62,14 +62,27 @@ class Events:
         return end.t - start.t if end.done else None
 
 
+def _device_waits(every: int):
+    clock = Clock()
+    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
+    waits = DeviceWaits(rec, errors, every=every, events=Events(clock), interval_s=3600)
+    return rec, errors, waits, clock
+
+
 @pytest.fixture
 def device():
     """A recorder whose steps close explicitly, and device waits every 4 steps on its clock."""
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=4, events=Events(clock), interval_s=3600)
-    yield rec, errors, waits, clock
-    waits.close()
+    made = _device_waits(4)
+    yield made
+    made[2].close()
+
+
+@pytest.fixture
+def each_step():
+    """The same, timing every step's waits."""
+    made = _device_waits(1)
+    yield made
+    made[2].close()
 
 
 def step(rec: Recorder, clock: Clock, waits: DeviceWaits | None = None, wait_s: float = 0.0):
@@ -310,7 +323,7 @@ def test_fsdp2_accumulating_gradients_and_unmarked_steps_call_straight_through(d
     assert fsdp2.group.__dict__["wait_for_unshard"] is mine
 
 
-def test_real_fsdp2_is_found_marked_and_restored(world1):
+def test_real_fsdp2_is_found_marked_and_restored(world1, each_step):
     from torch.distributed.fsdp import fully_shard
 
     fsdp2 = fsdp2_classes()
@@ -318,9 +331,7 @@ def test_real_fsdp2_is_found_marked_and_restored(world1):
     names = ("wait_for_unshard", "post_backward", "_root_post_backward_final_callback")
     before = [vars(fsdp2.group).get(n) or vars(fsdp2.state).get(n) for n in names]
     before.append(fsdp2.reducing.foreach_reduce)
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    rec, errors, waits, clock = each_step
     part = FsdpWaitTiming(waits)
     try:
         assert part.instrument()
@@ -344,18 +355,15 @@ def test_real_fsdp2_is_found_marked_and_restored(world1):
         assert hasattr(model[0]._get_fsdp_state()._fsdp_param_group, "_all_gather_result")
     finally:
         part.uninstrument()
-        waits.close()
     after = [vars(fsdp2.group).get(n) or vars(fsdp2.state).get(n) for n in names]
     after.append(fsdp2.reducing.foreach_reduce)
     assert after == before
 
 
-def test_a_functional_wait_is_marked_only_where_the_host_does_not_time_it(world1):
+def test_a_functional_wait_is_marked_only_where_the_host_does_not_time_it(world1, each_step):
     import torch.distributed._functional_collectives as funcol
 
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    rec, errors, waits, clock = each_step
     untimed = FunctionalCollectiveTiming(rec, errors, timed=False, device=waits)
     try:
         assert untimed.instrument()
@@ -370,7 +378,6 @@ def test_a_functional_wait_is_marked_only_where_the_host_does_not_time_it(world1
         assert len(waits.events.marks) == 2  # the host times it: no device marks
     finally:
         timed.uninstrument()
-        waits.close()
     assert not any(errors.snapshot().values())
 
 
@@ -418,13 +425,11 @@ def test_a_wait_inside_a_marked_wait_is_not_marked_again(device):
     assert len(waits.events.marks) == 5
 
 
-def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1):
+def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1, each_step):
     from exporter.sources.collectives import CollectiveTiming
 
     dist = world1
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    rec, errors, waits, clock = each_step
     wrappers = CollectiveTiming(rec, errors, timed=False, device=waits)
     try:
         assert wrappers.instrument()
@@ -449,7 +454,6 @@ def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1):
         assert len(waits.events.marks) == 6  # the host times it: no device marks
     finally:
         timed.uninstrument()
-        waits.close()
 
 
 class Stalled(torch.autograd.Function):
@@ -466,12 +470,10 @@ class Stalled(torch.autograd.Function):
         return grad, None
 
 
-def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_waits():
+def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_waits(each_step):
     from exporter.sources.waits import WaitTiming
 
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=1, events=Events(clock), interval_s=3600)
+    rec, errors, waits, clock = each_step
     marks = waits.events.marks
 
     class Work:
@@ -504,7 +506,6 @@ def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_wait
         assert rec.snapshot().phase_sum[2] == pytest.approx(0.25)
     finally:
         part.uninstrument()
-        waits.close()
     assert not any(errors.snapshot().values())
 
 
