@@ -191,9 +191,9 @@ class DeviceWaits:
         """
         if not self.sampled() or getattr(self._open, "mark", None) is not None:
             return None
-        if compute and threading.get_ident() != self._thread and _graph_task_id() < 0:
-            return None
         try:
+            if compute and threading.get_ident() != self._thread and _graph_task_id() < 0:
+                return None
             events = self.events
             if not events.usable() or (compute and not events.on_default_stream()):
                 return None
