@@ -28,9 +28,10 @@ An asynchronous collective consumed through ``Work.get_future()`` (a DDP comm ho
 
 On a CUDA device the latency is not observed (an NCCL future completes when the collective is
 enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight state are. There
-the wait of the device's default stream inside ``Work.wait()`` is timed on the device where a
-:class:`~exporter.sources.devicewaits.DeviceWaits` is given: the compute stream of a plain loop
-waiting for its collectives (a wait on a stream of FSDP's own is not the compute's).
+the wait of the device's default stream inside ``Work.wait()``, on the training thread or in a
+backward pass, is timed on the device where a :class:`~exporter.sources.devicewaits.DeviceWaits`
+is given: the compute stream of a plain loop waiting for its collectives (a wait on a stream of
+FSDP's own, or on a checkpoint's thread, is not the compute's).
 Cost: about 10 µs per collective on the calling thread (``benchmarks/hotpath.py``).
 :meth:`CollectiveTiming.uninstrument` restores exactly the objects it replaced, unless someone
 replaced them again since (then it leaves theirs and forgets its own).

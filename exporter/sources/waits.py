@@ -18,8 +18,8 @@ DDP's own communication.
 
 On a GPU ``Work.wait()`` only makes the current stream wait: where a
 :class:`~exporter.sources.devicewaits.DeviceWaits` is given, the default stream's wait is timed
-on the device instead, on whatever thread it is made (SyncBatchNorm's backward runs on
-autograd's).
+on the device instead, on the training thread or in a backward pass (SyncBatchNorm's runs on
+autograd's thread); see :meth:`~exporter.sources.devicewaits.DeviceWaits.begin`.
 """
 
 from __future__ import annotations
