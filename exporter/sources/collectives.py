@@ -216,17 +216,15 @@ class CollectiveTiming(Patcher):
 
     def _wrap_wait(self, wait: Callable[..., Any]) -> Callable[..., Any]:
         rec, errors, training, timed = self._rec, self._errors, self._thread, self._timed
-        works, device = self._works, self._device
+        works = self._works
+        inner = self._device.marked(wait) if self._device is not None else wait
 
         @functools.wraps(wait)
         def timed_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = rec.clock()
-            mark = device.begin(compute=True) if device is not None else None
             try:
-                return wait(work, *args, **kwargs)
+                return inner(work, *args, **kwargs)
             finally:
-                if mark is not None and device is not None:
-                    device.end(mark)
                 try:
                     mine = works.pop(id(work), None)
                     if mine is not None and mine[0] is work:

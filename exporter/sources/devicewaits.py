@@ -25,8 +25,10 @@ interrupts training.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -76,7 +78,8 @@ class CudaEvents:
         # First: any other CUDA call on a thread whose device is not the rank's would make a
         # context on that GPU (GPU 0 for a thread whose device was never set), and its stream
         # is not the rank's compute stream.
-        if self.index is not None and torch.cuda.current_device() != self.index:
+        current = torch.cuda.current_device() if self.index is not None else None
+        if current != self.index:
             if not self._told:
                 self._told = True
                 log.warning(
@@ -84,7 +87,7 @@ class CudaEvents:
                     "current: such waits are not timed on the device (call "
                     "torch.cuda.set_device(%d) before training)",
                     self.index,
-                    torch.cuda.current_device(),
+                    current,
                     self.index,
                 )
             return False
@@ -138,7 +141,7 @@ class DeviceWaits:
     waits (the training thread, autograd's for a backward). A background thread resolves the
     pairs in order; :meth:`drain` may also be called at scrape time, so a scrape after the device
     is synchronised sees every wait. ``events``: where marks come from (default: CUDA events on
-    GPU ``gpu``). ``training_thread``: the thread that trains (the main thread).
+    GPU ``gpu``).
     """
 
     def __init__(
@@ -149,15 +152,14 @@ class DeviceWaits:
         every: int,
         events: EventSource | None = None,
         gpu: int | None = None,
-        training_thread: int | None = None,
         interval_s: float = 0.05,
     ) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.every = every
         self.events: EventSource = events if events is not None else CudaEvents(gpu)
-        main = threading.main_thread().ident
-        self._thread = training_thread if training_thread is not None else main
+        # The thread that trains, as for the host's timing of waits.
+        self._thread = threading.main_thread().ident
         self._rec = recorder
         self._errors = errors
         self._pending: deque[tuple[Any, Any]] = deque()
@@ -202,6 +204,20 @@ class DeviceWaits:
         except Exception as exc:  # noqa: BLE001 - never in the way of the collective
             self._errors.record("comm_timing", exc)
             return None
+
+    def marked(self, wait: Callable[..., Any]) -> Callable[..., Any]:
+        """Return ``wait`` (a ``Work.wait()``) with marks around the compute stream's wait in it."""
+
+        @functools.wraps(wait)
+        def marked_wait(*args: Any, **kwargs: Any) -> Any:
+            mark = self.begin(compute=True)
+            try:
+                return wait(*args, **kwargs)
+            finally:
+                if mark is not None:
+                    self.end(mark)
+
+        return marked_wait
 
     def drop(self, start: Any) -> None:
         """Give up the wait :meth:`begin` marked: nothing is timed."""

@@ -82,7 +82,7 @@ class WaitTiming:
 
     def _wrap(self, wait: Callable[..., Any]) -> Callable[..., Any]:
         if self._device is not None:
-            return _on_device(wait, self._device)
+            return self._device.marked(wait)
         rec, errors, training = self._rec, self._errors, self._thread
 
         @functools.wraps(wait)
@@ -99,18 +99,3 @@ class WaitTiming:
                     errors.record("comm_timing", exc)
 
         return timed_wait
-
-
-def _on_device(wait: Callable[..., Any], device: DeviceWaits) -> Callable[..., Any]:
-    """Wrap ``wait`` with device marks around the default stream's wait."""
-
-    @functools.wraps(wait)
-    def marked_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-        mark = device.begin(compute=True)
-        try:
-            return wait(work, *args, **kwargs)
-        finally:
-            if mark is not None:
-                device.end(mark)
-
-    return marked_wait
