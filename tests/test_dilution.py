@@ -52,7 +52,11 @@ def test_a_mild_straggler_is_named_with_clip_grad_norm():
                 tables.append({r.rank: r.verdict for r in rows})
                 return tables[-1].get(SLOW, "").startswith("straggler: compute")
 
-            wait_for(named, 90, f"top to name rank {SLOW} a straggler by compute", interval=3.0)
+            what = f"top to name rank {SLOW} a straggler by compute"
+            try:
+                wait_for(named, 90, what, interval=3.0)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; its last reads: {tables[-6:]}") from None
         finally:
             throttle.stop()
         wrongly = [
