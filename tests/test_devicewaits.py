@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from eventstandin import Events, device_waits
 from harness import HandClock as Clock
 from harness import wait_for
 
@@ -25,54 +26,10 @@ from exporter.sources.recorder import Recorder
 pytestmark = pytest.mark.unit
 
 
-class Mark:
-    def __init__(self, t: float, done: bool) -> None:
-        self.t, self.done = t, done
-
-
-class Events:
-    """Marks at the clock's time; ``complete`` says whether new marks have completed."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.complete = True
-        self.capturing = False
-        self.default = True  # the current stream is the device's default stream
-        self.fail: Exception | None = None
-        self.marks: list[Mark] = []
-        self.waited: list[object] = []
-
-    def usable(self) -> bool:
-        return not self.capturing
-
-    def on_default_stream(self) -> bool:
-        return self.default
-
-    def record(self) -> Mark:
-        if self.fail is not None:
-            raise self.fail
-        mark = Mark(self.clock(), self.complete)
-        self.marks.append(mark)
-        return mark
-
-    def wait(self, event: object) -> None:
-        self.waited.append(event)
-
-    def elapsed(self, start: Mark, end: Mark) -> float | None:
-        return end.t - start.t if end.done else None
-
-
-def _device_waits(every: int):
-    clock = Clock()
-    rec, errors = Recorder("explicit", clock=clock), ErrorCounter()
-    waits = DeviceWaits(rec, errors, every=every, events=Events(clock), interval_s=3600)
-    return rec, errors, waits, clock
-
-
 @pytest.fixture
 def device():
     """A recorder whose steps close explicitly, and device waits every 4 steps on its clock."""
-    made = _device_waits(4)
+    made = device_waits(4)
     yield made
     made[2].close()
 
@@ -80,7 +37,7 @@ def device():
 @pytest.fixture
 def each_step():
     """The same, timing every step's waits."""
-    made = _device_waits(1)
+    made = device_waits(1)
     yield made
     made[2].close()
 
