@@ -18,6 +18,7 @@ from harness import HandClock as Clock
 from harness import wait_for
 
 from exporter.errors import ErrorCounter
+from exporter.sources.classicwaits import ClassicFsdpWaitTiming
 from exporter.sources.devicewaits import DeviceWaits
 from exporter.sources.fsdpwaits import Fsdp2, FsdpWaitTiming, fsdp2_classes
 from exporter.sources.functional import FunctionalCollectiveTiming
@@ -353,6 +354,7 @@ def test_only_a_cuda_rank_without_ddp_times_its_waits_on_the_device(world1, cuda
         assert isinstance(timing.device, DeviceWaits) is device
         parts = [type(p) for p in timing.instrumentor.parts]
         assert (FsdpWaitTiming in parts) is device
+        assert (ClassicFsdpWaitTiming in parts) is device
         if device:
             assert timing.device.every == every
             assert timing.device.drain in timing.settlers()

@@ -7,9 +7,10 @@ of collectives): the ``torch.distributed`` wrappers (:mod:`exporter.sources.coll
 either, the functional collectives DTensor issues (tensor parallelism, ``clip_grad_norm_`` on
 DTensor parameters): :mod:`exporter.sources.functional`. Beside DDP on a CPU, the training
 thread's waits for collectives of its own: :mod:`exporter.sources.waits`. On a CUDA device, the
-compute stream's waits for collectives outside DDP's own (FSDP2's, the functional collectives',
-``Work.wait()`` on the default stream), timed on the device: :mod:`exporter.sources.devicewaits`,
-:mod:`exporter.sources.fsdpwaits`. The result is what the observer keeps: the parts to
+compute stream's waits for collectives outside DDP's own (FSDP2's, classic FSDP's, the
+functional collectives', ``Work.wait()`` on the default stream), timed on the device:
+:mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`,
+:mod:`exporter.sources.classicwaits`. The result is what the observer keeps: the parts to
 uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the hook and the
 background threads where there are any.
 """
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from .. import settings
 from ..errors import ErrorCounter
 from ..log import log
+from .classicwaits import ClassicFsdpWaitTiming
 from .collectives import CollectiveTiming
 from .commhook import CommHookInstrumentor, CommHookWrapper, CudaEventResolver, allreduce_mean_hook
 from .ddpevents import IterationEvents, events_unsupported
@@ -219,9 +221,9 @@ def _start_without_ddp(
     recorder.time_comm_by_waits()
     parts: list[Part] = [wrappers, functional]
     if device is not None:
-        fsdp = FsdpWaitTiming(device)
-        fsdp.instrument()
-        parts.append(fsdp)
+        for fsdp in (FsdpWaitTiming(device), ClassicFsdpWaitTiming(device)):
+            fsdp.instrument()
+            parts.append(fsdp)
     # On a GPU the host sees no collective end: NCCL's own timing, where it is on, does.
     durations = RecorderDurations(recorder, errors) if cuda else None
     return CommTiming(Parts(*parts), mode, device=device, durations=durations)

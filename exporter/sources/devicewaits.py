@@ -205,12 +205,16 @@ class DeviceWaits:
             self._errors.record("comm_timing", exc)
             return None
 
-    def marked(self, wait: Callable[..., Any]) -> Callable[..., Any]:
-        """Return ``wait`` (a ``Work.wait()``) with marks around the compute stream's wait in it."""
+    def marked(self, wait: Callable[..., Any], *, compute: bool = True) -> Callable[..., Any]:
+        """Return ``wait`` with marks around the compute stream's wait in it.
+
+        ``compute``: ``wait`` is a ``Work.wait()``, marked only where :meth:`begin` says the
+        compute stream waits; False for a function that always makes the compute stream wait.
+        """
 
         @functools.wraps(wait)
         def marked_wait(*args: Any, **kwargs: Any) -> Any:
-            mark = self.begin(compute=True)
+            mark = self.begin(compute=compute)
             try:
                 return wait(*args, **kwargs)
             finally:
