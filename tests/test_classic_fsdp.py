@@ -1,6 +1,7 @@
-"""Classic FSDP (``FullyShardedDataParallel``): its compute stream's waits marked on the device.
+"""Classic FSDP (``FullyShardedDataParallel``): a job watched, and its waits marked on a GPU.
 
-Stand-in events (tests/eventstandin.py) mark where the compute stream would wait on a GPU: before
+A classic FSDP job on gloo under torchrun: its straggler named by compute, its collectives
+counted. Stand-in events (tests/eventstandin.py) mark where the compute stream would wait on a GPU: before
 each module's forward and backward (its all-gather) and at the end of backward (the gradient
 reductions). FSDP is torch's own, on a real one-rank gloo group; stand-in modules give the cases
 a one-rank group cannot reach.
@@ -13,10 +14,9 @@ import types
 import pytest
 import torch
 from eventstandin import device_waits
+from harness import Job, top_accuses, value, wait_for
 
 from exporter.sources.classicwaits import ClassicFsdp, ClassicFsdpWaitTiming, classic_fsdp
-
-pytestmark = pytest.mark.unit
 
 NAMES = ("_pre_forward_unshard", "_pre_backward_hook", "_post_backward_final_callback")
 
@@ -56,6 +56,7 @@ def handle(**flags) -> types.SimpleNamespace:
     return types.SimpleNamespace(**flags)
 
 
+@pytest.mark.unit
 def test_each_wait_is_marked_whole_only_where_fsdp_waits(each_step):
     rec, errors, waits, _clock = each_step
     log: list[str] = []
@@ -91,6 +92,7 @@ def test_each_wait_is_marked_whole_only_where_fsdp_waits(each_step):
     assert (dict(vars(fsdp.runtime)), dict(vars(fsdp.front))) == originals
 
 
+@pytest.mark.unit
 def test_a_hook_bound_before_uninstrument_calls_straight_through(each_step):
     rec, errors, waits, _clock = each_step
     log: list[str] = []
@@ -121,6 +123,7 @@ def test_a_hook_bound_before_uninstrument_calls_straight_through(each_step):
     assert fsdp.runtime._pre_backward_hook is mine, "someone else's wrapper is left in place"
 
 
+@pytest.mark.unit
 def test_real_classic_fsdp_is_found_marked_restored_and_trains_the_same(world1, each_step):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
@@ -167,3 +170,23 @@ def test_real_classic_fsdp_is_found_marked_restored_and_trains_the_same(world1, 
     assert all(torch.equal(a, b) for a, b in zip(plain, marked, strict=True))
     after = [getattr(fsdp.runtime, n) for n in NAMES] + [fsdp.front._pre_forward_unshard]
     assert after == before
+
+
+@pytest.mark.job
+def test_a_classic_fsdp_straggler_is_named_by_compute_and_its_collectives_counted():
+    slow = 2
+    args = [
+        *("--parallel", "fsdp", "--fault", "straggler", "--fault-rank", str(slow)),
+        *("--fault-after", "0", "--straggle", "0.12", "--step-time", "0.02"),
+        *("--port", "0", "--addr", "127.0.0.1"),
+    ]
+    with Job(3, args, env={"OMP_NUM_THREADS": "1"}) as job:
+        urls = job.wait_urls()
+        blamed = top_accuses([urls[r] for r in range(3)], slow, "straggler: compute")
+        wait_for(blamed, 90, f"top to blame rank {slow} alone, by compute", interval=2.0)
+        s = job.scrape(0)
+    ((info, _),) = s["ddp_rank_info"]
+    assert info["parallelism"] == "fsdp" and info["comm_timing"] == "collectives", info
+    timed = {lab["op"] for lab, v in s["ddp_collective_duration_seconds_count"] if v > 0}
+    assert {"allgather", "reduce_scatter"} <= timed, timed
+    assert value(s, "ddp_step_phase_seconds_sum", phase="comm_wait") > 0

@@ -1,10 +1,11 @@
 """Gradients with the exporter are bit-identical to gradients without it (2 ranks, gloo).
 
 Every DDP timing mode: the default (DDP's reducer times its own allreduce), the iteration marks
-and the timing hook; and FSDP2 (``fully_shard``), whose torch.distributed collectives the exporter wraps, and tensor
-parallelism, whose functional collectives (DTensor's) it times through stand-ins, both clipping
-the gradients' total norm (``clip_grad_norm_``, functional all-reduces): loss, gradient shards and
-parameter shards. Every instrumented arm also reads a web configuration file it cannot serve.
+and the timing hook; FSDP2 (``fully_shard``) and classic FSDP, whose torch.distributed
+collectives the exporter wraps, and tensor parallelism, whose functional collectives (DTensor's)
+it times through stand-ins, each clipping the gradients' total norm (classic FSDP with its own
+``clip_grad_norm_``): loss, gradient shards and parameter shards. Every instrumented arm also
+reads a web configuration file it cannot serve.
 """
 
 import json
@@ -48,6 +49,10 @@ def test_gradients_bit_identical(tmp_path):
         # FSDP2: every all-gather and gradient reduction timed, by kind, and the clipping's
         # all-reduce.
         r = per_rank["fsdp2/collectives"]
+        assert r["timing"] == "collectives" and r["buckets"] > 6 * 3, (rank, r)
+        assert {"allgather", "reduce_scatter", "allreduce"} <= set(r["ops"]), (rank, r)
+        # Classic FSDP: its all-gathers and reduce-scatters, and its clipping's all-reduce.
+        r = per_rank["fsdp/collectives"]
         assert r["timing"] == "collectives" and r["buckets"] > 6 * 3, (rank, r)
         assert {"allgather", "reduce_scatter", "allreduce"} <= set(r["ops"]), (rank, r)
         # Tensor parallel: DTensor's all-reduces and all-gathers, functional collectives.

@@ -12,8 +12,9 @@ rank; ``freeze`` SIGSTOPs it; ``stall`` (``--device cuda``) stalls its GPU's str
 that does not end, so its next collectives never start on the device while the others' do.
 Compute faults are emulated with sleeps so that a 2-core machine still shows a clean signal.
 
-``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard``) instead of DDP; ``hsdp``
-shards it within groups of ``--shard-size`` ranks and replicates it across them (a 2-D mesh);
+``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard``) instead of DDP, ``fsdp`` with
+classic FSDP (``FullyShardedDataParallel``, each layer a unit); ``hsdp`` shards it within groups
+of ``--shard-size`` ranks and replicates it across them (a 2-D mesh);
 ``tp`` splits both layers across groups of ``--tp-size`` ranks with tensor parallelism (DTensor's
 ``ColwiseParallel`` then ``RowwiseParallel``: one all-reduce per forward, a functional
 collective) and shards them with FSDP2 across the groups (a 2-D mesh, ``dp`` x ``tp``); the ranks
@@ -51,7 +52,7 @@ from exporter.tools.gpustandin import GPU_FAULTS, inject, standin
 __all__ = ["PARALLEL", "build_model", "main", "parse_args", "run"]
 
 #: The data parallelism the trainer can use (``--parallel``).
-PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "hsdp", "tp")
+PARALLEL: tuple[str, ...] = ("ddp", "fsdp2", "fsdp", "hsdp", "tp")
 #: GPU clock cycles the ``stall`` fault's kernel spins: an hour at 2 GHz, longer than any drill.
 _STALL_CYCLES = 2_000_000_000 * 3600
 
@@ -116,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parallel",
         choices=PARALLEL,
         default="ddp",
-        help="ddp; fsdp2 (fully_shard per layer and at the root); hsdp: fsdp2 on a 2-D mesh, "
+        help="ddp; fsdp2 (fully_shard per layer and at the root); fsdp: classic "
+        "FullyShardedDataParallel, each layer a unit; hsdp: fsdp2 on a 2-D mesh, "
         "sharded within groups of --shard-size ranks, replicated across them; tp: tensor "
         "parallel within groups of --tp-size ranks, fsdp2 across them",
     )
@@ -215,6 +217,12 @@ def build_model(
     ).to(device)
     if parallel == "ddp":
         return DDP(layers)
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        policy = ModuleWrapPolicy({torch.nn.Linear})
+        return FullyShardedDataParallel(layers, auto_wrap_policy=policy, device_id=device)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -336,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                     dist.all_reduce(loss.detach().clone())
                 opt.zero_grad()
                 loss.backward()
-                if args.clip:
+                if args.clip and args.parallel == "fsdp":  # its own: over every rank's shards
+                    model.clip_grad_norm_(args.clip)
+                elif args.clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
             except RuntimeError as exc:

@@ -1,7 +1,8 @@
-"""Train plain and instrumented DDP (FSDP2, tensor parallel) and report whether gradients match.
+"""Train plain and instrumented DDP, FSDP2, classic FSDP, tensor parallel; compare gradients.
 
 FSDP2 and tensor parallelism clip the gradients' total norm (``clip_grad_norm_`` on DTensor
-parameters: functional all-reduces, timed by the exporter's stand-ins), then compare bit for bit.
+parameters: functional all-reduces, timed by the exporter's stand-ins), classic FSDP with its own
+``clip_grad_norm_`` (an all-reduce), then compare bit for bit.
 
 Run under torchrun; rank 0 writes a JSON verdict per scenario to the path in argv[1]. With
 ``cuda`` as argv[2] the models train on GPU 0 over gloo (tests/gpu: ranks share the GPU), where
@@ -105,6 +106,23 @@ def make_fsdp2() -> torch.nn.Module:
     return fully_shard(net, mesh=mesh)
 
 
+def make_fsdp() -> torch.nn.Module:
+    """Classic FSDP: each Linear a unit of its own, fully sharded (one rank: unsharded)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    shard = ShardingStrategy.FULL_SHARD if dist.get_world_size() > 1 else ShardingStrategy.NO_SHARD
+    policy = ModuleWrapPolicy({torch.nn.Linear})
+    net = make_net().to(DEVICE)
+    return FSDP(net, auto_wrap_policy=policy, device_id=DEVICE, sharding_strategy=shard)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2, tensor parallel); classic FSDP's is a tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def make_tp() -> torch.nn.Module:
     """Tensor parallel across every rank: column-, row-, then column-wise gathered."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -136,15 +154,18 @@ def train_fsdp2(
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        if hasattr(model, "clip_grad_norm_"):  # classic FSDP's own, over every rank's shards
+            model.clip_grad_norm_(0.5)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         losses.append(loss.detach().clone())
-        grads.append([p.grad.to_local().clone() for p in model.parameters()])  # this rank's shard
+        grads.append([_local(p.grad).clone() for p in model.parameters()])  # this rank's shard
         opt.step()
     return grads, losses
 
 
 def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
-    """FSDP2 (or tensor parallel) with and without the exporter; the plain model trains before
+    """FSDP2 (classic FSDP, tensor parallel) with and without the exporter; the plain model trains before
     instrument() wraps the collectives, so it really runs without the exporter."""
     plain = make()
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
@@ -156,7 +177,7 @@ def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
     done = settled(obs)
     snap = obs.recorder.snapshot()
     obs.close()
-    local = [p.to_local() for p in plain.parameters()], [p.to_local() for p in inst.parameters()]
+    local = [_local(p) for p in plain.parameters()], [_local(p) for p in inst.parameters()]
     return {
         "grads": all(torch.equal(a, b) for sa, sb in zip(gp, gi) for a, b in zip(sa, sb)),
         "params": all(torch.equal(a, b) for a, b in zip(*local)),
@@ -187,6 +208,7 @@ def main() -> None:
                 out[f"{name}/{timing}"] = scenario(name, timing, rank)
     if SCENARIOS in ("all", "sharded"):
         out["fsdp2/collectives"] = fsdp2_scenario(rank)
+        out["fsdp/collectives"] = fsdp2_scenario(rank, make_fsdp)
         out["tp/collectives"] = fsdp2_scenario(rank, make_tp, shared=True)
     write_all_ranks(sys.argv[1], out)
     leave()
