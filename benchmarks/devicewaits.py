@@ -3,7 +3,8 @@
 Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a step it does not
 time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
 event between them), against FSDP2's own wait alone; the same for a ``Work.wait()`` (a loop's
-collective, a DDP step's own), whose marks also check the thread and the stream. With CUDA:
+collective, a DDP step's own), whose marks also check the thread and the stream, and for
+classic FSDP's wait before a module's forward, marked whole. With CUDA:
 real CUDA events on the current stream, the all-gather's event recorded on a side stream, the
 pairs resolved between repeats (off the training thread in the exporter). Without CUDA: a
 stand-in event source (the Python part only).
@@ -25,12 +26,14 @@ import json
 import statistics
 import sys
 import time
+import types
 from typing import Any
 
 import torch
 
 from exporter import settings
 from exporter.errors import ErrorCounter
+from exporter.sources.classicwaits import ClassicFsdp, ClassicFsdpWaitTiming
 from exporter.sources.devicewaits import DeviceWaits
 from exporter.sources.fsdpwaits import Fsdp2, FsdpWaitTiming
 from exporter.sources.recorder import Recorder
@@ -74,6 +77,22 @@ def _fsdp2(cuda: bool) -> Fsdp2:
             pass
 
     return Fsdp2(Group, State)
+
+
+def _classic(cuda: bool, event: Any) -> ClassicFsdp:
+    """Classic FSDP as far as its pre-forward wrapper sees it; the wait is FSDP's own."""
+
+    def unshard(state: Any, handle: Any) -> None:
+        if cuda:
+            torch.cuda.current_stream().wait_event(event)
+
+    def hook(*args: Any) -> None:
+        pass
+
+    runtime = types.SimpleNamespace(
+        _pre_forward_unshard=unshard, _pre_backward_hook=hook, _post_backward_final_callback=hook
+    )
+    return ClassicFsdp(runtime, types.SimpleNamespace(_pre_forward_unshard=unshard))
 
 
 def _work(cuda: bool, event: Any) -> Any:
@@ -130,7 +149,8 @@ def _costs(med: dict, every: int) -> dict[str, float]:
 
 def measure(n: int, repeats: int) -> dict[str, Any]:
     """Return the per-wait host times (µs), bare, not timed and timed, medians over repeats:
-    FSDP2's all-gather wait (top level) and ``Work.wait()`` (``work_wait``)."""
+    FSDP2's all-gather wait (top level), ``Work.wait()`` (``work_wait``) and classic FSDP's
+    pre-forward wait (``classic_fsdp``)."""
     # FSDP2's hooks import torch._dynamo as they first run: torch.compiler.is_compiling(), which
     # every wrapper asks first, costs more then.
     importlib.import_module("torch._dynamo")
@@ -163,6 +183,12 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         fsdp = _arms(lambda: group.wait_for_unshard(), unshard, waits, rec, n, repeats)
         part = WaitTiming(rec, errors, work_class=work_class, device=waits)
         work_wait = _arms(lambda: work.wait(), part, waits, rec, n, repeats)
+        classic = _classic(cuda, event)
+        front, handle = classic.front, object()
+        forward = ClassicFsdpWaitTiming(waits, classic)
+        classic_fsdp = _arms(
+            lambda: front._pre_forward_unshard(None, handle), forward, waits, rec, n, repeats
+        )
     finally:
         waits.close()
     return {
@@ -173,6 +199,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         "repeats": repeats,
         **_costs(fsdp, every),
         "work_wait": _costs(work_wait, every),
+        "classic_fsdp": _costs(classic_fsdp, every),
         "every": every,
         "errors": sum(errors.snapshot().values()),
     }
@@ -185,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     r = measure(args.n, args.repeats)
-    w = r["work_wait"]
+    w, c = r["work_wait"], r["classic_fsdp"]
     print(
         f"device waits ({r['events']} events): FSDP2's wait alone {r['bare_us']:.2f} us; the "
         f"wrapper adds {r['not_timed_us']:.2f} us on a step not timed, {r['timed_us']:.2f} us on "
         f"a timed step; {r['amortised_us']:.2f} us per wait at one step in {r['every']}. "
         f"Work.wait(): adds {w['not_timed_us']:.2f} us not timed, {w['timed_us']:.2f} us timed, "
-        f"{w['amortised_us']:.2f} us per wait; errors {r['errors']}"
+        f"{w['amortised_us']:.2f} us per wait. Classic FSDP's: adds {c['not_timed_us']:.2f} us "
+        f"not timed, {c['timed_us']:.2f} us timed, {c['amortised_us']:.2f} us per wait; errors "
+        f"{r['errors']}"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -174,6 +174,14 @@ def _device_waits(path: Path) -> list[str]:
             "per wait.",
             "",
         ]
+    c = d.get("classic_fsdp")
+    if c:
+        lines += [
+            f"Per classic FSDP wait: the exporter adds {c['not_timed_us']:.2f} µs on a step it "
+            f"does not time, {c['timed_us']:.2f} µs on a step it times; "
+            f"{c['amortised_us']:.2f} µs per wait.",
+            "",
+        ]
     return lines
 
 

@@ -98,3 +98,10 @@ def test_the_report_states_the_device_waits_cost_or_that_it_is_missing(tmp_path,
     text = capsys.readouterr().out
     assert "`Work.wait()`: the exporter adds 0.50 µs on a step it does not time, 12.00 µs" in text
     assert "1.94 µs per wait." in text
+    assert "classic FSDP" not in text  # a report from before the classic FSDP arm
+    figures["classic_fsdp"] = {"not_timed_us": 0.4, "timed_us": 11.0, "amortised_us": 1.73}
+    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
+    report.main(["gpu_report.py", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert "classic FSDP wait: the exporter adds 0.40 µs on a step it does not time, 11.00" in text
+    assert "1.73 µs per wait." in text

@@ -1,7 +1,7 @@
-"""Time FSDP2's, tensor parallelism's or a hand-written loop's NCCL collectives against the profiler.
+"""Time FSDP2, classic FSDP, tensor-parallel or a loop's NCCL collectives against the profiler.
 
 One rank per GPU. Run under torchrun with ``TORCH_NCCL_ENABLE_TIMING=1``:
-``parallel_worker.py REPORT fsdp2|tp|loop [cpu]``. Each rank trains a few steps of a model large
+``parallel_worker.py REPORT fsdp2|fsdp|tp|loop [cpu]``. Each rank trains a few steps of a model large
 enough for collectives of tens of MiB, under ``torch.profiler``, then writes ``REPORT.RANK``
 (JSON): the exporter's latency count, sum and untimed count per op (read from ``/metrics`` once
 every duration is in), its comm_wait over those steps, and from the profiler's trace the NCCL
@@ -37,17 +37,21 @@ WIDTH, BATCH, LAYERS = 4096, 4096, 4
 
 
 def build(parallel: str, device: torch.device) -> torch.nn.Module:
-    """Return the model: sharded (fsdp2), split across every rank (tp) or replicated (loop)."""
+    """Return the model: sharded (fsdp2, fsdp), split across every rank (tp) or replicated (loop)."""
     torch.manual_seed(0)
     if parallel == "loop":  # its gradients averaged by hand, one all-reduce each
         layers = (torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS))
         return torch.nn.Sequential(*layers).to(device)
-    if parallel == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    if parallel in ("fsdp2", "fsdp"):
+        from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         model = torch.nn.Sequential(
             *(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(2 * LAYERS))
         ).to(device)
+        if parallel == "fsdp":  # classic FSDP, each layer a unit of its own
+            policy = ModuleWrapPolicy({torch.nn.Linear})
+            return FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=device)
         for layer in model:
             fully_shard(layer)
         return fully_shard(model)

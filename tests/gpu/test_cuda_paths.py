@@ -292,7 +292,7 @@ def test_shared_gpu_gradients_bit_identical(tmp_path):
 
 
 def test_nccl_sharded_gradients_bit_identical(tmp_path):
-    """FSDP2 and tensor parallelism on NCCL, one rank (NCCL takes one rank per GPU): with the
+    """FSDP2, classic FSDP and tensor parallelism on NCCL, one rank (NCCL takes one rank per GPU): with the
     exporter's collective wrappers in place, loss, gradients and parameters stay the same bit for
     bit, and nothing is left in flight. (On one rank the exporter counts none of their
     collectives, which torch may skip on a group of one; counting them on NCCL needs a machine
@@ -307,7 +307,7 @@ def test_nccl_sharded_gradients_bit_identical(tmp_path):
         assert job.wait(timeout=240) == 0, job.output()
     (per_rank,) = json.loads(out.read_text())
     print("sharded on NCCL:", json.dumps(per_rank))  # the ops counted, for the report
-    for name in ("fsdp2/collectives", "tp/collectives"):
+    for name in ("fsdp2/collectives", "fsdp/collectives", "tp/collectives"):
         r = per_rank[name]
         assert r["grads"] and r["params"] and r["losses"], (name, r)
         assert r["steps"] == 6 and r["timing"] == "collectives", (name, r)

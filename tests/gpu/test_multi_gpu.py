@@ -4,9 +4,9 @@ Each drill runs the demo trainer (``exporter.tools.trainer --backend nccl``) und
 killed rank's drill one process per rank) on every GPU of the machine, at most four: a
 straggler named by compute, a rank stuck in user code named with its file and line, a killed
 rank, a rank whose GPU stalls (the stuck-collective verdict, with what NCCL's RAS says), FSDP2's
-collectives counted. FSDP2's and tensor parallelism's collectives are timed against torch's
-profiler (tests/gpu/parallel_worker.py). With fewer than two GPUs every test is skipped, and
-says why (scripts/gpu-check.sh reports it).
+collectives counted. FSDP2's, classic FSDP's, tensor parallelism's and a loop's collectives are
+timed against torch's profiler (tests/gpu/parallel_worker.py). With fewer than two GPUs every
+test is skipped, and says why (scripts/gpu-check.sh reports it).
 """
 
 from __future__ import annotations
@@ -158,12 +158,12 @@ def test_nccl_fsdp2_collectives_are_counted():
     assert value(s, "ddp_collective_bytes_total", op="allgather") > 0
 
 
-@pytest.mark.parametrize("parallel", ["fsdp2", "tp", "loop"])
+@pytest.mark.parametrize("parallel", ["fsdp2", "fsdp", "tp", "loop"])
 def test_nccl_parallel_collectives_are_timed_on_the_device(tmp_path, parallel):
-    """FSDP2's all-gathers and reduce-scatters, tensor parallelism's all-reduces, a hand-written
-    loop's all-reduce of each gradient (no DDP): on every rank, each one timed from the Flight
-    Recorder's durations (none untimed), their sum within 10 % of the NCCL kernels' device time
-    in torch's profiler; the step split's comm_wait (the compute stream's waits, timed on the
+    """FSDP2's and classic FSDP's all-gathers and reduce-scatters, tensor parallelism's
+    all-reduces, a hand-written loop's all-reduce of each gradient (no DDP): on every rank, each
+    one timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
+    NCCL kernels' device time in torch's profiler; the step split's comm_wait (the compute stream's waits, timed on the
     device every step here) within 10 % of the profiler's exposed communication (NCCL kernel
     time no other kernel overlapped). No rank holds a context on another rank's GPU (the
     exporter's threads query events with their own GPU current)."""
