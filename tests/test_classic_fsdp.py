@@ -9,6 +9,7 @@ a one-rank group cannot reach.
 
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
@@ -18,7 +19,13 @@ from harness import Job, top_accuses, value, wait_for
 
 from exporter.sources.classicwaits import ClassicFsdp, ClassicFsdpWaitTiming, classic_fsdp
 
-NAMES = ("_pre_forward_unshard", "_pre_backward_hook", "_post_backward_final_callback")
+NAMES = (
+    "_pre_forward_unshard",
+    "_pre_backward_hook",
+    "_post_backward_final_callback",
+    "_prefetch_handle",
+    "_catch_all_reshard",
+)
 
 
 @pytest.fixture
@@ -29,21 +36,38 @@ def each_step():
     made[2].close()
 
 
-def stand_ins(log: list[str]) -> ClassicFsdp:
-    """Classic FSDP's two modules as far as the part uses them, logging each call."""
+def stand_ins(log: list[str], closing: bool = True) -> ClassicFsdp:
+    """Classic FSDP's two modules as far as the part uses them, logging each call.
+
+    Each function waits, then calls on as FSDP does, looking its callee up in the module at
+    call time: the prefetch of the next all-gather, the first module's reshard at the end of
+    backward. ``closing``: False for a torch without those callees.
+    """
+    runtime = types.SimpleNamespace()
+
+    def call(name: str) -> None:
+        if closing:
+            getattr(runtime, name)()
+        log.append(f"then {name.strip('_')}'s work")
 
     def unshard(state, handle):
         log.append("forward waits")
+        call("_prefetch_handle")
 
     def pre_backward(state, module, handle, grad, *unused):
         log.append("backward waits")
+        call("_prefetch_handle")
         return grad
 
     def tail(state, module):
         log.append("tail waits")
+        call("_catch_all_reshard")
 
-    runtime = types.SimpleNamespace(_pre_forward_unshard=unshard, _pre_backward_hook=pre_backward)
+    runtime._pre_forward_unshard, runtime._pre_backward_hook = unshard, pre_backward
     runtime._post_backward_final_callback = tail
+    if closing:
+        runtime._prefetch_handle = lambda: log.append("prefetch")
+        runtime._catch_all_reshard = lambda: log.append("reshard")
     return ClassicFsdp(runtime, types.SimpleNamespace(_pre_forward_unshard=unshard))
 
 
@@ -57,7 +81,7 @@ def handle(**flags) -> types.SimpleNamespace:
 
 
 @pytest.mark.unit
-def test_each_wait_is_marked_whole_only_where_fsdp_waits(each_step):
+def test_each_wait_is_marked_until_fsdp_moves_on_only_where_fsdp_waits(each_step):
     rec, errors, waits, _clock = each_step
     log: list[str] = []
     fsdp = stand_ins(log)
@@ -68,28 +92,76 @@ def test_each_wait_is_marked_whole_only_where_fsdp_waits(each_step):
     state, synced = types.SimpleNamespace(), types.SimpleNamespace(_sync_gradients=True)
     rec.open_step()
     fsdp.front._pre_forward_unshard(state, handle())
+    log.append("|")
     fsdp.runtime._pre_forward_unshard(state, None)  # a module without parameters
+    log.append("|")
     gathers = handle(_needs_pre_backward_unshard=True, _ran_pre_backward_hook=False)
     assert fsdp.runtime._pre_backward_hook(state, None, gathers, "grad") == "grad"
+    log.append("|")
     fsdp.runtime._pre_backward_hook(state, None, handle(_ran_pre_backward_hook=True), "g")
     fsdp.runtime._pre_backward_hook(state, None, handle(_needs_pre_backward_unshard=False), "g")
     fsdp.runtime._pre_backward_hook(state, None, None, "g")
+    log.append("|")
     fsdp.runtime._pre_backward_hook(state, None, handle(), "g")  # a later torch's handle: marked
+    log.append("|")
     fsdp.runtime._post_backward_final_callback(synced, None)
+    log.append("|")
     fsdp.runtime._post_backward_final_callback(types.SimpleNamespace(_sync_gradients=False), None)
+    forward = ["forward waits", "prefetch", "then prefetch_handle's work"]
+    backward = ["backward waits", "prefetch", "then prefetch_handle's work"]
     assert log == [
-        *("mark", "forward waits", "mark"),
-        "forward waits",
-        *("mark", "backward waits", "mark"),
-        *("backward waits",) * 3,
-        *("mark", "backward waits", "mark"),
-        *("mark", "tail waits", "mark"),
-        "tail waits",  # no_sync: nothing reduced, nothing waited for
+        *("mark", "forward waits", "mark", *forward[1:], "|"),
+        *(*forward, "|"),
+        *("mark", "backward waits", "mark", *backward[1:], "|"),
+        *backward * 3,
+        "|",
+        *("mark", "backward waits", "mark", *backward[1:], "|"),
+        *("mark", "tail waits", "mark", "reshard", "then catch_all_reshard's work", "|"),
+        *("tail waits", "reshard", "then catch_all_reshard's work"),  # no_sync: no reduction
     ]
     assert waits.drain() == 4 and not any(errors.snapshot().values())
     part.uninstrument()
     part.uninstrument()
     assert (dict(vars(fsdp.runtime)), dict(vars(fsdp.front))) == originals
+
+
+@pytest.mark.unit
+def test_without_the_calls_that_follow_a_wait_its_function_is_marked_whole(each_step):
+    rec, errors, waits, _clock = each_step
+    log: list[str] = []
+    fsdp = stand_ins(log, closing=False)
+    logging_marks(waits, log)
+    part = ClassicFsdpWaitTiming(waits, fsdp)
+    part.instrument()
+    rec.open_step()
+    fsdp.front._pre_forward_unshard(None, handle())
+    fsdp.runtime._post_backward_final_callback(types.SimpleNamespace(), None)
+    assert log == [
+        *("mark", "forward waits", "then prefetch_handle's work", "mark"),
+        *("mark", "tail waits", "then catch_all_reshard's work", "mark"),
+    ]
+    part.uninstrument()
+    assert waits.drain() == 2 and not any(errors.snapshot().values())
+
+
+@pytest.mark.unit
+def test_a_wait_that_raises_closes_its_mark_and_raises(each_step):
+    rec, errors, waits, _clock = each_step
+    fsdp = stand_ins([])
+
+    def broken(state, handle):
+        raise RuntimeError("FSDP's own error")
+
+    fsdp.front._pre_forward_unshard = broken
+    part = ClassicFsdpWaitTiming(waits, fsdp)
+    part.instrument()
+    rec.open_step()
+    with pytest.raises(RuntimeError, match="FSDP's own error"):
+        fsdp.front._pre_forward_unshard(None, handle())
+    assert len(waits.events.marks) == 2
+    fsdp.runtime._pre_forward_unshard(None, handle())  # the thread marks again
+    assert len(waits.events.marks) == 4 and not any(errors.snapshot().values())
+    part.uninstrument()
 
 
 @pytest.mark.unit
@@ -106,7 +178,8 @@ def test_a_hook_bound_before_uninstrument_calls_straight_through(each_step):
     part.uninstrument()
     bound(None, None, handle(), "grad")
     tail(types.SimpleNamespace(), None)
-    assert log == ["backward waits", "tail waits"] and waits.events.marks == []
+    assert [entry for entry in log if "waits" in entry] == ["backward waits", "tail waits"]
+    assert waits.events.marks == []
     # A precondition that cannot be read is no wait, never an error in FSDP's way.
     part.instrument()
 
@@ -157,6 +230,16 @@ def test_real_classic_fsdp_is_found_marked_restored_and_trains_the_same(world1, 
         return grads
 
     plain = train()
+    # Each mark records whether FSDP's call after the wait closed it (the prefetch, the reshard).
+    closed_by_fsdp: list[bool] = []
+    record = waits.events.record
+
+    def record_where():
+        frames = [sys._getframe(depth).f_code.co_name for depth in range(1, 6)]
+        closed_by_fsdp.append("closing" in frames)
+        return record()
+
+    waits.events.record = record_where
     part = ClassicFsdpWaitTiming(waits)
     try:
         assert part.instrument()
@@ -166,6 +249,7 @@ def test_real_classic_fsdp_is_found_marked_restored_and_trains_the_same(world1, 
     # Per step: the two Linear modules' forward and backward waits (the root holds no
     # parameters), and the end of backward but under no_sync.
     assert len(waits.events.marks) == 2 * (3 * 4 + 2)
+    assert closed_by_fsdp == [False, True] * (3 * 4 + 2), "this torch calls them by name"
     assert waits.drain() == 3 * 4 + 2 and not any(errors.snapshot().values())
     assert all(torch.equal(a, b) for a, b in zip(plain, marked, strict=True))
     after = [getattr(fsdp.runtime, n) for n in NAMES] + [fsdp.front._pre_forward_unshard]

@@ -3,26 +3,38 @@
 Classic FSDP (``FullyShardedDataParallel``) issues its all-gathers on a stream of its own and
 its gradient reductions on another; on a CUDA device the compute stream is made to wait for them
 with ``wait_stream`` or ``wait_event``, never through ``Work.wait()``. The functions that hold
-those waits (private module functions of ``torch.distributed.fsdp._runtime_utils``, found by
-name) are marked whole: the rest of what they do runs on FSDP's streams or on the host.
+those waits are private module functions of ``torch.distributed.fsdp._runtime_utils``, found by
+name. A mark opens as one of them starts and closes as the first of FSDP's own calls that
+follow the wait starts, so that what FSDP does next on the compute stream and on the host is
+not counted as a wait:
 
 - ``_pre_forward_unshard``: before a module's forward, the wait for its parameters' all-gather
-  (issued there unless prefetched). ``FullyShardedDataParallel.forward`` looks it up in its own
-  module, where it is replaced too.
+  (issued there unless prefetched); closed by the prefetch of the next module's
+  (``_prefetch_handle``). ``FullyShardedDataParallel.forward`` looks it up in its own module,
+  where it is replaced too.
 - ``_pre_backward_hook``: before a module's backward, the wait for the all-gather of its
-  parameters, freed after the forward. Marked only where it gathers (once per module and
-  backward; never for a strategy that keeps the parameters whole).
+  parameters (once per module and backward, wherever its output needs a gradient; a strategy
+  that keeps the parameters whole gathers nothing, and its wait is empty); closed by the
+  prefetch that follows, before the gradient is prepared.
 - ``_post_backward_final_callback``: at the end of backward, the wait for the gradient
-  reductions (and HSDP's all-reduces) still running: the step's exposed tail. Not marked where
-  gradients accumulate without being reduced (``no_sync``).
+  reductions (and HSDP's all-reduces) still running: the step's exposed tail. Closed as the
+  first module is resharded and its gradients finalised (``_catch_all_reshard``). Not marked
+  where gradients accumulate without being reduced (``no_sync``).
 
-FSDP binds the last two into the hooks it registers each forward, so a hook registered while
-the marks were in place can run once after ``uninstrument()``: it then calls straight through.
+The compute stream waits for everything FSDP queued on the stream it waits for: beside the
+collectives, mixed precision's casts, the gradient divides and accumulation, and with CPU
+offload the copies between host and device (the end of backward synchronises the host there).
+Where a torch lacks the closing function, a mark closes as its function returns.
+
+FSDP binds the hook into the partial it registers each forward, and the callback into the one
+it queues during backward, so either can run once after ``uninstrument()``: it then calls
+straight through.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +50,16 @@ _FRONT = "torch.distributed.fsdp.fully_sharded_data_parallel"
 _UNSHARD = "_pre_forward_unshard"
 _PRE_BACKWARD = "_pre_backward_hook"
 _TAIL = "_post_backward_final_callback"
+#: FSDP's calls that follow the waits: the marks close as they start.
+_PREFETCH = "_prefetch_handle"
+_RESHARD = "_catch_all_reshard"
 
 
 @dataclass(frozen=True)
 class ClassicFsdp:
     """The modules whose functions the marks go around (tests pass stand-ins)."""
 
-    #: Holds the three functions, and looks them up when FSDP registers its hooks.
+    #: Holds the functions, and looks them up when FSDP calls them or registers its hooks.
     runtime: Any
     #: Where ``FullyShardedDataParallel.forward`` looks ``_pre_forward_unshard`` up.
     front: Any
@@ -70,6 +85,19 @@ def _gathers_for_backward(handle: Any) -> bool:
     return bool(getattr(handle, "_needs_pre_backward_unshard", True))
 
 
+def _forward_waits(args: tuple[Any, ...]) -> bool:
+    return len(args) > 1 and bool(args[1])  # (state, handle): nothing to gather without one
+
+
+def _backward_waits(args: tuple[Any, ...]) -> bool:
+    return len(args) > 2 and _gathers_for_backward(args[2])  # (state, module, handle, grad)
+
+
+def _tail_waits(args: tuple[Any, ...]) -> bool:
+    # (state, module): the reductions are waited for only where gradients were synchronised.
+    return bool(args) and bool(getattr(args[0], "_sync_gradients", True))
+
+
 class ClassicFsdpWaitTiming:
     """Put :class:`~exporter.sources.devicewaits.DeviceWaits` marks around classic FSDP's waits.
 
@@ -82,6 +110,8 @@ class ClassicFsdpWaitTiming:
         self._device = device
         self._fsdp = fsdp
         self._patched: list[tuple[Any, str, tuple[Any, Any] | None]] = []
+        # Per thread (backward runs on autograd's): the mark open until FSDP's next call.
+        self._local = threading.local()
 
     def instrument(self) -> bool:
         """Wrap classic FSDP's waits; return whether they are (False: none in this torch)."""
@@ -94,12 +124,15 @@ class ClassicFsdpWaitTiming:
                 "torch: its waits are not timed on the device"
             )
             return False
-        wraps = [
-            (fsdp.front, _UNSHARD, self._wrap_unshard),
-            (fsdp.runtime, _UNSHARD, self._wrap_unshard),
-            (fsdp.runtime, _PRE_BACKWARD, self._wrap_pre_backward),
-            (fsdp.runtime, _TAIL, self._wrap_tail),
+        wraps: list[tuple[Any, str, Callable[[Any], Any]]] = [
+            (fsdp.front, _UNSHARD, self._opening(_UNSHARD, _forward_waits)),
+            (fsdp.runtime, _UNSHARD, self._opening(_UNSHARD, _forward_waits)),
+            (fsdp.runtime, _PRE_BACKWARD, self._opening(_PRE_BACKWARD, _backward_waits)),
+            (fsdp.runtime, _TAIL, self._opening(_TAIL, _tail_waits)),
         ]
+        for name in (_PREFETCH, _RESHARD):
+            if callable(getattr(fsdp.runtime, name, None)):
+                wraps.append((fsdp.runtime, name, self._closing(name)))
         for owner, name, wrap in wraps:
             self._patched.append((owner, name, patch_method(owner, name, wrap)))
         return True
@@ -110,37 +143,45 @@ class ClassicFsdpWaitTiming:
             restore_method(owner, name, patched)
         self._patched.clear()
 
-    def _wrapper(
-        self, original: Any, name: str, waits: Callable[[tuple[Any, ...]], bool]
-    ) -> Callable[..., Any]:
-        """Return ``original`` marked whole where ``waits(args)`` says it makes the stream wait."""
-        marked = self._device.marked(original, compute=False)
+    def _close(self) -> None:
+        """Close this thread's open mark, if any: the wait it covers is over."""
+        mark, self._local.mark = getattr(self._local, "mark", None), None
+        if mark is not None:
+            self._device.end(mark)
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                # Not after uninstrument(): a hook registered before it may still call this.
-                wait = bool(self._patched) and waits(args)
-            except Exception:  # noqa: BLE001 - never in the way of FSDP
-                wait = False
-            return marked(*args, **kwargs) if wait else original(*args, **kwargs)
+    def _opening(self, name: str, waits: Callable[[tuple[Any, ...]], bool]) -> Callable[[Any], Any]:
+        """Return what wraps ``name``: a mark opened where ``waits(args)`` says it waits."""
+        device, local = self._device, self._local
 
-        wrapper.__name__ = name
-        return wrapper
+        def wrap(original: Any) -> Any:
+            def opening(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    # Not after uninstrument(): a hook bound before it may still call this.
+                    wait = bool(self._patched) and waits(args)
+                except Exception:  # noqa: BLE001 - never in the way of FSDP
+                    wait = False
+                if not wait or getattr(local, "mark", None) is not None:
+                    return original(*args, **kwargs)
+                local.mark = device.begin()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self._close()  # where nothing closed it inside
 
-    def _wrap_unshard(self, original: Any) -> Any:
-        # (state, handle): nothing to gather without a handle.
-        return self._wrapper(original, _UNSHARD, lambda args: len(args) > 1 and bool(args[1]))
+            opening.__name__ = name
+            return opening
 
-    def _wrap_pre_backward(self, original: Any) -> Any:
-        # (state, module, handle, grad, ...)
-        def waits(args: tuple[Any, ...]) -> bool:
-            return len(args) > 2 and _gathers_for_backward(args[2])
+        return wrap
 
-        return self._wrapper(original, _PRE_BACKWARD, waits)
+    def _closing(self, name: str) -> Callable[[Any], Any]:
+        """Return what wraps ``name``, one of FSDP's calls after a wait: it closes the mark."""
 
-    def _wrap_tail(self, original: Any) -> Any:
-        # (state, module): the reductions are waited for only where gradients were synchronised.
-        def waits(args: tuple[Any, ...]) -> bool:
-            return bool(args) and bool(getattr(args[0], "_sync_gradients", True))
+        def wrap(original: Any) -> Any:
+            def closing(*args: Any, **kwargs: Any) -> Any:
+                self._close()
+                return original(*args, **kwargs)
 
-        return self._wrapper(original, _TAIL, waits)
+            closing.__name__ = name
+            return closing
+
+        return wrap

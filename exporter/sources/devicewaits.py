@@ -11,11 +11,12 @@ made to wait, one just after. The second completes when the collective has ended
 queued before the wait is done, so the time between them is how long the stream waited (none
 where the collective ended before the stream got there). :class:`DeviceWaits` records such
 pairs where the parts that know the wait points ask it to (:mod:`exporter.sources.fsdpwaits`,
-the functional collectives' ``wait_tensor``, ``Work.wait()`` on the default stream), and
-resolves them off the training thread (``Event.query()``: no synchronisation), moving their time
-from compute to comm_wait (:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never
-compute a scrape has read). A wait inside one the same thread has marked already is not marked
-again: its time is in the outer pair.
+:mod:`exporter.sources.classicwaits`, the functional collectives' ``wait_tensor``,
+``Work.wait()`` on the default stream), and resolves them off the training thread
+(``Event.query()``: no synchronisation), moving their time from compute to comm_wait
+(:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never compute a scrape has read). A
+wait inside one the same thread has marked already is not marked again: its time is in the
+outer pair.
 
 Sampled: only the waits of every ``every``-th step are timed (two events each, a few
 microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
@@ -205,16 +206,12 @@ class DeviceWaits:
             self._errors.record("comm_timing", exc)
             return None
 
-    def marked(self, wait: Callable[..., Any], *, compute: bool = True) -> Callable[..., Any]:
-        """Return ``wait`` with marks around the compute stream's wait in it.
-
-        ``compute``: ``wait`` is a ``Work.wait()``, marked only where :meth:`begin` says the
-        compute stream waits; False for a function that always makes the compute stream wait.
-        """
+    def marked(self, wait: Callable[..., Any]) -> Callable[..., Any]:
+        """Return ``wait`` (a ``Work.wait()``) with marks around the compute stream's wait in it."""
 
         @functools.wraps(wait)
         def marked_wait(*args: Any, **kwargs: Any) -> Any:
-            mark = self.begin(compute=compute)
+            mark = self.begin(compute=True)
             try:
                 return wait(*args, **kwargs)
             finally:
