@@ -44,19 +44,26 @@ def test_a_mild_straggler_is_named_with_clip_grad_norm():
         throttle = Throttle(int(pids[str(SLOW)]), RUN_S, STOP_S)
         throttle.start()
         tables: list[dict[int, str]] = []
+        # What top computed per read: each rank's suspicion and compute per step (ms).
+        figures: list[dict[int, tuple[str, int]]] = []
         history = top.ReadHistory()
         try:
 
             def named() -> bool:
                 rows = history.judge(top.fetch([urls[r] for r in range(3)], timeout=5))
                 tables.append({r.rank: r.verdict for r in rows})
+                compute = {
+                    r.rank: (r.suspect, round(1e3 * r.phases.get("compute", 0))) for r in rows
+                }
+                figures.append(compute)
                 return tables[-1].get(SLOW, "").startswith("straggler: compute")
 
             what = f"top to name rank {SLOW} a straggler by compute"
             try:
-                wait_for(named, 90, what, interval=3.0)
+                wait_for(named, 150, what, interval=3.0)
             except AssertionError as exc:
-                raise AssertionError(f"{exc}; its last reads: {tables[-6:]}") from None
+                last = list(zip(tables[-8:], figures[-8:], strict=True))
+                raise AssertionError(f"{exc}; its last reads: {last}") from None
         finally:
             throttle.stop()
         wrongly = [
