@@ -4,7 +4,7 @@ Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a
 time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
 event between them), against FSDP2's own wait alone; the same for a ``Work.wait()`` (a loop's
 collective, a DDP step's own), whose marks also check the thread and the stream, and for
-classic FSDP's wait before a module's forward, marked whole. With CUDA:
+classic FSDP's wait before a module's forward (its mark closed by the prefetch that follows). With CUDA:
 real CUDA events on the current stream, the all-gather's event recorded on a side stream, the
 pairs resolved between repeats (off the training thread in the exporter). Without CUDA: a
 stand-in event source (the Python part only).
@@ -80,18 +80,20 @@ def _fsdp2(cuda: bool) -> Fsdp2:
 
 
 def _classic(cuda: bool, event: Any) -> ClassicFsdp:
-    """Classic FSDP as far as its pre-forward wrapper sees it; the wait is FSDP's own."""
+    """Classic FSDP as far as its pre-forward wrappers see it: FSDP's own wait, then its call
+    of the prefetch (looked up in its module, where the mark closes)."""
+    runtime = types.SimpleNamespace()
 
     def unshard(state: Any, handle: Any) -> None:
         if cuda:
             torch.cuda.current_stream().wait_event(event)
+        runtime._prefetch_handle(state, handle, None)
 
     def hook(*args: Any) -> None:
         pass
 
-    runtime = types.SimpleNamespace(
-        _pre_forward_unshard=unshard, _pre_backward_hook=hook, _post_backward_final_callback=hook
-    )
+    runtime._pre_forward_unshard, runtime._prefetch_handle = unshard, hook
+    runtime._pre_backward_hook = runtime._post_backward_final_callback = hook
     return ClassicFsdp(runtime, types.SimpleNamespace(_pre_forward_unshard=unshard))
 
 

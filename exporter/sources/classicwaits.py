@@ -155,12 +155,14 @@ class ClassicFsdpWaitTiming:
 
         def wrap(original: Any) -> Any:
             def opening(*args: Any, **kwargs: Any) -> Any:
+                if not device.sampled() or getattr(local, "mark", None) is not None:
+                    return original(*args, **kwargs)  # most steps: nothing more to ask
                 try:
                     # Not after uninstrument(): a hook bound before it may still call this.
                     wait = bool(self._patched) and waits(args)
                 except Exception:  # noqa: BLE001 - never in the way of FSDP
                     wait = False
-                if not wait or getattr(local, "mark", None) is not None:
+                if not wait:
                     return original(*args, **kwargs)
                 local.mark = device.begin()
                 try:
@@ -175,10 +177,12 @@ class ClassicFsdpWaitTiming:
 
     def _closing(self, name: str) -> Callable[[Any], Any]:
         """Return what wraps ``name``, one of FSDP's calls after a wait: it closes the mark."""
+        local = self._local
 
         def wrap(original: Any) -> Any:
             def closing(*args: Any, **kwargs: Any) -> Any:
-                self._close()
+                if getattr(local, "mark", None) is not None:
+                    self._close()
                 return original(*args, **kwargs)
 
             closing.__name__ = name
