@@ -41,7 +41,7 @@ from typing import Any
 
 from ..log import log
 from .devicewaits import DeviceWaits
-from .patching import patch_method, restore_method
+from .patching import MethodPatches
 
 __all__ = ["ClassicFsdp", "ClassicFsdpWaitTiming", "classic_fsdp"]
 
@@ -109,7 +109,7 @@ class ClassicFsdpWaitTiming:
     def __init__(self, device: DeviceWaits, fsdp: ClassicFsdp | None = None) -> None:
         self._device = device
         self._fsdp = fsdp
-        self._patched: list[tuple[Any, str, tuple[Any, Any] | None]] = []
+        self._patched = MethodPatches()
         # Per thread (backward runs on autograd's): the mark open until FSDP's next call.
         self._local = threading.local()
 
@@ -133,15 +133,12 @@ class ClassicFsdpWaitTiming:
         for name in (_PREFETCH, _RESHARD):
             if callable(getattr(fsdp.runtime, name, None)):
                 wraps.append((fsdp.runtime, name, self._closing(name)))
-        for owner, name, wrap in wraps:
-            self._patched.append((owner, name, patch_method(owner, name, wrap)))
+        self._patched.apply(wraps)
         return True
 
     def uninstrument(self) -> None:
         """Restore every wrapped name unless someone replaced it since; idempotent."""
-        for owner, name, patched in reversed(self._patched):
-            restore_method(owner, name, patched)
-        self._patched.clear()
+        self._patched.restore()
 
     def _close(self) -> None:
         """Close this thread's open mark, if any: the wait it covers is over."""

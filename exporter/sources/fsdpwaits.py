@@ -29,7 +29,7 @@ from typing import Any
 
 from ..log import log
 from .devicewaits import DeviceWaits
-from .patching import patch_method, restore_method
+from .patching import MethodPatches
 
 __all__ = ["FSDP2_MODULES", "Fsdp2", "FsdpWaitTiming", "fsdp2_classes"]
 
@@ -90,7 +90,7 @@ class FsdpWaitTiming:
     def __init__(self, device: DeviceWaits, fsdp2: Fsdp2 | None = None) -> None:
         self._device = device
         self._fsdp2 = fsdp2
-        self._patched: list[tuple[Any, str, tuple[Any, Any] | None]] = []
+        self._patched = MethodPatches()
         # Per thread (backward runs on autograd's): the mark ``foreach_reduce`` ends, and
         # whether the end-of-backward callback is running (its marks resume after a reduce).
         self._local = threading.local()
@@ -110,15 +110,12 @@ class FsdpWaitTiming:
         if fsdp2.reducing is not None:
             wraps.append((fsdp2.group, _POST_BACKWARD, self._wrap_post_backward))
             wraps.append((fsdp2.reducing, _REDUCE, self._wrap_reduce))
-        for owner, name, wrap in wraps:
-            self._patched.append((owner, name, patch_method(owner, name, wrap)))
+        self._patched.apply(wraps)
         return True
 
     def uninstrument(self) -> None:
         """Restore every wrapped name unless someone replaced it since; idempotent."""
-        for owner, name, patched in reversed(self._patched):
-            restore_method(owner, name, patched)
-        self._patched.clear()
+        self._patched.restore()
 
     def _wrap_unshard(self, original: Any) -> Any:
         device = self._device

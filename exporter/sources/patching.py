@@ -18,7 +18,7 @@ import torch
 from ..errors import ErrorCounter
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["Patcher", "patch_method", "payload_bytes", "restore_method"]
+__all__ = ["MethodPatches", "Patcher", "patch_method", "payload_bytes", "restore_method"]
 
 
 def payload_bytes(payload: Any) -> int:
@@ -54,6 +54,28 @@ def restore_method(owner: Any, name: str, patched: tuple[Any, Any] | None) -> No
     original, replacement = patched
     if owner.__dict__.get(name) is replacement:
         setattr(owner, name, original)
+
+
+class MethodPatches:
+    """Names replaced with :func:`patch_method`, restored together, last first."""
+
+    def __init__(self) -> None:
+        self._done: list[tuple[Any, str, tuple[Any, Any] | None]] = []
+
+    def __bool__(self) -> bool:
+        """Say whether the replacements are in place."""
+        return bool(self._done)
+
+    def apply(self, wraps: list[tuple[Any, str, Callable[[Any], Any]]]) -> None:
+        """Replace each ``owner.name`` by ``wrap(original)``, where there is one."""
+        for owner, name, wrap in wraps:
+            self._done.append((owner, name, patch_method(owner, name, wrap)))
+
+    def restore(self) -> None:
+        """Restore every name unless someone replaced it since; idempotent."""
+        for owner, name, patched in reversed(self._done):
+            restore_method(owner, name, patched)
+        self._done.clear()
 
 
 class Patcher:
