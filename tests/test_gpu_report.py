@@ -75,8 +75,15 @@ def test_the_report_tables_each_drill_and_quotes_what_it_printed(tmp_path, capsy
 
 def test_the_report_states_the_device_waits_cost_or_that_it_is_missing(tmp_path, capsys):
     report = _report()
-    report.main(["gpu_report.py", str(tmp_path)])
-    assert "missing: device-waits.json (see device-waits.log)" in capsys.readouterr().out
+
+    def printed(figures: dict | None = None) -> str:
+        """Return the report of ``figures`` written as the benchmark writes them (None: none)."""
+        if figures is not None:
+            (tmp_path / "device-waits.json").write_text(json.dumps(figures))
+        report.main(["gpu_report.py", str(tmp_path)])
+        return capsys.readouterr().out
+
+    assert "missing: device-waits.json (see device-waits.log)" in printed()
     figures = {
         "events": "cuda",
         "bare_us": 1.5,
@@ -86,22 +93,16 @@ def test_the_report_states_the_device_waits_cost_or_that_it_is_missing(tmp_path,
         "amortised_us": 1.34,
         "errors": 0,
     }
-    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
-    report.main(["gpu_report.py", str(tmp_path)])
-    text = capsys.readouterr().out
+    text = printed(figures)
     assert "adds 0.25 µs on a step it does not time, 9.00 µs on a step it times" in text
     assert "1.34 µs per wait at one step in 8; errors 0." in text
     assert "Work.wait()" not in text  # a report from before the Work.wait() arm
     figures["work_wait"] = {"not_timed_us": 0.5, "timed_us": 12.0, "amortised_us": 1.94}
-    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
-    report.main(["gpu_report.py", str(tmp_path)])
-    text = capsys.readouterr().out
+    text = printed(figures)
     assert "`Work.wait()`: the exporter adds 0.50 µs on a step it does not time, 12.00 µs" in text
     assert "1.94 µs per wait." in text
     assert "classic FSDP" not in text  # a report from before the classic FSDP arm
     figures["classic_fsdp"] = {"not_timed_us": 0.4, "timed_us": 11.0, "amortised_us": 1.73}
-    (tmp_path / "device-waits.json").write_text(json.dumps(figures))
-    report.main(["gpu_report.py", str(tmp_path)])
-    text = capsys.readouterr().out
+    text = printed(figures)
     assert "classic FSDP wait: the exporter adds 0.40 µs on a step it does not time, 11.00" in text
     assert "1.73 µs per wait." in text
