@@ -4,10 +4,10 @@ Per FSDP2 all-gather wait, on the thread that waits: the exporter's wrapper on a
 time, and on a step it times (two events recorded, the stream made to wait for the all-gather's
 event between them), against FSDP2's own wait alone; the same for a ``Work.wait()`` (a loop's
 collective, a DDP step's own), whose marks also check the thread and the stream, and for
-classic FSDP's wait before a module's forward (its mark closed by the prefetch that follows). With CUDA:
-real CUDA events on the current stream, the all-gather's event recorded on a side stream, the
-pairs resolved between repeats (off the training thread in the exporter). Without CUDA: a
-stand-in event source (the Python part only).
+classic FSDP's wait before a module's forward (its mark closed by the prefetch that follows).
+With CUDA: real CUDA events on the current stream, the all-gather's event recorded on a side
+stream, the pairs resolved between repeats (off the training thread in the exporter). Without
+CUDA: a stand-in event source (the Python part only).
 
     python benchmarks/devicewaits.py [--n CALLS] [--repeats R] [--json OUT]
 

@@ -1,10 +1,10 @@
 """Classic FSDP (``FullyShardedDataParallel``): a job watched, and its waits marked on a GPU.
 
 A classic FSDP job on gloo under torchrun: its straggler named by compute, its collectives
-counted. Stand-in events (tests/eventstandin.py) mark where the compute stream would wait on a GPU: before
-each module's forward and backward (its all-gather) and at the end of backward (the gradient
-reductions). FSDP is torch's own, on a real one-rank gloo group; stand-in modules give the cases
-a one-rank group cannot reach.
+counted. Stand-in events (tests/eventstandin.py) mark where the compute stream would wait on a
+GPU: before each module's forward and backward (its all-gather) and at the end of backward (the
+gradient reductions). FSDP is torch's own, on a real one-rank gloo group; stand-in modules give
+the cases a one-rank group cannot reach.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Time FSDP2, classic FSDP, tensor-parallel or a loop's NCCL collectives against the profiler.
 
 One rank per GPU. Run under torchrun with ``TORCH_NCCL_ENABLE_TIMING=1``:
-``parallel_worker.py REPORT fsdp2|fsdp|tp|loop [cpu]``. Each rank trains a few steps of a model large
-enough for collectives of tens of MiB, under ``torch.profiler``, then writes ``REPORT.RANK``
+``parallel_worker.py REPORT fsdp2|fsdp|tp|loop [cpu]``. Each rank trains a few steps of a model
+large enough for collectives of tens of MiB, under ``torch.profiler``, then writes ``REPORT.RANK``
 (JSON): the exporter's latency count, sum and untimed count per op (read from ``/metrics`` once
 every duration is in), its comm_wait over those steps, and from the profiler's trace the NCCL
 kernels' device time and the part of it no other kernel overlapped (the exposed
@@ -37,7 +37,7 @@ WIDTH, BATCH, LAYERS = 4096, 4096, 4
 
 
 def build(parallel: str, device: torch.device) -> torch.nn.Module:
-    """Return the model: sharded (fsdp2, fsdp), split across every rank (tp) or replicated (loop)."""
+    """Return the model: sharded (fsdp2, fsdp), split across the ranks (tp) or replicated (loop)."""
     torch.manual_seed(0)
     if parallel == "loop":  # its gradients averaged by hand, one all-reduce each
         layers = (torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS))

@@ -292,11 +292,12 @@ def test_shared_gpu_gradients_bit_identical(tmp_path):
 
 
 def test_nccl_sharded_gradients_bit_identical(tmp_path):
-    """FSDP2, classic FSDP and tensor parallelism on NCCL, one rank (NCCL takes one rank per GPU): with the
-    exporter's collective wrappers in place, loss, gradients and parameters stay the same bit for
-    bit, and nothing is left in flight. (On one rank the exporter counts none of their
-    collectives, which torch may skip on a group of one; counting them on NCCL needs a machine
-    with several GPUs.) Every step's waits are timed on the device with CUDA events: no error."""
+    """FSDP2, classic FSDP and tensor parallelism on NCCL, one rank (NCCL takes one rank per
+    GPU): with the exporter's collective wrappers in place, loss, gradients and parameters stay
+    the same bit for bit, and nothing is left in flight. (On one rank the exporter counts none of
+    their collectives, which torch may skip on a group of one; counting them on NCCL needs a
+    machine with several GPUs.) Every step's waits are timed on the device with CUDA events: no
+    error."""
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
     out = tmp_path / "verdict.json"

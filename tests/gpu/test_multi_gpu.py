@@ -163,10 +163,10 @@ def test_nccl_parallel_collectives_are_timed_on_the_device(tmp_path, parallel):
     """FSDP2's and classic FSDP's all-gathers and reduce-scatters, tensor parallelism's
     all-reduces, a hand-written loop's all-reduce of each gradient (no DDP): on every rank, each
     one timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
-    NCCL kernels' device time in torch's profiler; the step split's comm_wait (the compute stream's waits, timed on the
-    device every step here) within 10 % of the profiler's exposed communication (NCCL kernel
-    time no other kernel overlapped). No rank holds a context on another rank's GPU (the
-    exporter's threads query events with their own GPU current)."""
+    NCCL kernels' device time in torch's profiler; the step split's comm_wait (the compute
+    stream's waits, timed on the device every step here) within 10 % of the profiler's exposed
+    communication (NCCL kernel time no other kernel overlapped). No rank holds a context on
+    another rank's GPU (the exporter's threads query events with their own GPU current)."""
     out = tmp_path / "timing"
     env = _env(TORCH_NCCL_ENABLE_TIMING="1", DDP_EXPORTER_DEVICE_WAIT_EVERY="1")
     worker = os.path.join("tests", "gpu", "parallel_worker.py")

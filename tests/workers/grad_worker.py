@@ -165,8 +165,8 @@ def train_fsdp2(
 
 
 def fsdp2_scenario(rank: int, make=make_fsdp2, shared: bool = False) -> dict:
-    """FSDP2 (classic FSDP, tensor parallel) with and without the exporter; the plain model trains before
-    instrument() wraps the collectives, so it really runs without the exporter."""
+    """FSDP2 (classic FSDP, tensor parallel) with and without the exporter; the plain model
+    trains before instrument() wraps the collectives, so it really runs without the exporter."""
     plain = make()
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     gp, lp = train_fsdp2(plain, opt_p, rank, shared)
