@@ -7,7 +7,6 @@ the c10d store (:func:`start_watchers`). A part whose start fails is counted, no
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.parallelism import compute_device, kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
+from .sources.training import or_main_thread
 
 __all__ = [
     "StepHooks",
@@ -111,8 +111,13 @@ def hook_steps(
     errors: ErrorCounter,
     dataloader: torch.utils.data.DataLoader | None,
     optimizer: torch.optim.Optimizer | None,
+    training_thread: int | None = None,
 ) -> StepHooks:
-    """Hook what times ``model``'s steps: the recorder, in-flight state, communication timing."""
+    """Hook what times ``model``'s steps: the recorder, in-flight state, communication timing.
+
+    ``training_thread``: the thread that trains (default: the main thread); only its waits and
+    declared sections count in its steps.
+    """
     parallelism = kind_of(model)
     ddp = parallelism == "ddp"
     recorder = Recorder(_closer(optimizer, dataloader, ddp))
@@ -137,6 +142,7 @@ def hook_steps(
         keyword="comm_timing" in cfg.keywords,
         device_every=cfg.device_wait_every,
         gpu=device.index if device.type == "cuda" else None,
+        training_thread=training_thread,
     )
     loader = None if dataloader is None else DataLoaderInstrumentor(dataloader, recorder, errors)
     optim = None if optimizer is None else OptimizerInstrumentor(optimizer, recorder, errors)
@@ -144,7 +150,7 @@ def hook_steps(
         if part is not None:
             part.instrument()
     # A checkpoint or evaluation in a declared section on the training thread is no step.
-    sections = ThreadSections(recorder, threading.main_thread().ident)
+    sections = ThreadSections(recorder, or_main_thread(training_thread))
     SECTIONS.listen(sections)
     return StepHooks(
         parallelism, recorder, device, backend, inflight, timing, loader, optim, sections
@@ -160,7 +166,11 @@ class Watchers:
 
 
 def rank_context(
-    cfg: settings.InstrumentSettings, store: Any, recorder: Recorder, errors: ErrorCounter
+    cfg: settings.InstrumentSettings,
+    store: Any,
+    recorder: Recorder,
+    errors: ErrorCounter,
+    training_thread: int | None = None,
 ) -> RankContext:
     """Return what the rank's hang watcher and goodput account share."""
     identity, endpoint = cfg.identity, cfg.endpoint
@@ -174,6 +184,7 @@ def rank_context(
         dump_dir=cfg.dump_dir,
         errors=errors,
         start_step=cfg.start_step,
+        training_thread=training_thread,
     )
 
 

@@ -8,6 +8,7 @@ store and sources) and restores everything it patched in :meth:`Observer.close`.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,7 +68,9 @@ class Observer:
         self._closed = False
         self.end = ending.End()
         self._final_scrape_s, self._file_sd_dir = cfg.final_scrape_s, cfg.file_sd_dir
-        hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer)
+        # The thread that instruments is the one that trains (Ray Train's runner thread, say).
+        self.training_thread = threading.get_ident()
+        hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer, self.training_thread)
         self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
         self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
         timing = hooks.timing
@@ -88,7 +91,7 @@ class Observer:
         store = started(self.errors, "heartbeat", launcher.job_store)
         self._monitor = self.rank == endpoint.monitor_rank
         # What the hang watcher and the goodput account share, made once.
-        ctx = rank_context(cfg, store, self.recorder, self.errors)
+        ctx = rank_context(cfg, store, self.recorder, self.errors, self.training_thread)
         watchers = start_watchers(cfg, ctx, hooks, self._publish_abort)
         self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
         self.goodput = start_goodput(ctx, watchers, self.end)

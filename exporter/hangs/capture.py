@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+from ..sources.training import or_main_thread
 from . import codec
 from .protocol import Frame, InflightOp, PgSeqs, RankState, Summary, ThreadStack
 
@@ -108,7 +109,7 @@ def phase(frames: Sequence[Frame]) -> str:
     return "compute"
 
 
-def _threads(main_ident: int | None) -> list[ThreadStack]:
+def _threads(training_ident: int | None) -> list[ThreadStack]:
     frames = sys._current_frames()
     by_ident = {t.ident: t for t in threading.enumerate()}
     own = threading.get_ident()
@@ -120,7 +121,7 @@ def _threads(main_ident: int | None) -> list[ThreadStack]:
                 name=t.name if t else f"thread-{ident}",
                 ident=ident,
                 daemon=bool(t.daemon) if t else None,
-                training=ident == main_ident,
+                training=ident == training_ident,
                 exporter=ident == own,
                 frames=_frames(frame),
             )
@@ -131,7 +132,7 @@ def _threads(main_ident: int | None) -> list[ThreadStack]:
 
 def capture_state(
     *,
-    main_ident: int | None = None,
+    training_ident: int | None = None,
     flight_recorder: Callable[[], Mapping[str, Any]] | None = None,
     step: int | None = None,
     seqs: Callable[[], Mapping[str, PgSeqs]] | None = None,
@@ -141,12 +142,10 @@ def capture_state(
     ``flight_recorder`` returns the Flight Recorder's entries (None: not in use on this rank);
     ``seqs`` returns the last enqueued/completed sequence number per process group.
     """
-    if main_ident is None:
-        main_ident = threading.main_thread().ident
     now = time.time()
     errors: list[str] = []
     try:
-        threads = _threads(main_ident)
+        threads = _threads(or_main_thread(training_ident))
     except Exception as exc:  # noqa: BLE001
         threads = []
         errors.append(f"python stacks: {exc!r}")
@@ -176,14 +175,14 @@ def capture_state(
 
 def capture(
     *,
-    main_ident: int | None = None,
+    training_ident: int | None = None,
     flight_recorder: Callable[[], Mapping[str, Any]] | None = None,
     step: int | None = None,
     seqs: Callable[[], Mapping[str, PgSeqs]] | None = None,
 ) -> dict[str, Any]:
     """Return :func:`capture_state` in the JSON form of a dump file (for tools)."""
     state = capture_state(
-        main_ident=main_ident, flight_recorder=flight_recorder, step=step, seqs=seqs
+        training_ident=training_ident, flight_recorder=flight_recorder, step=step, seqs=seqs
     )
     return codec.state_to_dict(state)
 

@@ -20,7 +20,6 @@ import dataclasses
 import faulthandler
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
@@ -29,6 +28,7 @@ from ..sources import flight
 from ..sources.flight import InFlight, PGState
 from ..sources.recorder import Recorder
 from ..sources.sections import SectionRegistry
+from ..sources.training import or_main_thread
 from . import codec
 from . import restarts as ledger
 from .action import ActionPolicy, Leaving
@@ -81,6 +81,7 @@ class Responder:
         publish_abort: Callable[[], None],
         forget: Callable[[], None],
         probe: Answering | None = None,
+        training_thread: int | None = None,
     ) -> None:
         self._site = site
         self._probe = probe
@@ -89,7 +90,7 @@ class Responder:
         self._recorder = recorder
         self._sections = sections
         self._action = action
-        self._main_ident = threading.main_thread().ident
+        self._training = or_main_thread(training_thread)
         self._lat: tuple[float, int] = (0.0, 0)
         self._recent_latency: float | None = None
         self._answered = 0
@@ -265,7 +266,7 @@ class Responder:
         """Capture this rank; the Flight Recorder only while it is the in-flight source."""
         in_use = self._inflight.name == "flight_recorder"
         return capture_state(
-            main_ident=self._main_ident,
+            training_ident=self._training,
             flight_recorder=flight.entries_report if in_use else None,
             step=self._recorder.steps,
             seqs=self._seqs,

@@ -158,6 +158,7 @@ class HangWatcher:
             publish_abort=publish_abort,
             forget=forget if forget is not None else _forgetting(store),
             probe=answering,
+            training_thread=ctx.training_thread,
         )
         self._monitor: Monitor | None = None
         if ctx.monitor:

@@ -101,7 +101,7 @@ class _Spec:
 class CollectiveTiming(Patcher):
     """Wrap the ``torch.distributed`` collectives and ``Work.wait`` for one recorder.
 
-    ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
+    ``training_thread``: the thread whose waits are the step's comm_wait (default: the main thread).
     ``timed``: observe latencies (False on CUDA, see the module docstring).
     ``device``: where ``timed`` is False, what times the default stream's waits on the device.
     """

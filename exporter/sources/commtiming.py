@@ -155,28 +155,33 @@ def start_comm_timing(
     keyword: bool = True,
     device_every: int = 0,
     gpu: int | None = None,
+    training_thread: int | None = None,
 ) -> CommTiming:
     """Start timing ``model``'s communication; ``requested`` is the ``comm_timing`` setting.
 
     ``inflight`` names the in-flight source (the reducer mode needs the Flight Recorder);
     ``keyword``: ``requested`` was given in code (see :func:`choose_timing`);
     ``device_every``: on a CUDA device, time the compute stream's waits for collectives outside
-    DDP's own every this many steps (0: never); ``gpu``: the rank's CUDA device index.
+    DDP's own every this many steps (0: never); ``gpu``: the rank's CUDA device index;
+    ``training_thread``: the thread whose waits are comm_wait (default: the main thread).
     """
+    thread = training_thread
     if parallelism != "ddp":
-        device = _device_waits(recorder, errors, cuda=cuda, every=device_every, gpu=gpu)
-        return _start_without_ddp(recorder, errors, cuda=cuda, device=device)
+        device = _device_waits(recorder, errors, cuda, device_every, gpu, thread)
+        return _start_without_ddp(recorder, errors, cuda=cuda, device=device, thread=thread)
     # Chosen first: a mode asked for in code but impossible raises before anything is started.
     mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
-    device = _device_waits(recorder, errors, cuda=cuda, every=device_every, gpu=gpu)
+    device = _device_waits(recorder, errors, cuda, device_every, gpu, thread)
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
-    functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
+    functional = FunctionalCollectiveTiming(
+        recorder, errors, training_thread=thread, timed=not cuda, device=device
+    )
     functional.instrument()
     # The step's own collectives (a logged loss, SyncBatchNorm): their waits are comm_wait.
     beside: tuple[Part, ...] = (functional,)
     if not cuda or device is not None:
-        waits = WaitTiming(recorder, errors, device=device)
+        waits = WaitTiming(recorder, errors, training_thread=thread, device=device)
         waits.instrument()
         beside = (functional, waits)
     pg = model.process_group
@@ -204,19 +209,35 @@ def start_comm_timing(
 
 
 def _device_waits(
-    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, every: int, gpu: int | None
+    recorder: Recorder,
+    errors: ErrorCounter,
+    cuda: bool,
+    every: int,
+    gpu: int | None,
+    thread: int | None,
 ) -> DeviceWaits | None:
     """Return what times the compute stream's waits on a GPU (where it waits, not the host)."""
-    return DeviceWaits(recorder, errors, every=every, gpu=gpu) if cuda and every else None
+    if not (cuda and every):
+        return None
+    return DeviceWaits(recorder, errors, every=every, gpu=gpu, training_thread=thread)
 
 
 def _start_without_ddp(
-    recorder: Recorder, errors: ErrorCounter, *, cuda: bool, device: DeviceWaits | None
+    recorder: Recorder,
+    errors: ErrorCounter,
+    *,
+    cuda: bool,
+    device: DeviceWaits | None,
+    thread: int | None,
 ) -> CommTiming:
     """Time FSDP2, FSDP or a plain loop: every collective where the rank waits for it."""
-    functional = FunctionalCollectiveTiming(recorder, errors, timed=not cuda, device=device)
+    functional = FunctionalCollectiveTiming(
+        recorder, errors, training_thread=thread, timed=not cuda, device=device
+    )
     functional.instrument()
-    wrappers = CollectiveTiming(recorder, errors, timed=not cuda, device=device)
+    wrappers = CollectiveTiming(
+        recorder, errors, training_thread=thread, timed=not cuda, device=device
+    )
     mode = "collectives" if wrappers.instrument() else "none"
     recorder.time_comm_by_waits()
     parts: list[Part] = [wrappers, functional]

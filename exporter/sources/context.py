@@ -37,3 +37,5 @@ class RankContext:
     errors: ErrorCounter
     #: The step the run resumed from (a restart), None when it started afresh.
     start_step: int | None = None
+    #: The thread that trains (:mod:`exporter.sources.training`); None: the main thread.
+    training_thread: int | None = None

@@ -38,6 +38,7 @@ from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..log import log
 from .recorder import Recorder
+from .training import or_main_thread
 
 __all__ = ["CudaEvents", "DeviceWaits", "EventSource", "MAX_PENDING"]
 
@@ -142,7 +143,7 @@ class DeviceWaits:
     waits (the training thread, autograd's for a backward). A background thread resolves the
     pairs in order; :meth:`drain` may also be called at scrape time, so a scrape after the device
     is synchronised sees every wait. ``events``: where marks come from (default: CUDA events on
-    GPU ``gpu``).
+    GPU ``gpu``). ``training_thread``: the thread that trains (default: the main thread).
     """
 
     def __init__(
@@ -154,13 +155,14 @@ class DeviceWaits:
         events: EventSource | None = None,
         gpu: int | None = None,
         interval_s: float = 0.05,
+        training_thread: int | None = None,
     ) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.every = every
         self.events: EventSource = events if events is not None else CudaEvents(gpu)
         # The thread that trains, as for the host's timing of waits.
-        self._thread = threading.main_thread().ident
+        self._thread = or_main_thread(training_thread)
         self._rec = recorder
         self._errors = errors
         self._pending: deque[tuple[Any, Any]] = deque()

@@ -138,7 +138,7 @@ def _stand_in(packet: Any, call: Any) -> _Op:
 class FunctionalCollectiveTiming(Patcher):
     """Time the ``_c10d_functional`` ops and their ``wait_tensor`` for one recorder.
 
-    ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
+    ``training_thread``: the thread whose waits are the step's comm_wait (default: the main thread).
     ``timed``: observe latencies and waits (False on CUDA, see the module docstring).
     ``namespace``: where the ops live (tests pass a stand-in); by default torch's.
     ``device``: what times the compute stream's waits where they are not timed on the host.

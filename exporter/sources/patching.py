@@ -17,6 +17,7 @@ import torch
 
 from ..errors import ErrorCounter
 from .recorder import CollectiveStats, Recorder
+from .training import or_main_thread
 
 __all__ = ["MethodPatches", "Patcher", "patch_method", "payload_bytes", "restore_method"]
 
@@ -81,7 +82,7 @@ class MethodPatches:
 class Patcher:
     """Replace names of a namespace with timed stand-ins for one recorder; undo it.
 
-    ``training_thread``: the thread whose waits are the step's comm_wait (the main thread).
+    ``training_thread``: the thread whose waits are the step's comm_wait (default: the main thread).
     ``timed``: observe latencies and waits (False on CUDA, where the host does not see them).
     ``namespace``: where the replaced names live.
     """
@@ -97,8 +98,7 @@ class Patcher:
     ) -> None:
         self._rec = recorder
         self._errors = errors
-        main = threading.main_thread().ident
-        self._thread = training_thread if training_thread is not None else main
+        self._thread = or_main_thread(training_thread)
         self._timed = timed
         self._ns = namespace
         self._patched: dict[str, tuple[Any, Any]] = {}  # name -> (original, replacement)

@@ -35,6 +35,7 @@ from ..errors import ErrorCounter
 from .devicewaits import DeviceWaits
 from .patching import patch_method, restore_method
 from .recorder import Recorder
+from .training import or_main_thread
 
 __all__ = ["WaitTiming"]
 
@@ -42,7 +43,7 @@ __all__ = ["WaitTiming"]
 class WaitTiming:
     """Add the training thread's time in ``Work.wait()`` to the step's comm_wait; undo it.
 
-    ``training_thread``: the thread whose waits count (the main thread). ``work_class``: the
+    ``training_thread``: the thread whose waits count (default: the main thread). ``work_class``: the
     class whose ``wait`` is wrapped (``torch.distributed.Work``). ``device``: on a GPU, what
     times the waits on the device instead.
     """
@@ -59,8 +60,7 @@ class WaitTiming:
         self._device = device
         self._rec = recorder
         self._errors = errors
-        main = threading.main_thread().ident
-        self._thread = training_thread if training_thread is not None else main
+        self._thread = or_main_thread(training_thread)
         self._work = work_class if work_class is not None else getattr(dist, "Work", None)
         self._wait: tuple[Any, Any] | None = None
 

@@ -23,6 +23,7 @@ from ...background import BackgroundLoop
 from ...log import log
 from ..context import RankContext
 from ..ending import End
+from ..training import or_main_thread
 from .account import Account, Episode, StepTotals
 from .categories import SECTION_CATEGORIES, Work, section_category
 from .ledger import goodput_path, load_carried, save, summary_path
@@ -174,7 +175,7 @@ class GoodputTracker:
         self._prefix = storekeys.for_run(identity.run, identity.attempt).prefix
         self._key = work_key(self._prefix, identity.rank)
         self._keys = [work_key(self._prefix, r) for r in range(identity.world_size)]
-        self._clock = SectionClock(lambda: recorder.steps, threading.main_thread().ident)
+        self._clock = SectionClock(lambda: recorder.steps, or_main_thread(ctx.training_thread))
         ctx.sections.listen(self._clock)
         self._tick_s = max(ctx.interval_s / 4.0, 0.05)
         self._every = max(1, round(ctx.interval_s / self._tick_s))
