@@ -24,7 +24,8 @@ tensor-parallel loops do (on DTensor parameters, an all-reduce per mesh dimensio
 does: the ranks then wait for a straggler there as well as in DDP's buckets.
 ``--device cuda`` trains on the GPU (``LOCAL_RANK`` modulo the GPUs seen), by default still over
 gloo, which reduces CUDA tensors: several ranks can share one GPU, which NCCL refuses (tests/gpu);
-``--backend nccl`` runs one rank per GPU over NCCL.
+``--backend nccl`` runs one rank per GPU over NCCL. ``--thread`` builds, instruments and trains
+on a worker thread, as Ray Train runs a training function.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from typing import NoReturn
 
@@ -140,6 +142,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sync-loss",
         action="store_true",
         help="all-reduce the loss before the backward pass, as a loop logging its mean loss does",
+    )
+    p.add_argument(
+        "--thread",
+        action="store_true",
+        help="build, instrument and train on a worker thread, as Ray Train runs a training "
+        "function (the process group is still made on the main thread)",
     )
     p.add_argument(
         "--clip",
@@ -276,6 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel == "tp" and (args.tp_size < 1 or world % args.tp_size):
         print(f"--tp-size {args.tp_size} does not divide {world} ranks", file=sys.stderr)
         return 2
+    if not args.thread:
+        return _train(args, device, rank)
+    code: list[int] = [1]  # an exception on the thread leaves 1, and its traceback is printed
+    worker = threading.Thread(
+        target=lambda: code.__setitem__(0, _train(args, device, rank)), name="train-worker"
+    )
+    worker.start()
+    worker.join()
+    return code[0]
+
+
+def _train(args: argparse.Namespace, device: torch.device, rank: int) -> int:
+    """Build, instrument and train the model on the calling thread; return the exit status."""
     model = build_model(args.parallel, device, args.shard_size, args.tp_size)
     delay = [0.0]
     # A tensor-parallel group splits one batch: its ranks read the same data.
