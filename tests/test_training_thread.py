@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -45,6 +46,30 @@ def test_the_thread_that_instruments_is_the_one_whose_waits_count(world1):
             # The main thread is not the training thread here: its wait is not the step's.
             assert step() == trained
             assert obs.recorder.steps == 2
+        finally:
+            obs.close()
+
+
+def _step_seconds(obs: exporter.Observer) -> float:
+    return sum(obs.recorder.snapshot().phase_sum)
+
+
+@pytest.mark.unit
+def test_a_section_pauses_the_step_on_the_training_thread_only(world1):
+    def step_with_a_section() -> float:
+        before = _step_seconds(obs)
+        with exporter.step():
+            with exporter.deadline("checkpoint", seconds=60):
+                time.sleep(0.5)
+        return _step_seconds(obs) - before
+
+    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
+        obs = worker.submit(exporter.instrument, None, serve=False, heartbeat_s=0).result()
+        try:
+            # On the training thread the section is out of the step: what is left is the rest.
+            assert worker.submit(step_with_a_section).result() < 0.5
+            # Another thread's section (a checkpoint writer's) does not interrupt training.
+            assert step_with_a_section() >= 0.5
         finally:
             obs.close()
 
