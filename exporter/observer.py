@@ -68,7 +68,7 @@ class Observer:
         self._closed = False
         self.end = ending.End()
         self._final_scrape_s, self._file_sd_dir = cfg.final_scrape_s, cfg.file_sd_dir
-        # The thread that instruments is the one that trains (Ray Train's runner thread, say).
+        #: The training thread: the one that instrumented (Ray Train's runner thread, say).
         self.training_thread = threading.get_ident()
         hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer, self.training_thread)
         self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
