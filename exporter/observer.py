@@ -28,6 +28,7 @@ from .errors import ErrorCounter
 from .export import discovery, push, server
 from .export.collector import DDPCollector, RankSources
 from .export.server import MetricsServer
+from .log import log
 from .sources import ending, launcher
 from .sources.gpu.health import HealthSource
 from .sources.memory import MemorySource, cuda_memory_source
@@ -70,6 +71,7 @@ class Observer:
         self._final_scrape_s, self._file_sd_dir = cfg.final_scrape_s, cfg.file_sd_dir
         #: The training thread: the one that instrumented (Ray Train's runner thread, say).
         self.training_thread = threading.get_ident()
+        self._crash = ending.ThreadCrash(self.training_thread).install()
         hooks = hook_steps(model, cfg, self.errors, dataloader, optimizer, self.training_thread)
         self.parallelism, self.recorder = hooks.parallelism, hooks.recorder
         self.device, self.backend, self.inflight = hooks.device, hooks.backend, hooks.inflight
@@ -144,6 +146,12 @@ class Observer:
         # Once a step is open one stays open (each boundary opens the next): drop the hook.
         if self._forward_handle is not None:
             self._forward_handle.remove()
+        if threading.get_ident() != self.training_thread:
+            log.warning(
+                "ddp-exporter: the model's first forward ran on another thread than the one "
+                "that called exporter.instrument(): that thread's waits count as compute and "
+                "its sections do not pause steps; call instrument() on the thread that trains"
+            )
         try:
             self.recorder.open_step()
         except Exception as exc:  # noqa: BLE001
@@ -232,6 +240,7 @@ class Observer:
                 part.uninstrument()
         if ending.ending_cleanly() if clean is None else clean:
             self._publish_end()
+        self._crash.uninstall()
         for thread in (self.heartbeat, self.hangs, *self._timers, self.goodput):
             if thread is not None:
                 thread.close()
@@ -248,8 +257,11 @@ class Observer:
             started(self.errors, "gpu", close)
 
     def close_at_exit(self) -> None:
-        """Close at interpreter exit: a clean end unless an uncaught exception ended the program."""
-        self.close(clean=ending.exiting_cleanly())
+        """Close at interpreter exit: a clean end unless an uncaught exception ended the program.
+
+        Or ended the training thread, where that is not the main thread.
+        """
+        self.close(clean=ending.exiting_cleanly() and not self._crash.raised)
 
     def _publish_end(self) -> None:
         since = self._server.scrapers.now() if self._server is not None else 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import inspect
 import json
+import logging
 import os
 import threading
 import time
@@ -21,6 +22,7 @@ from harness import Job, top_accuses, value, wait_for
 import exporter
 import exporter.tools.trainer as trainer
 from exporter.hangs.capture import capture
+from exporter.sources.ending import ThreadCrash
 
 
 def _comm_wait(obs: exporter.Observer) -> float:
@@ -75,6 +77,43 @@ def test_a_section_pauses_the_step_on_the_training_thread_only(world1):
 
 
 @pytest.mark.unit
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_training_thread_that_raises_is_no_clean_end_at_exit(world1):
+    ends = {}
+    for outcome in ("returns", "raises"):
+
+        def train(outcome: str = outcome) -> None:
+            obs = exporter.instrument(None, serve=False, heartbeat_s=0)
+            ends[outcome] = obs
+            if outcome == "raises":
+                raise RuntimeError("the training function failed")
+
+        thread = threading.Thread(target=train, name="train-worker")
+        thread.start()
+        thread.join(30)
+        obs = ends[outcome]
+        obs.close_at_exit()  # what the exporter's atexit handler does
+        assert (obs.end.unix is not None) == (outcome == "returns"), outcome
+    # Closed, each observer took its hook back.
+    assert not isinstance(getattr(threading.excepthook, "__self__", None), ThreadCrash)
+
+
+@pytest.mark.unit
+def test_a_forward_on_another_thread_than_the_instrumenting_one_says_so(world1, caplog):
+    model = torch.nn.Linear(4, 4)
+    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
+        obs = worker.submit(exporter.instrument, model, serve=False, heartbeat_s=0).result()
+    try:
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            model(torch.ones(1, 4))
+            model(torch.ones(1, 4))
+        said = [r.getMessage() for r in caplog.records if "first forward" in r.getMessage()]
+        assert len(said) == 1 and "call instrument() on the thread that trains" in said[0]
+    finally:
+        obs.close()
+
+
+@pytest.mark.unit
 def test_a_dump_puts_the_training_thread_first_and_marks_it():
     ready, release = threading.Event(), threading.Event()
 
@@ -84,7 +123,7 @@ def test_a_dump_puts_the_training_thread_first_and_marks_it():
 
     worker = threading.Thread(target=train, name="train-worker", daemon=True)
     worker.start()
-    ready.wait(10)
+    assert ready.wait(10)
     try:
         dump = capture(training_ident=worker.ident)
     finally:
@@ -107,14 +146,14 @@ def test_an_fsdp2_job_on_worker_threads_names_its_straggler_and_where_it_hangs(t
     args = [
         *("--parallel", "fsdp2", "--thread", "--fault", "straggler", "--fault-rank", str(slow)),
         *("--fault-after", "0", "--straggle", "0.12", "--step-time", "0.02"),
-        *("--hang-after", "35", "--port", "0", "--addr", "127.0.0.1"),
+        *("--hang-after", "50", "--port", "0", "--addr", "127.0.0.1"),
     ]
     env = {"OMP_NUM_THREADS": "1", "DDP_EXPORTER_DUMP_DIR": dumps}
     with Job(3, args, env=env) as job:
         urls = job.wait_urls()
         # FSDP2's waits on the worker threads are comm_wait: the straggler's compute stands out.
         blamed = top_accuses([urls[r] for r in range(3)], slow, "straggler: compute")
-        wait_for(blamed, 30, f"top to blame rank {slow} alone, by compute", interval=2.0)
+        wait_for(blamed, 40, f"top to blame rank {slow} alone, by compute", interval=2.0)
         s = job.scrape(0)
         assert value(s, "ddp_step_phase_seconds_sum", phase="comm_wait") > 0
         # Then it stops entering collectives: the dump names where its worker thread is.

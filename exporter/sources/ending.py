@@ -8,7 +8,7 @@ from a killed one. What counts as clean:
   finally: obs.close()`` after a normal return, a framework's end-of-training callback), or
   while ``sys.exit(0)`` is;
 - the interpreter's exit (the exporter's ``atexit`` handler) when no uncaught exception ended
-  the program.
+  the program, nor the training thread where that is not the main thread (:class:`ThreadCrash`).
 
 Not clean: ``close()`` from a ``finally`` or ``except`` block while an error propagates, an
 uncaught exception, and any death without Python's exit (SIGKILL, SIGTERM's default action, a
@@ -22,12 +22,15 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["End", "ending_cleanly", "exiting_cleanly"]
+__all__ = ["End", "ThreadCrash", "ending_cleanly", "exiting_cleanly"]
 
 
 def ending_cleanly() -> bool:
     """Say whether the caller ends normally: no exception in flight, or ``sys.exit(0)``."""
-    exc = sys.exc_info()[1]
+    return _normal(sys.exc_info()[1])
+
+
+def _normal(exc: BaseException | None) -> bool:
     return exc is None or isinstance(exc, SystemExit) and exc.code in (None, 0)
 
 
@@ -35,6 +38,41 @@ def exiting_cleanly() -> bool:
     """Say, at interpreter exit, whether the program ended without an uncaught exception."""
     # The interpreter keeps the uncaught exception it printed (3.12+: also sys.last_exc).
     return getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None
+
+
+class ThreadCrash:
+    """Note an uncaught exception that ends one thread, the training thread; undo it.
+
+    At interpreter exit ``sys.last_value`` tells only of the main thread's uncaught exception.
+    A training function run on a thread of its own (Ray Train's runner thread) that raises must
+    not be taken for a clean end, so this chains ``threading.excepthook``, which the dying thread
+    calls, where that thread is not the main thread.
+    """
+
+    def __init__(self, ident: int | None) -> None:
+        self._ident = ident
+        self._previous: Callable[[threading.ExceptHookArgs], object] | None = None
+        #: Whether the thread ended on an uncaught exception (``sys.exit(0)`` is none).
+        self.raised = False
+
+    def install(self) -> ThreadCrash:
+        """Chain the hook (once), unless the thread is the main thread; return self."""
+        if self._previous is None and self._ident != threading.main_thread().ident:
+            self._previous = threading.excepthook
+            threading.excepthook = self._hook
+        return self
+
+    def uninstall(self) -> None:
+        """Put the previous hook back, unless another was chained after this one (it stays)."""
+        if self._previous is not None and threading.excepthook == self._hook:
+            threading.excepthook = self._previous
+            self._previous = None
+
+    def _hook(self, args: threading.ExceptHookArgs) -> None:
+        if threading.get_ident() == self._ident and not _normal(args.exc_value):
+            self.raised = True
+        previous = self._previous if self._previous is not None else threading.__excepthook__
+        previous(args)
 
 
 class End:
