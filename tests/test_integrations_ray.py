@@ -1,7 +1,8 @@
 """A job under Ray Train, which runs the training function on a thread of each worker.
 
-Two CPU workers on gloo average their gradients by hand (a loop of collectives), rank 1 slowed
-in compute: the healthy rank's wait for it is comm_wait, and only the slow rank has the compute.
+Two CPU workers on gloo, rank 1 slowed in compute, train a loop of collectives (gradients
+averaged by hand), then a DDP model from ``prepare_model``: in both, the healthy rank's wait for
+the slow one is comm_wait, and only the slow rank has the compute.
 """
 
 import glob
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.job
 pytest.importorskip("ray.train", reason="Ray Train not installed")
 
 WORKER = "tests/workers/ray_worker.py"
-STEPS, SLOW_S = 120, 0.03  # as in the worker
+STEPS, SLOW_S = 100, 0.03  # per kind, as in the worker
 
 
 def test_ray_train_counts_the_waits_of_its_training_thread(tmp_path):
@@ -37,10 +38,12 @@ def test_ray_train_counts_the_waits_of_its_training_thread(tmp_path):
             r = json.load(f)
         ranks[r["rank"]] = r
     assert sorted(ranks) == [0, 1], job.text()
-    for r in ranks.values():
-        assert not r["main"] and r["training"], r
-        assert r["steps"] == STEPS and r["parallelism"] == "module", r
-    healthy, slow = ranks[0]["phases"], ranks[1]["phases"]
-    # Half the slow rank's extra compute, at least, shows as the healthy rank's wait.
-    assert healthy["comm_wait"] > 0.5 * SLOW_S * STEPS, ranks
-    assert slow["compute"] - healthy["compute"] > 0.5 * SLOW_S * STEPS, ranks
+    for kind, parallelism in (("loop", "module"), ("ddp", "ddp")):
+        for r in ranks.values():
+            served = r[kind]
+            assert not r["main"] and served["training"], r
+            assert served["steps"] == STEPS and served["parallelism"] == parallelism, served
+        healthy, slow = ranks[0][kind]["phases"], ranks[1][kind]["phases"]
+        # Half the slow rank's extra compute, at least, shows as the healthy rank's wait.
+        assert healthy["comm_wait"] > 0.5 * SLOW_S * STEPS, (kind, ranks)
+        assert slow["compute"] - healthy["compute"] > 0.5 * SLOW_S * STEPS, (kind, ranks)
