@@ -66,7 +66,7 @@ class ThreadStack:
     name: str
     ident: int | None
     daemon: bool | None
-    #: The thread that runs the training loop (the main thread).
+    #: The thread that runs the training loop (the one that called ``exporter.instrument()``).
     training: bool
     #: The hang watcher's own thread.
     exporter: bool

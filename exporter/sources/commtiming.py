@@ -165,23 +165,28 @@ def start_comm_timing(
     DDP's own every this many steps (0: never); ``gpu``: the rank's CUDA device index;
     ``training_thread``: the thread whose waits are comm_wait (default: the main thread).
     """
-    thread = training_thread
     if parallelism != "ddp":
-        device = _device_waits(recorder, errors, cuda, device_every, gpu, thread)
-        return _start_without_ddp(recorder, errors, cuda=cuda, device=device, thread=thread)
+        device = _device_waits(
+            recorder, errors, cuda=cuda, every=device_every, gpu=gpu, thread=training_thread
+        )
+        return _start_without_ddp(
+            recorder, errors, cuda=cuda, device=device, thread=training_thread
+        )
     # Chosen first: a mode asked for in code but impossible raises before anything is started.
     mode = choose_timing(requested, model, inflight, recorder.mode, keyword=keyword)
-    device = _device_waits(recorder, errors, cuda, device_every, gpu, thread)
+    device = _device_waits(
+        recorder, errors, cuda=cuda, every=device_every, gpu=gpu, thread=training_thread
+    )
     # DTensor's collectives (tensor parallelism, clip_grad_norm_ on DTensor parameters), timed
     # where the rank waits for them, whatever the parallelism.
     functional = FunctionalCollectiveTiming(
-        recorder, errors, training_thread=thread, timed=not cuda, device=device
+        recorder, errors, training_thread=training_thread, timed=not cuda, device=device
     )
     functional.instrument()
     # The step's own collectives (a logged loss, SyncBatchNorm): their waits are comm_wait.
     beside: tuple[Part, ...] = (functional,)
     if not cuda or device is not None:
-        waits = WaitTiming(recorder, errors, training_thread=thread, device=device)
+        waits = WaitTiming(recorder, errors, training_thread=training_thread, device=device)
         waits.instrument()
         beside = (functional, waits)
     pg = model.process_group
@@ -211,6 +216,7 @@ def start_comm_timing(
 def _device_waits(
     recorder: Recorder,
     errors: ErrorCounter,
+    *,
     cuda: bool,
     every: int,
     gpu: int | None,

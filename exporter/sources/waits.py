@@ -43,9 +43,9 @@ __all__ = ["WaitTiming"]
 class WaitTiming:
     """Add the training thread's time in ``Work.wait()`` to the step's comm_wait; undo it.
 
-    ``training_thread``: the thread whose waits count (default: the main thread). ``work_class``: the
-    class whose ``wait`` is wrapped (``torch.distributed.Work``). ``device``: on a GPU, what
-    times the waits on the device instead.
+    ``training_thread``: the thread whose waits count (default: the main thread).
+    ``work_class``: the class whose ``wait`` is wrapped (``torch.distributed.Work``).
+    ``device``: on a GPU, what times the waits on the device instead.
     """
 
     def __init__(

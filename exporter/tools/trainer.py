@@ -286,10 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.thread:
         return _train(args, device, rank)
-    code: list[int] = [1]  # an exception on the thread leaves 1, and its traceback is printed
-    worker = threading.Thread(
-        target=lambda: code.__setitem__(0, _train(args, device, rank)), name="train-worker"
-    )
+    code = [1]  # an exception on the thread leaves 1, and its traceback is printed
+
+    def train() -> None:
+        code[0] = _train(args, device, rank)
+
+    # A daemon: a main thread interrupted in join() must not wait at exit for a hung worker.
+    worker = threading.Thread(target=train, name="train-worker", daemon=True)
     worker.start()
     worker.join()
     return code[0]
