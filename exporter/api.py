@@ -147,9 +147,8 @@ def instrument(
     :class:`~exporter.sources.gpu.GPUHealth`, replaces it as ``memory_source`` does memory.
     ``web_config``: TLS and passwords for every path the rank serves, an exporter-toolkit web
     configuration file (:mod:`exporter.web`; extra ``web``). Calling it again warns and returns the same handle.
-    Call it on the thread that trains (a framework's training function, where it runs on a
-    thread of its own): only that thread's waits are comm_wait, its sections pause steps, and
-    its stack is the one a hang dump names.
+    Call it on the thread that trains: only that thread's waits are comm_wait, its sections
+    pause steps, and its stack is the one a hang dump names.
     Raises TypeError/ValueError for bad arguments; never raises once training runs.
     """
     global _active, _watch

@@ -23,6 +23,7 @@ import exporter
 import exporter.tools.trainer as trainer
 from exporter.hangs.capture import capture
 from exporter.sources.ending import ThreadCrash
+from exporter.sources.sections import REGISTRY
 
 
 def _comm_wait(obs: exporter.Observer) -> float:
@@ -56,8 +57,15 @@ def _step_seconds(obs: exporter.Observer) -> float:
     return sum(obs.recorder.snapshot().phase_sum)
 
 
+@pytest.fixture
+def sections():
+    """Leave the process-wide section registry as it was found: empty."""
+    yield
+    REGISTRY.clear()
+
+
 @pytest.mark.unit
-def test_a_section_pauses_the_step_on_the_training_thread_only(world1):
+def test_a_section_pauses_the_step_on_the_training_thread_only(world1, sections):
     def step_with_a_section() -> float:
         before = _step_seconds(obs)
         with exporter.step():
