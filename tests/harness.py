@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import functools
 import glob
+import inspect
 import os
 import shutil
 import signal
@@ -387,6 +388,20 @@ def verdict_folder(dump_dir: str, episode: int = 1) -> str | None:
     rank wrote its verdict (``verdict.txt``, after ``episode.json``), else None."""
     found = glob.glob(os.path.join(dump_dir, f"*-hang-{episode}", "verdict.txt"))
     return os.path.dirname(found[0]) if found else None
+
+
+def verdict_culprits(text: str) -> list[str]:
+    """Return the culprit lines of a hang verdict's text (between CULPRITS: and WAITING:)."""
+    return text.split("CULPRITS:")[1].split("WAITING:")[0].strip().splitlines()
+
+
+def trainer_stuck_at() -> str:
+    """Return where the demo trainer's hang fault sits, as a verdict names it."""
+    import exporter.tools.trainer as trainer
+
+    lines, first = inspect.getsourcelines(trainer._load_batch_that_never_returns)
+    line = first + next(i for i, text in enumerate(lines) if "time.sleep" in text)
+    return f"trainer.py:{line} in _load_batch_that_never_returns"
 
 
 def top_accuses(targets: list[str], rank: int, verdict: str) -> Callable[[], dict[int, str] | None]:

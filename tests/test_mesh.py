@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import Ranks, wait_for
+from harness import Ranks, verdict_culprits, wait_for
 
 pytestmark = pytest.mark.job
 
@@ -60,7 +60,7 @@ def test_a_2d_mesh_hang_names_the_rank_and_its_group(tmp_path):
     with open(found[0]) as f:
         verdict = f.read()
     stuck = _line_of("# stuck here")
-    culprits = verdict.split("CULPRITS:")[1].split("WAITING:")[0].strip().splitlines()
+    culprits = verdict_culprits(verdict)
     assert len(culprits) == 1, verdict
     # Rank 1 is behind in both its groups (its shard group's all-gather, its replicate group's
     # all-reduce); the episode is about whichever stalled first, named by number and dimension.

@@ -13,22 +13,15 @@ nobody else. Then rank 3 stops in user code: the hang verdict names it with its 
 from __future__ import annotations
 
 import glob
-import inspect
 
 import pytest
-from harness import Ranks, parse, scrape_text, wait_for
+from harness import Ranks, parse, scrape_text, trainer_stuck_at, verdict_culprits, wait_for
 
 import exporter.tools.top as top
-import exporter.tools.trainer as trainer
 
 pytestmark = pytest.mark.job
 
 RANKS, SLOW, HANG_AFTER = 4, 3, 45.0
-
-
-def _stuck_line() -> int:
-    lines, first = inspect.getsourcelines(trainer._load_batch_that_never_returns)
-    return first + next(i for i, line in enumerate(lines) if "time.sleep" in line)
 
 
 class Top:
@@ -108,7 +101,7 @@ def test_tensor_parallel_straggler_named_by_compute_then_its_hang_by_file_line(t
         )
     with open(folder[0]) as f:
         verdict = f.read()
-    culprits = verdict.split("CULPRITS:")[1].split("WAITING:")[0].strip().splitlines()
+    culprits = verdict_culprits(verdict)
     assert len(culprits) == 1 and culprits[0].startswith(f"rank {SLOW} "), verdict
-    assert f"trainer.py:{_stuck_line()} in _load_batch_that_never_returns" in culprits[0], verdict
+    assert trainer_stuck_at() in culprits[0], verdict
     assert "mesh_dp" in culprits[0] or "mesh_tp" in culprits[0], verdict

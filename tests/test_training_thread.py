@@ -6,24 +6,47 @@ its declared sections pause its steps and its stack is the one a hang dump names
 
 from __future__ import annotations
 
-import glob
-import inspect
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from harness import Job, top_accuses, value, wait_for
+from harness import (
+    Job,
+    top_accuses,
+    trainer_stuck_at,
+    value,
+    verdict_culprits,
+    verdict_folder,
+    wait_for,
+)
 
 import exporter
-import exporter.tools.trainer as trainer
 from exporter.hangs.capture import capture
 from exporter.sources.ending import ThreadCrash
 from exporter.sources.sections import REGISTRY
+
+
+@contextlib.contextmanager
+def instrumented_on_a_worker(
+    model: torch.nn.Module | None = None,
+) -> Iterator[tuple[ThreadPoolExecutor, exporter.Observer]]:
+    """Yield a one-thread pool and the handle its thread instrumented; close both after.
+
+    The thread stays alive throughout: a finished thread's identifier may be reused.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
+        obs = worker.submit(exporter.instrument, model, serve=False, heartbeat_s=0).result()
+        try:
+            yield worker, obs
+        finally:
+            obs.close()
 
 
 def _comm_wait(obs: exporter.Observer) -> float:
@@ -33,24 +56,19 @@ def _comm_wait(obs: exporter.Observer) -> float:
 @pytest.mark.unit
 def test_the_thread_that_instruments_is_the_one_whose_waits_count(world1):
     dist = world1
-    # One thread that stays alive throughout: a finished thread's identifier may be reused.
-    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
-        obs = worker.submit(exporter.instrument, None, serve=False, heartbeat_s=0).result()
-        try:
-            assert obs.training_thread != threading.get_ident()
+    with instrumented_on_a_worker() as (worker, obs):
+        assert obs.training_thread != threading.get_ident()
 
-            def step() -> float:
-                with exporter.step():
-                    dist.all_reduce(torch.ones(4))
-                return _comm_wait(obs)
+        def step() -> float:
+            with exporter.step():
+                dist.all_reduce(torch.ones(4))
+            return _comm_wait(obs)
 
-            trained = worker.submit(step).result()
-            assert trained > 0.0
-            # The main thread is not the training thread here: its wait is not the step's.
-            assert step() == trained
-            assert obs.recorder.steps == 2
-        finally:
-            obs.close()
+        trained = worker.submit(step).result()
+        assert trained > 0.0
+        # The main thread is not the training thread here: its wait is not the step's.
+        assert step() == trained
+        assert obs.recorder.steps == 2
 
 
 def _step_seconds(obs: exporter.Observer) -> float:
@@ -73,15 +91,11 @@ def test_a_section_pauses_the_step_on_the_training_thread_only(world1, sections)
                 time.sleep(0.5)
         return _step_seconds(obs) - before
 
-    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
-        obs = worker.submit(exporter.instrument, None, serve=False, heartbeat_s=0).result()
-        try:
-            # On the training thread the section is out of the step: what is left is the rest.
-            assert worker.submit(step_with_a_section).result() < 0.5
-            # Another thread's section (a checkpoint writer's) does not interrupt training.
-            assert step_with_a_section() >= 0.5
-        finally:
-            obs.close()
+    with instrumented_on_a_worker() as (worker, obs):
+        # On the training thread the section is out of the step: what is left is the rest.
+        assert worker.submit(step_with_a_section).result() < 0.5
+        # Another thread's section (a checkpoint writer's) does not interrupt training.
+        assert step_with_a_section() >= 0.5
 
 
 @pytest.mark.unit
@@ -109,16 +123,11 @@ def test_a_training_thread_that_raises_is_no_clean_end_at_exit(world1):
 @pytest.mark.unit
 def test_a_forward_on_another_thread_than_the_instrumenting_one_says_so(world1, caplog):
     model = torch.nn.Linear(4, 4)
-    with ThreadPoolExecutor(1, thread_name_prefix="train-worker") as worker:
-        obs = worker.submit(exporter.instrument, model, serve=False, heartbeat_s=0).result()
-    try:
-        with caplog.at_level(logging.WARNING, logger="exporter"):
-            model(torch.ones(1, 4))
-            model(torch.ones(1, 4))
-        said = [r.getMessage() for r in caplog.records if "first forward" in r.getMessage()]
-        assert len(said) == 1 and "call instrument() on the thread that trains" in said[0]
-    finally:
-        obs.close()
+    with instrumented_on_a_worker(model), caplog.at_level(logging.WARNING, logger="exporter"):
+        model(torch.ones(1, 4))
+        model(torch.ones(1, 4))
+    said = [r.getMessage() for r in caplog.records if "first forward" in r.getMessage()]
+    assert len(said) == 1 and "call instrument() on the thread that trains" in said[0]
 
 
 @pytest.mark.unit
@@ -143,11 +152,6 @@ def test_a_dump_puts_the_training_thread_first_and_marks_it():
     assert any(t["name"] == "MainThread" for t in rest)
 
 
-def _stuck_line() -> int:
-    lines, first = inspect.getsourcelines(trainer._load_batch_that_never_returns)
-    return first + next(i for i, line in enumerate(lines) if "time.sleep" in line)
-
-
 @pytest.mark.job
 def test_an_fsdp2_job_on_worker_threads_names_its_straggler_and_where_it_hangs(tmp_path):
     slow, dumps = 2, str(tmp_path / "dumps")
@@ -165,14 +169,12 @@ def test_an_fsdp2_job_on_worker_threads_names_its_straggler_and_where_it_hangs(t
         s = job.scrape(0)
         assert value(s, "ddp_step_phase_seconds_sum", phase="comm_wait") > 0
         # Then it stops entering collectives: the dump names where its worker thread is.
-        folder = wait_for(
-            lambda: glob.glob(os.path.join(dumps, "*-hang-*", "verdict.txt")), 150, "a verdict"
-        )[0]
-        with open(folder) as f:
+        folder = wait_for(lambda: verdict_folder(dumps), 150, "a verdict")
+        with open(os.path.join(folder, "verdict.txt")) as f:
             verdict = f.read()
-        culprits = verdict.split("CULPRITS:")[1].split("WAITING:")[0].strip().splitlines()
+        culprits = verdict_culprits(verdict)
         assert len(culprits) == 1 and culprits[0].startswith(f"rank {slow} "), verdict
-        assert f"trainer.py:{_stuck_line()} in _load_batch_that_never_returns" in culprits[0]
-        with open(os.path.join(os.path.dirname(folder), f"rank-{slow}.json")) as f:
+        assert trainer_stuck_at() in culprits[0]
+        with open(os.path.join(folder, f"rank-{slow}.json")) as f:
             first = json.load(f)["threads"][0]
         assert (first["name"], first["training"]) == ("train-worker", True), first["name"]
