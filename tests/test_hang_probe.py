@@ -296,7 +296,7 @@ def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_p
     since = time.monotonic()
     store, watchers = _watchers(tmp_path, lambda r: _Staggered(r, since))
     try:
-        for w in watchers:
+        for w in reversed(watchers):  # every rank reports on its own before the monitor reads
             w.start()
         text = wait_for(
             lambda: [p.read_text() for p in tmp_path.glob("probe-hang-1/verdict.txt")],
@@ -309,6 +309,45 @@ def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_p
     assert "symmetric hang in pg 0" in text and "is behind" not in text, text
     assert "never entered" not in text, text
     assert "link between node n1 and node n2" in text, text
+
+
+def _episodes(store) -> int:
+    return int(next((v for k, v in store.data.items() if k.endswith("/fx/episode")), b"0"))
+
+
+def test_a_rank_whose_report_predates_a_completion_is_behind_only_once_it_had_time_to_report(
+    tmp_path, monkeypatch
+):
+    """A monitor that first reads a job long stuck in #47 (rank 0 completed it) must not call
+    a rank behind before its next report could show it inside #47; a rank silent past that is."""
+    since = time.monotonic() - 5.0  # stuck well past the stall threshold already
+    store, watchers = _watchers(tmp_path, lambda r: _Staggered(r, since))
+    clock = [time.monotonic()]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the monitor's reads, by hand
+    try:
+        for w in watchers:
+            w._rank.start()  # every first report, then no loop: the reports move when told
+        monitor = watchers[0]._monitor
+        monitor.watch()  # the first read: #47's completion is seen now
+        for tick in (1, 2):
+            clock[0] += 0.1
+            watchers[0]._rank.publish(tick)
+            watchers[1]._rank.publish(tick)  # rank 1 shows it is inside #47; rank 2 lags
+            monitor.watch()
+        assert _episodes(store) == 0, "a rank was called behind on a report older than #47's end"
+        clock[0] += 0.3  # rank 2 silent for more than two intervals: it may be frozen
+        watchers[0]._rank.publish(3)
+        watchers[1]._rank.publish(3)
+        monitor.watch()
+        assert _episodes(store) == 1
+        request = codec.decode_request(
+            store.data[next(k for k in store.data if k.endswith("/fx/request"))]
+        )
+        assert (request.kind, tuple(request.behind)) == ("behind", (2,)), request
+    finally:
+        monkeypatch.undo()
+        for w in watchers:
+            w.close()
 
 
 class _Crossed:

@@ -89,6 +89,9 @@ class _Reading:
     timeouts: dict[str, float] = field(default_factory=dict)
     #: Ranks whose report changed within two intervals: they answer.
     fresh: set[int] = field(default_factory=set)
+    #: Process groups where a rank's in-flight report predates a completion seen less than two
+    #: intervals ago: its next report may still show it inside, so nobody is behind there yet.
+    pending: set[str] = field(default_factory=set)
 
 
 class Monitor:
@@ -178,7 +181,11 @@ class Monitor:
                 reading.timeouts.get(pg),
             )
         if self._collecting is None and self._blocked_pg is None:
-            act = [f for f in findings if f.kind in ("behind", "symmetric")]
+            act = [
+                f
+                for f in findings
+                if f.kind in ("behind", "symmetric") and f.pg not in reading.pending
+            ]
             if act:
                 act.sort(key=lambda f: f.kind != "behind")
                 self._open(act[0])
@@ -216,7 +223,9 @@ class Monitor:
         # predate the completion can tell (reports are read up to an interval apart; the ranks
         # a checkpoint held up for 30 s must not look stuck just after it ends). Not for a
         # report that changed since: a rank still in it then is stuck in it (a ring all-reduce
-        # ends on one rank and not on the ranks behind a broken link), not behind.
+        # ends on one rank and not on the ranks behind a broken link), not behind. Nor is a rank
+        # behind on the strength of a stale report until it had two intervals to report again
+        # (a monitor that starts on a stuck job sees every completion at its first read).
         done: dict[str, float] = {}
         for rep, _ in reports:
             for p in rep.pgs:
@@ -242,6 +251,8 @@ class Monitor:
                 completed, since = self._done.get(pg, (-1.0, now))
                 if age and float(p.last_enqueued) <= completed and seen_at <= since:
                     age = 0.0  # stale: read before that collective's end was seen
+                    if now - since <= 2 * self._site.interval_s:
+                        out.pending.add(pg)
                 out.reported[pg] = max(out.reported.get(pg, 0.0), float(age or 0.0))
                 out.steps.setdefault(pg, {})[rank] = rep.steps
                 if tmo:
