@@ -126,11 +126,21 @@ def wait_gone(timeout: float) -> list[Leftover]:
     start processes meanwhile.
     """
     deadline = time.monotonic() + timeout
-    left = leftovers()
+    left = _settled()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = leftovers()
+        left = _settled()
     return left
+
+
+def _settled() -> list[Leftover]:
+    """Return the leftovers; when one look finds none, what a second look finds.
+
+    A look lists /proc once, then reads each process: a launcher that starts a worker and exits
+    while the look runs is gone when read, and its worker is not in the listing. The worker
+    was started before that look ended, so the next look's listing has it.
+    """
+    return leftovers() or leftovers()
 
 
 def kill(left: list[Leftover], timeout: float = 10.0) -> list[Leftover]:
@@ -145,7 +155,7 @@ def kill(left: list[Leftover], timeout: float = 10.0) -> list[Leftover]:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-        left = leftovers()  # a launcher killed after starting a worker leaves it orphaned
+        left = _settled()  # a launcher killed after starting a worker leaves it orphaned
         killed.update((x.proc.pid, x) for x in left)
     return list(killed.values())
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import leftovers
 import pytest
 from harness import REPO, wait_for
 
@@ -103,6 +104,40 @@ def test_a_process_started_while_the_session_ends_is_found_and_killed(tmp_path):
     assert code == 1, out
     assert f"pid {worker} from test_respawn.py::test_leaks_a_launcher" in out, out
     assert Proc.of(worker) is None  # and it was killed
+
+
+def test_a_worker_started_while_a_look_runs_is_found(monkeypatch):
+    """The launcher starts its worker and exits in the middle of a look: when the look reads
+    the launcher it is gone, and the worker is newer than the look's listing of /proc."""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; sys.stdin.readline(); p = subprocess.Popen([sys.executable,"
+            " '-c', 'import time; time.sleep(120)'], start_new_session=True,"
+            " stdout=subprocess.DEVNULL); print(p.pid)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    real, worker = leftovers._environ, []
+
+    def reading(pid: int) -> dict[str, str]:
+        if pid == launcher.pid and not worker:
+            out, _ = launcher.communicate("go\n", timeout=60)  # it starts the worker, exits
+            worker.append(int(out))
+        return real(pid)
+
+    monkeypatch.setattr(leftovers, "_environ", reading)
+    try:
+        left = leftovers.wait_gone(timeout=0)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if worker and Proc.of(worker[0]) is not None:
+            os.kill(worker[0], signal.SIGKILL)
+    assert worker and [x.proc.pid for x in left] == worker, (worker, left)
 
 
 def test_a_parallel_session_ended_by_sigterm_reaps_what_its_workers_started(tmp_path):
