@@ -13,8 +13,9 @@ import shutil
 import sys
 import tempfile
 
+import leftovers
 import pytest
-from harness import Process, child_env, wait_for
+from harness import Process, child_env
 
 # Solo: Ray's raylet must register with its GCS within a fixed 30 s (not configurable), which
 # a start of its dozen processes beside the suite's other jobs on 2 cores has missed.
@@ -28,19 +29,6 @@ WORKER = "tests/workers/ray_worker.py"
 STEPS, SLOW_S = 100, 0.03  # per kind, as in the worker
 
 
-def _ray_processes(session: str) -> list[int]:
-    """Return the pids whose command line names Ray's session folder ``session``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if session.encode() in f.read():
-                    pids.append(int(pid))
-        except OSError:
-            continue  # gone meanwhile
-    return pids
-
-
 def test_ray_train_counts_the_waits_of_its_training_thread(tmp_path):
     # Ray's sockets live in its session folder: a short path, not pytest's.
     session = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
@@ -49,7 +37,7 @@ def test_ray_train_counts_the_waits_of_its_training_thread(tmp_path):
         with Process([sys.executable, WORKER, str(tmp_path), session], env, "ray") as job:
             assert job.wait(timeout=240) == 0, job.text()
         # Ray's processes outlive ray.shutdown() for a moment: none may load the next solo test.
-        wait_for(lambda: not _ray_processes(session), 60, "Ray's processes to end")
+        assert not leftovers.wait_gone(timeout=60), "Ray's processes did not end"
     finally:
         shutil.rmtree(session, ignore_errors=True)
     ranks = {}
