@@ -20,10 +20,12 @@ import pytest
 from harness import wait_for
 from test_hang_protocol import _context, _InFlight, _Store
 
+from exporter import storekeys
 from exporter.errors import ErrorCounter
 from exporter.hangs import codec, probing, spans
 from exporter.hangs import verdict as verdicts
 from exporter.hangs.action import ActionPolicy
+from exporter.hangs.channel import Channel
 from exporter.hangs.definition import HangFinding, HangPolicy, SeqState, find_hangs
 from exporter.hangs.dumps import render_dump
 from exporter.hangs.protocol import (
@@ -311,10 +313,6 @@ def test_ranks_stuck_in_a_collective_another_rank_completed_are_not_behind(tmp_p
     assert "link between node n1 and node n2" in text, text
 
 
-def _episodes(store) -> int:
-    return int(next((v for k, v in store.data.items() if k.endswith("/fx/episode")), b"0"))
-
-
 def test_a_rank_whose_report_predates_a_completion_is_behind_only_once_it_had_time_to_report(
     tmp_path, monkeypatch
 ):
@@ -322,6 +320,7 @@ def test_a_rank_whose_report_predates_a_completion_is_behind_only_once_it_had_ti
     a rank behind before its next report could show it inside #47; a rank silent past that is."""
     since = time.monotonic() - 5.0  # stuck well past the stall threshold already
     store, watchers = _watchers(tmp_path, lambda r: _Staggered(r, since))
+    channel = Channel(store, storekeys.for_run("probe"), 3)  # what the ranks read
     clock = [time.monotonic()]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the monitor's reads, by hand
     try:
@@ -334,15 +333,13 @@ def test_a_rank_whose_report_predates_a_completion_is_behind_only_once_it_had_ti
             watchers[0]._rank.publish(tick)
             watchers[1]._rank.publish(tick)  # rank 1 shows it is inside #47; rank 2 lags
             monitor.watch()
-        assert _episodes(store) == 0, "a rank was called behind on a report older than #47's end"
+        assert channel.episode() == 0, "a rank was called behind on a report older than #47's end"
         clock[0] += 0.3  # rank 2 silent for more than two intervals: it may be frozen
         watchers[0]._rank.publish(3)
         watchers[1]._rank.publish(3)
         monitor.watch()
-        assert _episodes(store) == 1
-        request = codec.decode_request(
-            store.data[next(k for k in store.data if k.endswith("/fx/request"))]
-        )
+        assert channel.episode() == 1
+        request = channel.request()
         assert (request.kind, tuple(request.behind)) == ("behind", (2,)), request
     finally:
         monkeypatch.undo()
