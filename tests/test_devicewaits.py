@@ -415,6 +415,53 @@ def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1, each_
         timed.uninstrument()
 
 
+def nccl_like(clock: Clock, in_call_s: float) -> types.SimpleNamespace:
+    """A namespace whose ``all_reduce`` behaves as NCCL's does: a synchronous call runs on the
+    caller's stream (the device spends ``in_call_s`` in it) and returns no Work to wait for."""
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        if async_op:
+            return torch.distributed.all_reduce(tensor, async_op=True)
+        clock.t += in_call_s
+        return None
+
+    return types.SimpleNamespace(all_reduce=all_reduce)
+
+
+@pytest.mark.parametrize("part", ["collectives", "beside_ddp"])
+def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, each_step, part):
+    from exporter.sources.collectives import CollectiveTiming
+    from exporter.sources.syncmarks import SyncCollectiveMarks
+
+    rec, errors, waits, clock = each_step
+    ns = nccl_like(clock, 0.25)
+    if part == "collectives":  # a plain loop: every collective counted, none timed by the host
+        wrappers = CollectiveTiming(rec, errors, timed=False, device=waits, namespace=ns)
+    else:  # beside DDP: the step's own collectives, counted nowhere
+        wrappers = SyncCollectiveMarks(rec, errors, waits, namespace=ns)
+    original = ns.all_reduce
+    try:
+        assert wrappers.instrument() and wrappers.instrument()
+        rec.open_step()
+        ns.all_reduce(torch.ones(4))  # a loss all-reduced for logging
+        assert len(waits.events.marks) == 2
+        ns.all_reduce(torch.ones(4), None, None, True)  # asynchronous: its Work.wait() marks
+        assert len(waits.events.marks) == 2
+        waits.events.default = False  # on a stream of FSDP's own: not the compute stream
+        ns.all_reduce(torch.ones(4))
+        waits.events.default = True
+        assert len(waits.events.marks) == 2
+        clock.t += 1.0
+        rec.boundary("explicit")
+        assert waits.drain() == 1
+        # What the compute stream spent in the collective is comm_wait, not compute.
+        assert rec.snapshot().phase_sum[2] == pytest.approx(0.25)
+    finally:
+        wrappers.uninstrument()
+    assert ns.all_reduce is original
+    assert not any(errors.snapshot().values())
+
+
 class Stalled(torch.autograd.Function):
     """Waits for a collective in its backward, as SyncBatchNorm does."""
 
@@ -470,8 +517,10 @@ def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_wait
 
 def test_a_cuda_ddp_rank_times_its_own_steps_waits_on_the_device(world1):
     from exporter.sources.commtiming import start_comm_timing
+    from exporter.sources.syncmarks import SyncCollectiveMarks
     from exporter.sources.waits import WaitTiming
 
+    all_reduce = torch.distributed.all_reduce
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     rec, errors = Recorder("optimizer"), ErrorCounter()
     timing = start_comm_timing(
@@ -479,13 +528,15 @@ def test_a_cuda_ddp_rank_times_its_own_steps_waits_on_the_device(world1):
     )
     try:
         assert timing.mode == "hook" and isinstance(timing.device, DeviceWaits)
-        assert WaitTiming in [type(p) for p in timing.instrumentor.parts]
+        assert {WaitTiming, SyncCollectiveMarks} <= {type(p) for p in timing.instrumentor.parts}
+        assert torch.distributed.all_reduce is not all_reduce
         assert timing.device.drain in timing.settlers()
         assert timing.device in timing.threads() and timing.resolver in timing.threads()
     finally:
         timing.instrumentor.uninstrument()
         for thread in timing.threads():
             thread.close()
+    assert torch.distributed.all_reduce is all_reduce
 
 
 def test_a_timing_mode_that_cannot_work_raises_before_anything_is_started(world1):

@@ -31,7 +31,9 @@ enqueued, and ``Work.wait`` only orders streams): bytes, counts and in-flight st
 the wait of the device's default stream inside ``Work.wait()``, on the training thread or in a
 backward pass, is timed on the device where a :class:`~exporter.sources.devicewaits.DeviceWaits`
 is given: the compute stream of a plain loop waiting for its collectives (a wait on a stream of
-FSDP's own, or on a checkpoint's thread, is not the compute's).
+FSDP's own, or on a checkpoint's thread, is not the compute's). So is a synchronous collective
+on the default stream as a whole: NCCL runs it on the caller's stream and returns no Work, so
+no ``Work.wait()`` is called (a wait inside it, where a backend does return one, is its part).
 Cost: about 10 µs per collective on the calling thread (``benchmarks/hotpath.py``).
 :meth:`CollectiveTiming.uninstrument` restores exactly the objects it replaced, unless someone
 replaced them again since (then it leaves theirs and forgets its own).
@@ -55,7 +57,7 @@ from .flight import pg_timeout_seconds
 from .patching import Patcher, patch_method, payload_bytes, restore_method
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["COLLECTIVES", "CollectiveTiming", "MAX_UNWAITED"]
+__all__ = ["COLLECTIVES", "CollectiveSpec", "CollectiveTiming", "MAX_UNWAITED", "specs"]
 
 #: Asynchronous collectives remembered until their ``wait()``; beyond, the oldest is forgotten
 #: (counted complete, untimed), so that a program that never waits holds no tensors alive.
@@ -80,10 +82,11 @@ COLLECTIVES: dict[str, tuple[str, str | None]] = {
 assert {op for op, _ in COLLECTIVES.values()} <= set(catalog.COLLECTIVE_OPS)
 
 
-class _Spec:
-    """Where one function's payload and group arguments sit, found once from its signature."""
+class CollectiveSpec:
+    """Where one function's payload, group and ``async_op`` arguments sit, read once from its
+    signature."""
 
-    __slots__ = ("op", "payload", "payload_at", "group_at")
+    __slots__ = ("op", "payload", "payload_at", "group_at", "async_at")
 
     def __init__(self, fn: Callable[..., Any], op: str, payload: str | None) -> None:
         names = list(inspect.signature(fn).parameters)
@@ -91,11 +94,34 @@ class _Spec:
         self.payload = payload
         self.payload_at = names.index(payload) if payload in names else -1
         self.group_at = names.index("group") if "group" in names else -1
+        self.async_at = names.index("async_op") if "async_op" in names else -1
 
     def arg(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int) -> Any:
+        """Return the argument ``name`` (at position ``at``) of a call, None where not given."""
         if name is not None and name in kwargs:
             return kwargs[name]
         return args[at] if 0 <= at < len(args) else None
+
+    def synchronous(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Say whether a call waits for its collective (``async_op`` not set)."""
+        return not self.arg(args, kwargs, "async_op", self.async_at)
+
+
+def specs(namespace: Any) -> dict[str, tuple[Callable[..., Any], CollectiveSpec]]:
+    """Return each collective of :data:`COLLECTIVES` in ``namespace``, with its spec.
+
+    A function this torch lacks, or whose signature cannot be read, is left out.
+    """
+    found = {}
+    for name, (op, payload) in COLLECTIVES.items():
+        fn = getattr(namespace, name, None)
+        if not callable(fn):
+            continue  # an older torch without this collective
+        try:
+            found[name] = (fn, CollectiveSpec(fn, op, payload))
+        except (TypeError, ValueError):
+            continue  # no signature to read: leave it alone
+    return found
 
 
 class CollectiveTiming(Patcher):
@@ -133,14 +159,7 @@ class CollectiveTiming(Patcher):
         """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
         if self._patched:
             return True
-        for name, (op, payload) in COLLECTIVES.items():
-            fn = getattr(self._ns, name, None)
-            if not callable(fn):
-                continue  # an older torch without this collective
-            try:
-                spec = _Spec(fn, op, payload)
-            except (TypeError, ValueError):
-                continue  # no signature to read: leave it alone
+        for name, (fn, spec) in specs(self._ns).items():
             self._replace(name, fn, self._wrap(fn, spec))
         if self._patched:  # a wait has a Work; None: an immutable Work, waits go unseen
             self._wait = patch_method(self._work, "wait", self._wrap_wait)
@@ -168,8 +187,9 @@ class CollectiveTiming(Patcher):
             per_op = self._stats[group]
         return per_op[op]
 
-    def _wrap(self, fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    def _wrap(self, fn: Callable[..., Any], spec: CollectiveSpec) -> Callable[..., Any]:
         rec, errors, issue, settle = self._rec, self._errors, self._issue, self._settle
+        device = self._device
 
         world = getattr(dist.distributed_c10d, "_world", None)  # private: feature-detected
 
@@ -187,6 +207,8 @@ class CollectiveTiming(Patcher):
             except Exception as exc:  # noqa: BLE001 - never in the way of the collective
                 errors.record("comm_timing", exc)
                 return fn(*args, **kwargs)
+            if device is not None and spec.synchronous(args, kwargs):
+                return device.marked_call(issue, fn, args, kwargs, stats, t0, settle)
             return issue(fn, args, kwargs, stats, t0, settle)
 
         return collective

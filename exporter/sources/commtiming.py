@@ -8,9 +8,9 @@ either, the functional collectives DTensor issues (tensor parallelism, ``clip_gr
 DTensor parameters): :mod:`exporter.sources.functional`. Beside DDP on a CPU, the training
 thread's waits for collectives of its own: :mod:`exporter.sources.waits`. On a CUDA device, the
 compute stream's waits for collectives outside DDP's own (FSDP2's, classic FSDP's, the
-functional collectives', ``Work.wait()`` on the default stream), timed on the device:
-:mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`,
-:mod:`exporter.sources.classicwaits`. The result is what the observer keeps: the parts to
+functional collectives', ``Work.wait()`` and synchronous collectives on the default stream),
+timed on the device: :mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`,
+:mod:`exporter.sources.classicwaits`, and beside DDP :mod:`exporter.sources.syncmarks`. The result is what the observer keeps: the parts to
 uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the hook and the
 background threads where there are any.
 """
@@ -35,6 +35,7 @@ from .fsdpwaits import FsdpWaitTiming
 from .functional import FunctionalCollectiveTiming
 from .recorder import Recorder
 from .reducer import ReducerTiming, unsupported
+from .syncmarks import SyncCollectiveMarks
 from .waits import WaitTiming
 
 __all__ = ["CommTiming", "Part", "Parts", "choose_timing", "start_comm_timing"]
@@ -189,6 +190,10 @@ def start_comm_timing(
         waits = WaitTiming(recorder, errors, training_thread=training_thread, device=device)
         waits.instrument()
         beside = (functional, waits)
+    if device is not None:  # NCCL's synchronous collectives have no Work.wait() to mark
+        sync = SyncCollectiveMarks(recorder, errors, device)
+        sync.instrument()
+        beside = (*beside, sync)
     pg = model.process_group
     stats = recorder.collective_stats(
         "allreduce", getattr(pg, "group_name", "0") or "0", pg_timeout_seconds(pg)

@@ -12,13 +12,15 @@ queued before the wait is done, so the time between them is how long the stream 
 where the collective ended before the stream got there). :class:`DeviceWaits` records such
 pairs where the parts that know the wait points ask it to (:mod:`exporter.sources.fsdpwaits`,
 :mod:`exporter.sources.classicwaits`, the functional collectives' ``wait_tensor``,
-``Work.wait()`` on the default stream), and resolves them off the training thread
+``Work.wait()`` on the default stream, a synchronous collective on the default stream: NCCL
+runs that one on the caller's stream, so the compute stream spends the collective's whole time
+in it, its wait for its peers included), and resolves them off the training thread
 (``Event.query()``: no synchronisation), moving their time from compute to comm_wait
 (:meth:`~exporter.sources.recorder.Recorder.add_comm_wait`: never compute a scrape has read). A
 wait inside one the same thread has marked already is not marked again: its time is in the
 outer pair.
 
-Sampled: only the waits of every ``every``-th step are timed (two events each, a few
+Sampled: only the waits of every ``every``-th step are timed (two events each, tens of
 microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
 compiles the caller, while a CUDA graph is being captured, or inside a declared section that
 interrupts training.
@@ -213,14 +215,23 @@ class DeviceWaits:
 
         @functools.wraps(wait)
         def marked_wait(*args: Any, **kwargs: Any) -> Any:
-            mark = self.begin(compute=True)
-            try:
-                return wait(*args, **kwargs)
-            finally:
-                if mark is not None:
-                    self.end(mark)
+            return self.marked_call(wait, *args, **kwargs)
 
         return marked_wait
+
+    def marked_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``call`` with marks around the compute stream's time in it; return its result.
+
+        For a ``Work.wait()``, and for a synchronous collective: NCCL runs one on the caller's
+        stream and returns no Work to wait for, so the compute stream's time in it, waiting for
+        its peers included, lies between marks around the call.
+        """
+        mark = self.begin(compute=True)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if mark is not None:
+                self.end(mark)
 
     def drop(self, start: Any) -> None:
         """Give up the wait :meth:`begin` marked: nothing is timed."""
