@@ -318,15 +318,11 @@ def test_nccl_sharded_gradients_bit_identical(tmp_path):
         assert r["ops"] == [] and r["settled"], (name, r)
 
 
-def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
-    """A loop of NCCL collectives without DDP, ``TORCH_NCCL_ENABLE_TIMING=1``: every collective
-    timed from the Flight Recorder's durations (none untimed), their sum within 10 % of the
-    device time torch's profiler measured for them (NCCL's kernels, and the copies NCCL makes
-    instead on one rank), wherever that is long enough to compare. Every ``Work.wait()`` is
-    marked on the device too, and resolved without error."""
+@pytest.fixture(scope="module")
+def durations_report(tmp_path_factory):
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
-    out = tmp_path / "durations.json"
+    out = tmp_path_factory.mktemp("durations") / "durations.json"
     env = {
         "OMP_NUM_THREADS": "1",
         "TORCH_NCCL_ENABLE_TIMING": "1",
@@ -338,6 +334,17 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
         assert job.wait(timeout=240) == 0, job.output()
     r = json.loads(out.read_text())
     print("device durations:", json.dumps(r))  # the figures, for the report
+    return r
+
+
+def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(durations_report):
+    """A loop of NCCL collectives without DDP, ``TORCH_NCCL_ENABLE_TIMING=1``, each queued
+    behind GPU work: every collective timed from the Flight Recorder's durations (none
+    untimed), their sum within 10 % of the device time torch's profiler measured for them
+    (NCCL's kernels, and the copies NCCL makes instead on one rank), wherever that is long
+    enough to compare. Every collective the compute stream waits for, in ``Work.wait()`` or in
+    a synchronous call, is marked on the device too, and resolved without error."""
+    r = durations_report
     assert r["comm_timing"] == "collectives" and not any(r["errors"].values()), r
     assert r["device_waits"] == sum(r["expected"].values()), r
     for op, n in r["expected"].items():
@@ -350,6 +357,15 @@ def test_nccl_collectives_outside_ddp_timed_from_the_flight_recorder(tmp_path):
             f"the profiler saw {r['profiler_s'] * 1e3:.3f} ms of work: too little to compare"
         )
     assert total == pytest.approx(r["profiler_s"], rel=0.10), r
+
+
+def test_nccl_ddp_steps_own_synchronous_collective_is_timed_on_the_device(durations_report):
+    """A DDP step that all-reduces its loss synchronously: NCCL runs that collective on the
+    compute stream and returns no Work to wait for, and the exporter marks it on the device
+    all the same, once per step, without error."""
+    r = durations_report["ddp"]
+    assert r["steps"] == r["expected"] and not any(r["errors"].values()), r
+    assert r["device_waits"] == r["expected"], r
 
 
 def test_nccl2_names_its_backend_and_keeps_or_says_it_lost_the_in_flight_state():
