@@ -139,6 +139,19 @@ def _arms(call: Any, part: Any, waits: DeviceWaits, rec: Recorder, n: int, repea
     return {arm: statistics.median(v) for arm, v in times.items()}
 
 
+def _parts(events: Any, n: int) -> dict[str, float]:
+    """Return the µs per call of each event-source call a timed wait makes (``record`` twice)."""
+    kept: list[Any] = []  # the events live until the end, as pending pairs do
+    parts = {
+        "usable_us": _ns_per_call(events.usable, n) / 1e3,
+        "on_default_stream_us": _ns_per_call(events.on_default_stream, n) / 1e3,
+        "record_us": _ns_per_call(lambda: kept.append(events.record()), n) / 1e3,
+    }
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return parts
+
+
 def _costs(med: dict, every: int) -> dict[str, float]:
     not_timed, timed = med["not_timed"] - med["bare"], med["timed"] - med["bare"]
     return {
@@ -191,6 +204,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         classic_fsdp = _arms(
             lambda: front._pre_forward_unshard(None, handle), forward, waits, rec, n, repeats
         )
+        parts = _parts(waits.events, n)
     finally:
         waits.close()
     return {
@@ -202,6 +216,7 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         **_costs(fsdp, every),
         "work_wait": _costs(work_wait, every),
         "classic_fsdp": _costs(classic_fsdp, every),
+        "parts": parts,
         "every": every,
         "errors": sum(errors.snapshot().values()),
     }
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     r = measure(args.n, args.repeats)
-    w, c = r["work_wait"], r["classic_fsdp"]
+    w, c, parts = r["work_wait"], r["classic_fsdp"], r["parts"]
     print(
         f"device waits ({r['events']} events): FSDP2's wait alone {r['bare_us']:.2f} us; the "
         f"wrapper adds {r['not_timed_us']:.2f} us on a step not timed, {r['timed_us']:.2f} us on "
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Work.wait(): adds {w['not_timed_us']:.2f} us not timed, {w['timed_us']:.2f} us timed, "
         f"{w['amortised_us']:.2f} us per wait. Classic FSDP's: adds {c['not_timed_us']:.2f} us "
         f"not timed, {c['timed_us']:.2f} us timed, {c['amortised_us']:.2f} us per wait; errors "
-        f"{r['errors']}"
+        f"{r['errors']}. Per call: usable() {parts['usable_us']:.2f} us, on_default_stream() "
+        f"{parts['on_default_stream_us']:.2f} us, record() {parts['record_us']:.2f} us"
     )
     if args.json:
         with open(args.json, "w") as f:

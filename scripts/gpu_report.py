@@ -176,6 +176,14 @@ def _device_waits(path: Path) -> list[str]:
                 f"{w['amortised_us']:.2f} µs per wait.",
                 "",
             ]
+    parts = d.get("parts")
+    if parts:  # where a timed wait's host time goes
+        lines += [
+            f"Per call of the event source: `usable()` {parts['usable_us']:.2f} µs, "
+            f"`on_default_stream()` {parts['on_default_stream_us']:.2f} µs, `record()` "
+            f"{parts['record_us']:.2f} µs (twice per timed wait).",
+            "",
+        ]
     return lines
 
 
