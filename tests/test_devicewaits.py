@@ -415,6 +415,13 @@ def test_work_wait_is_marked_on_the_default_stream_of_a_plain_loop(world1, each_
         timed.uninstrument()
 
 
+def drained_comm_wait(rec: Recorder, waits: DeviceWaits, clock: Clock) -> tuple[int, float]:
+    """Close the open step a second later; return the waits drained and the step's comm_wait."""
+    clock.t += 1.0
+    rec.boundary("explicit")
+    return waits.drain(), rec.snapshot().phase_sum[2]
+
+
 def nccl_like(clock: Clock, in_call_s: float) -> types.SimpleNamespace:
     """A namespace whose ``all_reduce`` behaves as NCCL's does: a synchronous call runs on the
     caller's stream (the device spends ``in_call_s`` in it) and returns no Work to wait for."""
@@ -451,11 +458,8 @@ def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, 
         ns.all_reduce(torch.ones(4))
         waits.events.default = True
         assert len(waits.events.marks) == 2
-        clock.t += 1.0
-        rec.boundary("explicit")
-        assert waits.drain() == 1
         # What the compute stream spent in the collective is comm_wait, not compute.
-        assert rec.snapshot().phase_sum[2] == pytest.approx(0.25)
+        assert drained_comm_wait(rec, waits, clock) == (1, pytest.approx(0.25))
     finally:
         wrappers.uninstrument()
     assert ns.all_reduce is original
@@ -505,11 +509,8 @@ def test_a_gpus_work_waits_are_timed_on_the_device_where_the_compute_stream_wait
         saver.start()  # a checkpoint's thread: the training thread queues compute meanwhile
         saver.join()
         assert len(marks) == 4
-        clock.t += 1.0
-        rec.boundary("explicit")
-        assert waits.drain() == 2
         # What the stream waited, not the host's 1.5 s inside the waits.
-        assert rec.snapshot().phase_sum[2] == pytest.approx(0.25)
+        assert drained_comm_wait(rec, waits, clock) == (2, pytest.approx(0.25))
     finally:
         part.uninstrument()
     assert not any(errors.snapshot().values())
