@@ -10,9 +10,9 @@ thread's waits for collectives of its own: :mod:`exporter.sources.waits`. On a C
 compute stream's waits for collectives outside DDP's own (FSDP2's, classic FSDP's, the
 functional collectives', ``Work.wait()`` and synchronous collectives on the default stream),
 timed on the device: :mod:`exporter.sources.devicewaits`, :mod:`exporter.sources.fsdpwaits`,
-:mod:`exporter.sources.classicwaits`, and beside DDP :mod:`exporter.sources.syncmarks`. The result is what the observer keeps: the parts to
-uninstrument at close, the mode published in ``ddp_rank_info{comm_timing}``, the hook and the
-background threads where there are any.
+:mod:`exporter.sources.classicwaits`, and beside DDP :mod:`exporter.sources.syncmarks`. The
+result is what the observer keeps: the parts to uninstrument at close, the mode published in
+``ddp_rank_info{comm_timing}``, the hook and the background threads where there are any.
 """
 
 from __future__ import annotations
