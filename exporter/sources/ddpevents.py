@@ -36,6 +36,7 @@ import torch
 
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
+from .cudastreams import StreamLookup
 from .recorder import CollectiveStats, Recorder
 
 __all__ = [
@@ -121,32 +122,18 @@ class CudaMarks:
 
     def __init__(self, device: torch.device) -> None:
         self._index = device.index if device.index is not None else torch.cuda.current_device()
-        # The current stream as (id, device, type) without building a Stream object (private,
-        # so looked up once; torch.cuda.current_stream() where it is missing).
-        self._current = getattr(torch._C, "_cuda_getCurrentStream", None)
-        self._key: Any = None
+        self._streams = StreamLookup(self._index)
         self._stream: Any = None
 
     def slot(self) -> list[Any]:
         """Return three timing events (CUDA creates each at its first record)."""
         return [torch.cuda.Event(enable_timing=True) for _ in range(3)]
 
-    def _stream_now(self) -> Any:
-        if self._current is None:
-            return torch.cuda.current_stream(self._index)
-        key = self._current(self._index)
-        if key != self._key:
-            self._stream = torch.cuda.Stream(
-                stream_id=key[0], device_index=key[1], device_type=key[2]
-            )
-            self._key = key
-        return self._stream
-
     def begin(self, marks: list[Any]) -> bool:
         """Record the first mark on the current stream, which the other two marks reuse."""
         if torch.cuda.is_current_stream_capturing():
             return False  # an event recorded into a CUDA graph would time the graph's replays
-        self._stream = self._stream_now()
+        self._stream = self._streams.current()
         marks[0].record(self._stream)
         return True
 

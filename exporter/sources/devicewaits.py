@@ -39,6 +39,7 @@ import torch
 from ..background import BackgroundLoop
 from ..errors import ErrorCounter
 from ..log import log
+from .cudastreams import StreamLookup
 from .recorder import Recorder
 from .training import or_main_thread
 
@@ -76,6 +77,9 @@ class CudaEvents:
     def __init__(self, index: int | None = None) -> None:
         self.index = index
         self._told = False
+        # The current stream without torch.cuda.current_stream()'s Stream object at each call:
+        # a timed wait checks it once and records two events on it.
+        self._streams = StreamLookup(index)
 
     def usable(self) -> bool:
         """Return False on another GPU than the rank's, or while a CUDA graph is captured."""
@@ -100,17 +104,17 @@ class CudaEvents:
 
     def on_default_stream(self) -> bool:
         """Return whether the current stream is the current device's default stream."""
-        return bool(torch.cuda.current_stream() == torch.cuda.default_stream())
+        return self._streams.on_default()
 
     def record(self) -> torch.cuda.Event:
         """Record a timing event on the current stream."""
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._streams.current())
         return event
 
     def wait(self, event: Any) -> None:
         """Make the current stream wait for ``event``."""
-        torch.cuda.current_stream().wait_event(event)
+        self._streams.current().wait_event(event)
 
     def elapsed(self, start: Any, end: Any) -> float | None:
         """Return the device time between the events once ``end`` has completed."""

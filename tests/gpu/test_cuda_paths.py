@@ -385,3 +385,30 @@ def test_nccl2_names_its_backend_and_keeps_or_says_it_lost_the_in_flight_state()
     assert urls and info["backend"] == "nccl2", info
     said = "no Flight Recorder the exporter can read records process group" in output
     assert info["inflight_source"] == "flight_recorder" or said, (info, output[-2000:])
+
+
+def test_device_wait_events_land_on_the_current_stream():
+    """The exporter finds the current stream through torch's private calls (a fraction of
+    ``torch.cuda.current_stream()``'s host time): it agrees with the public calls on the default
+    stream and on a side stream, and the events a device wait records land on the stream that
+    was current, not on the default one."""
+    from exporter.sources.cudastreams import StreamLookup
+    from exporter.sources.devicewaits import CudaEvents
+
+    torch.cuda.set_device(0)
+    lookup, events = StreamLookup(0), CudaEvents(0)
+    assert lookup.on_default() and events.on_default_stream()
+    assert lookup.current() == torch.cuda.current_stream() == torch.cuda.default_stream()
+    side = torch.cuda.Stream()  # torch's streams do not synchronise with the default one
+    with torch.cuda.stream(side):
+        assert not lookup.on_default() and not events.on_default_stream()
+        assert lookup.current() == side
+        torch.cuda._sleep(400_000_000)  # a fraction of a second of work on the side stream only
+        behind = events.record()
+    on_default = events.record()
+    on_default.synchronize()  # the default stream is idle: at once
+    assert on_default.query() and not behind.query(), (
+        "the event was not recorded on the side stream"
+    )
+    torch.cuda.synchronize()
+    assert behind.query() and lookup.current() == torch.cuda.default_stream()
