@@ -20,7 +20,7 @@ in it, its wait for its peers included), and resolves them off the training thre
 wait inside one the same thread has marked already is not marked again: its time is in the
 outer pair.
 
-Sampled: only the waits of every ``every``-th step are timed (two events each, tens of
+Sampled: only the waits of every ``every``-th step are timed (two events each, about ten
 microseconds of host time), and each counts ``every`` times. Nothing is recorded while torch
 compiles the caller, while a CUDA graph is being captured, or inside a declared section that
 interrupts training.
