@@ -445,7 +445,7 @@ def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, 
     if part == "collectives":  # a plain loop: every collective counted, none timed by the host
         wrappers = CollectiveTiming(rec, errors, timed=False, device=waits, namespace=ns)
     else:  # beside DDP: the step's own collectives, counted nowhere
-        wrappers = SyncCollectiveMarks(rec, errors, waits, namespace=ns)
+        wrappers = SyncCollectiveMarks(waits, namespace=ns)
     original = ns.all_reduce
     try:
         assert wrappers.instrument() and wrappers.instrument()

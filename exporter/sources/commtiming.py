@@ -191,7 +191,7 @@ def start_comm_timing(
         waits.instrument()
         beside = (functional, waits)
     if device is not None:  # NCCL's synchronous collectives have no Work.wait() to mark
-        sync = SyncCollectiveMarks(recorder, errors, device)
+        sync = SyncCollectiveMarks(device)
         sync.instrument()
         beside = (*beside, sync)
     pg = model.process_group

@@ -32,7 +32,7 @@ def payload_bytes(payload: Any) -> int:
 
 
 def patch_method(owner: Any, name: str, wrap: Callable[[Any], Any]) -> tuple[Any, Any] | None:
-    """Replace ``owner.name`` (a class's method: ``Work.wait``) by ``wrap(original)``.
+    """Replace ``owner.name`` (a class's method, a namespace's function) by ``wrap(original)``.
 
     Return ``(original, replacement)`` for :func:`restore_method`, or None where there is no
     such method or the class refuses the change (nothing replaced).

@@ -25,50 +25,49 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..errors import ErrorCounter
 from .collectives import CollectiveSpec, specs
 from .devicewaits import DeviceWaits
-from .patching import Patcher
-from .recorder import Recorder
+from .patching import MethodPatches
 
 __all__ = ["SyncCollectiveMarks"]
 
 
-class SyncCollectiveMarks(Patcher):
+class SyncCollectiveMarks:
     """Mark the compute stream around each synchronous ``torch.distributed`` collective; undo it.
 
     ``device``: what records and resolves the marks. ``namespace``: where the collectives live.
     """
 
-    def __init__(
-        self,
-        recorder: Recorder,
-        errors: ErrorCounter,
-        device: DeviceWaits,
-        *,
-        namespace: Any = dist,
-    ) -> None:
-        super().__init__(recorder, errors, training_thread=None, timed=False, namespace=namespace)
+    def __init__(self, device: DeviceWaits, *, namespace: Any = dist) -> None:
         self._device = device
+        self._ns = namespace
+        self._patched = MethodPatches()
 
     def instrument(self) -> bool:
         """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
         if not self._patched:
-            for name, (fn, spec) in specs(self._ns).items():
-                self._replace(name, fn, self._wrap(fn, spec))
+            self._patched.apply(
+                [
+                    (self._ns, name, self._wrapper(spec))
+                    for name, (_fn, spec) in specs(self._ns).items()
+                ]
+            )
         return bool(self._patched)
 
     def uninstrument(self) -> None:
         """Restore every replaced name that still holds this instance's wrapper; idempotent."""
-        self._restore()
+        self._patched.restore()
 
-    def _wrap(self, fn: Callable[..., Any], spec: CollectiveSpec) -> Callable[..., Any]:
+    def _wrapper(self, spec: CollectiveSpec) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         device = self._device
 
-        @functools.wraps(fn)
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            if spec.synchronous(args, kwargs):
-                return device.marked_call(fn, *args, **kwargs)
-            return fn(*args, **kwargs)
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                if spec.synchronous(args, kwargs):
+                    return device.marked_call(fn, *args, **kwargs)
+                return fn(*args, **kwargs)
 
-        return collective
+            return collective
+
+        return wrap
