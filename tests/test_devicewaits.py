@@ -466,6 +466,44 @@ def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, 
     assert not any(errors.snapshot().values())
 
 
+@pytest.mark.parametrize("part", ["collectives", "beside_ddp"])
+def test_a_collective_a_coalescing_manager_queues_is_neither_marked_nor_counted(
+    world1, each_step, part
+):
+    """Inside torch's coalescing manager a synchronous collective only queues its op and
+    returns: no empty interval is marked for it, nothing is counted or left in flight. The
+    manager issues one coalesced collective at its exit and waits for its Work, which the loop
+    wrappers mark (beside DDP, the Work.wait() wrapper of DDP's own part does)."""
+    from exporter.sources.collectives import CollectiveTiming
+    from exporter.sources.syncmarks import SyncCollectiveMarks
+
+    dist = world1
+    manager = getattr(dist.distributed_c10d, "_coalescing_manager", None)  # private
+    if manager is None:
+        pytest.skip("this torch has no coalescing manager")
+    rec, errors, waits, clock = each_step
+    if part == "collectives":
+        wrappers = CollectiveTiming(rec, errors, timed=False, device=waits)
+    else:
+        wrappers = SyncCollectiveMarks(waits)
+    a, b = torch.ones(3), torch.ones(2)
+    try:
+        assert wrappers.instrument()
+        rec.open_step()
+        with manager():  # nothing raised inside: torch would keep the queue for the next one
+            returned = [dist.all_reduce(a), dist.all_reduce(b)]
+            queued = len(waits.events.marks)
+        marked = len(waits.events.marks)
+    finally:
+        wrappers.uninstrument()
+    assert returned == [None, None] and queued == 0
+    assert marked == (2 if part == "collectives" else 0)
+    assert a.tolist() == [1.0] * 3 and b.tolist() == [1.0] * 2
+    assert [(s.enqueued, s.completed) for s in rec.collectives] in ([], [(0, 0)])
+    assert all(n == done for _pg, n, done, _age in rec.inflight())
+    assert not any(errors.snapshot().values())
+
+
 class Stalled(torch.autograd.Function):
     """Waits for a collective in its backward, as SyncBatchNorm does."""
 

@@ -57,7 +57,14 @@ from .flight import pg_timeout_seconds
 from .patching import Patcher, patch_method, payload_bytes, restore_method
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["COLLECTIVES", "CollectiveSpec", "CollectiveTiming", "MAX_UNWAITED", "specs"]
+__all__ = [
+    "COLLECTIVES",
+    "CollectiveSpec",
+    "CollectiveTiming",
+    "MAX_UNWAITED",
+    "coalescing",
+    "specs",
+]
 
 #: Asynchronous collectives remembered until their ``wait()``; beyond, the oldest is forgotten
 #: (counted complete, untimed), so that a program that never waits holds no tensors alive.
@@ -105,6 +112,19 @@ class CollectiveSpec:
     def synchronous(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Say whether a call waits for its collective (``async_op`` not set)."""
         return not self.arg(args, kwargs, "async_op", self.async_at)
+
+
+#: The process groups' registry, where torch's coalescing manager keeps its queue (private).
+_WORLD = getattr(dist.distributed_c10d, "_world", None)
+
+
+def coalescing() -> bool:
+    """Return whether torch's coalescing manager is collecting the collectives called now.
+
+    Inside it a call only queues its op, and a synchronous one returns at once: the manager
+    issues one coalesced collective at its exit and waits for its Work there.
+    """
+    return bool(getattr(_WORLD, "pg_coalesce_state", None))
 
 
 def specs(namespace: Any) -> dict[str, tuple[Callable[..., Any], CollectiveSpec]]:
@@ -191,13 +211,9 @@ class CollectiveTiming(Patcher):
         rec, errors, issue, settle = self._rec, self._errors, self._issue, self._settle
         device = self._device
 
-        world = getattr(dist.distributed_c10d, "_world", None)  # private: feature-detected
-
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if getattr(world, "pg_coalesce_state", None):
-                # Inside a coalescing manager a call only queues its op (the manager issues one
-                # coalesced collective at its exit): nothing to time, nothing in flight.
+            if coalescing():  # the call only queues its op: nothing to time, nothing in flight
                 return fn(*args, **kwargs)
             try:
                 group = spec.arg(args, kwargs, "group", spec.group_at)

@@ -13,8 +13,9 @@ and, for a synchronous call, has the
 :class:`~exporter.sources.devicewaits.DeviceWaits` mark the compute stream before and after it
 (:meth:`~exporter.sources.devicewaits.DeviceWaits.marked_call`: on the training thread or in a
 backward pass, on the default stream, in sampled steps). It counts no collective: DDP's series
-stay its buckets. An asynchronous call is left to its ``Work.wait()``; a wait inside a
-synchronous call, where a backend returns a Work, is part of the call's marks.
+stay its buckets. An asynchronous call is left to its ``Work.wait()``, and so is a call that a
+coalescing manager only queues; a wait inside a synchronous call, where a backend returns a
+Work, is part of the call's marks.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .collectives import CollectiveSpec, specs
+from .collectives import CollectiveSpec, coalescing, specs
 from .devicewaits import DeviceWaits
 from .patching import MethodPatches
 
@@ -64,7 +65,9 @@ class SyncCollectiveMarks:
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
             def collective(*args: Any, **kwargs: Any) -> Any:
-                if spec.synchronous(args, kwargs):
+                # In a coalescing manager the call only queues its op: the manager's wait for
+                # the coalesced collective, at its exit, is the compute stream's.
+                if spec.synchronous(args, kwargs) and not coalescing():
                     return device.marked_call(fn, *args, **kwargs)
                 return fn(*args, **kwargs)
 
