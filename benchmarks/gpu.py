@@ -17,7 +17,10 @@ Regimes (``--regimes``, all by default):
   GELU, bf16 autocast, AdamW, a per-GPU batch of ``--host-batch`` (256), DDP's default 25 MB
   buckets (25 of them: each 64 MB weight is its own).
 * ``host-loss``: the same, plus the user's own collective every step (the loss all-reduced for
-  logging), which the exporter must not slow either.
+  logging), which the exporter must not slow either. Its wrappers of ``torch.distributed`` are
+  process-wide: the plain and control arms' all-reduce passes through them too, at the cost of
+  a call the exporter does not time (under 1 µs, ``benchmarks/devicewaits.py``), and is marked
+  on the device where the instr arm's last block ended on a timed step (about 10 µs a call).
 * ``host-data``: the same, its batches from a DataLoader that ``instrument`` wraps.
 
 How a regime's bottleneck is known: ``kernel_share`` is the GPU's busy time per step (the union
