@@ -114,8 +114,9 @@ class CollectiveSpec:
         return not self.arg(args, kwargs, "async_op", self.async_at)
 
 
-#: The process groups' registry, where torch's coalescing manager keeps its queue (private).
-_WORLD = getattr(dist.distributed_c10d, "_world", None)
+#: The process groups' registry, where torch's coalescing manager keeps its queue (private;
+#: no module at all where torch is built without distributed support).
+_WORLD = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
 
 
 def coalescing() -> bool:
