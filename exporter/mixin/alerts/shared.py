@@ -11,7 +11,7 @@ from __future__ import annotations
 from ... import catalog
 from ..alert import selector
 from ..cluster import clauses
-from ..config import DEFAULT, MixinConfig
+from ..config import DEFAULT, MixinConfig, duration_seconds
 from ..recording import recorded
 
 __all__ = [
@@ -82,11 +82,20 @@ def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
         # The run's latest arrival against each rank's: ``/`` gives the ratio, ``-`` the excess.
         return f"max {c.by('run')} ({r.work_mean}) {op} {c.on('run')} group_right {r.work_mean}"
 
+    # A rank whose phase times were first recorded over half a rate window ago: the rates read
+    # span half a window at least. At a job's start the first rates rest on two scrapes of its
+    # first steps, and a rank that took longer over them (on a busy host, the monitoring rank)
+    # is no straggler. Read from the records, it holds whatever the real scrape interval.
+    half_ms = round(duration_seconds(cfg.rate_window) * 500)
+    half = f"{half_ms // 1000}s" if half_ms % 1000 == 0 else f"{half_ms}ms"
+    first = f"count_over_time({r.phase_mean}{{{phases}}}[{half}] offset {half})"
     return (
         f"({r.phase_ratio}{{{phases}}} > {ratio:g})\n"
         f"and {c.on('run, rank, phase')}\n"
         f"({r.phase_mean} - {c.on('run, phase')} group_left {r.phase_median}"
         f" > {excess:g})\n"
+        f"and {c.on('run, rank')}\n"
+        f"(count {c.by('run, rank')} ({first}))\n"
         f"unless {c.on('run, rank')}\n"
         f"(({latest('/')} > {ratio:g})\n"
         f" and {c.on('run, rank')} ({latest('-')} > {excess:g}))"
