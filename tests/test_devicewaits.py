@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import threading
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -435,17 +436,24 @@ def nccl_like(clock: Clock, in_call_s: float) -> types.SimpleNamespace:
     return types.SimpleNamespace(all_reduce=all_reduce)
 
 
-@pytest.mark.parametrize("part", ["collectives", "beside_ddp"])
-def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, each_step, part):
+def sync_marks(part: str, each_step: tuple, **namespace: Any) -> Any:
+    """Return what marks a synchronous collective: the loop wrappers (``collectives``: every
+    collective counted, none timed by the host) or, beside DDP, the step's own collectives'
+    marks (counted nowhere)."""
     from exporter.sources.collectives import CollectiveTiming
     from exporter.sources.syncmarks import SyncCollectiveMarks
 
+    rec, errors, waits, _clock = each_step
+    if part == "collectives":
+        return CollectiveTiming(rec, errors, timed=False, device=waits, **namespace)
+    return SyncCollectiveMarks(waits, **namespace)
+
+
+@pytest.mark.parametrize("part", ["collectives", "beside_ddp"])
+def test_a_synchronous_collective_without_a_work_is_timed_on_the_device(world1, each_step, part):
     rec, errors, waits, clock = each_step
     ns = nccl_like(clock, 0.25)
-    if part == "collectives":  # a plain loop: every collective counted, none timed by the host
-        wrappers = CollectiveTiming(rec, errors, timed=False, device=waits, namespace=ns)
-    else:  # beside DDP: the step's own collectives, counted nowhere
-        wrappers = SyncCollectiveMarks(waits, namespace=ns)
+    wrappers = sync_marks(part, each_step, namespace=ns)
     original = ns.all_reduce
     try:
         assert wrappers.instrument() and wrappers.instrument()
@@ -474,18 +482,12 @@ def test_a_collective_a_coalescing_manager_queues_is_neither_marked_nor_counted(
     returns: no empty interval is marked for it, nothing is counted or left in flight. The
     manager issues one coalesced collective at its exit and waits for its Work, which the loop
     wrappers mark (beside DDP, the Work.wait() wrapper of DDP's own part does)."""
-    from exporter.sources.collectives import CollectiveTiming
-    from exporter.sources.syncmarks import SyncCollectiveMarks
-
     dist = world1
     manager = getattr(dist.distributed_c10d, "_coalescing_manager", None)  # private
     if manager is None:
         pytest.skip("this torch has no coalescing manager")
-    rec, errors, waits, clock = each_step
-    if part == "collectives":
-        wrappers = CollectiveTiming(rec, errors, timed=False, device=waits)
-    else:
-        wrappers = SyncCollectiveMarks(waits)
+    rec, errors, waits, _clock = each_step
+    wrappers = sync_marks(part, each_step)
     a, b = torch.ones(3), torch.ones(2)
     try:
         assert wrappers.instrument()
