@@ -347,6 +347,73 @@ def test_a_rank_whose_report_predates_a_completion_is_behind_only_once_it_had_ti
             w.close()
 
 
+class _Scripted:
+    """Whatever the test last set for this rank (``states[rank]``)."""
+
+    name = "hook"
+
+    def __init__(self, rank: int, states: dict[int, PGState]) -> None:
+        self.rank, self.states = rank, states
+
+    def read(self) -> list[PGState]:
+        return [self.states[self.rank]]
+
+
+class _Busy:
+    """Rank 0's declared sections: one is open while ``open`` holds."""
+
+    open = True
+
+    def busy(self, now_mono: float | None = None, grace_s: float = 0.0) -> str | None:
+        return "checkpoint" if self.open else None
+
+
+def test_a_report_taken_before_a_completion_and_published_after_it_accuses_nobody(
+    tmp_path, monkeypatch
+):
+    """Ranks 1 and 2 waited in #47 for rank 0's checkpoint. It ends, #47 completes, rank 0 goes
+    on and rank 1 computes; rank 2's next report, taken before #47 ended and published after
+    the monitor saw it end (a busy host), still shows it inside #47, past the threshold. Not a
+    hang with rank 1 behind: rank 2's report after that shows #47 over."""
+    states = {
+        0: PGState("0", 46, 46, 0.0, 1800.0),
+        1: PGState("0", 47, 46, 5.0, 1800.0),
+        2: PGState("0", 47, 46, 5.0, 1800.0),
+    }
+    store, watchers = _watchers(tmp_path, lambda r: _Scripted(r, states))
+    channel = Channel(store, storekeys.for_run("probe"), 3)
+    section = watchers[0]._rank._sections = _Busy()
+    clock = [time.monotonic()]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    try:
+        for w in watchers:
+            w._rank.start()
+        monitor = watchers[0]._monitor
+        monitor.watch()  # rank 0 checkpoints, the others wait for it: excused
+        section.open = False
+        states[0] = PGState("0", 49, 48, 0.01, 1800.0)
+        states[1] = PGState("0", 47, 47, 0.0, 1800.0)
+        clock[0] += 0.1
+        watchers[0]._rank.publish(1)
+        watchers[1]._rank.publish(1)
+        monitor.watch()  # #48's completion is seen now
+        clock[0] += 0.1
+        states[2] = PGState("0", 47, 46, 5.2, 1800.0)
+        watchers[2]._rank.publish(1)  # taken before #47 ended
+        monitor.watch()
+        assert channel.episode() == 0, channel.request()
+        clock[0] += 0.1
+        states[2] = PGState("0", 48, 48, 0.0, 1800.0)
+        for w in watchers:
+            w._rank.publish(2)
+        monitor.watch()
+        assert channel.episode() == 0, channel.request()
+    finally:
+        monkeypatch.undo()
+        for w in watchers:
+            w.close()
+
+
 class _Crossed:
     """Ranks 0 and 2 wait in pg 1 #5, rank 1 in pg 2 #5: collectives entered in opposite orders."""
 

@@ -94,6 +94,28 @@ class _Reading:
     pending: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Done:
+    """The highest collective some rank of a process group completed, as first seen."""
+
+    seq: float
+    #: Monotonic time of the read that first saw it.
+    since: float
+    #: How many times each rank's report had changed by that read.
+    changes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One rank's report as the monitoring rank last read it."""
+
+    value: bytes
+    #: Monotonic time of the read that first saw this value.
+    at: float
+    #: How many times the report changed since the first read (a read can miss one change).
+    changes: int = 0
+
+
 class Monitor:
     """Decide hangs, collect every rank's dump, write the verdict and act: the monitor's part."""
 
@@ -120,11 +142,12 @@ class Monitor:
         self._leave = leave
         self._keep = keep
         self._all_keys_exist = False
-        self._seen: list[tuple[bytes, float]] | None = None
+        self._seen: list[_Seen] | None = None
         self._collecting: _Collecting | None = None
         self._blocked_pg: str | None = None
-        #: Per process group, the highest collective any rank completed and when it was seen.
-        self._done: dict[str, tuple[float, float]] = {}
+        #: Per process group, the highest collective any rank completed, when it was seen and
+        #: how often each rank's report had changed by then.
+        self._done: dict[str, _Done] = {}
         #: Node of each rank, from its acks (culprits are named by node).
         self._nodes: dict[int, str] = {}
         #: The completed episode the action may still act on (action on).
@@ -155,9 +178,12 @@ class Monitor:
         raw = self._channel.raw_reports()
         now = time.monotonic()
         if self._seen is None:
-            self._seen = [(v, now) for v in raw]
+            self._seen = [_Seen(v, now) for v in raw]
         else:
-            self._seen = [(v, t if v == old else now) for v, (old, t) in zip(raw, self._seen)]
+            self._seen = [
+                old if v == old.value else _Seen(v, now, old.changes + 1)
+                for v, old in zip(raw, self._seen)
+            ]
         reading = self._read(self._seen, now)
         lats = sorted(reading.latencies)
         normal = lats[len(lats) // 2] if lats else None
@@ -215,14 +241,16 @@ class Monitor:
             return None
         return HangFinding(f.pg, "symmetric", f.seq, (), f.waiting, f.age, f.threshold)
 
-    def _read(self, seen: list[tuple[bytes, float]], now: float) -> _Reading:
+    def _read(self, seen: list[_Seen], now: float) -> _Reading:
         """Read every report: sequence states for the definition, evidence for the action."""
         out = _Reading()
-        reports = [(codec.decode_report(value), seen_at) for value, seen_at in seen]
+        reports = [(codec.decode_report(s.value), s.at) for s in seen]
         # A collective some rank has completed is over for every rank, as far as reports that
         # predate the completion can tell (reports are read up to an interval apart; the ranks
-        # a checkpoint held up for 30 s must not look stuck just after it ends). Not for a
-        # report that changed since: a rank still in it then is stuck in it (a ring all-reduce
+        # a checkpoint held up for 30 s must not look stuck just after it ends). That includes
+        # the first report published after the completion was seen: a rank takes its reading
+        # before it publishes, and on a busy host the completion can fall in between. A rank
+        # whose second report since still shows it inside is stuck in it (a ring all-reduce
         # ends on one rank and not on the ranks behind a broken link), not behind. Nor is a rank
         # behind on the strength of a stale report until it had two intervals to report again
         # (a monitor that starts on a stuck job sees every completion at its first read).
@@ -231,13 +259,16 @@ class Monitor:
             for p in rep.pgs:
                 if p.last_completed is not None:
                     done[p.pg] = max(done.get(p.pg, -1.0), float(p.last_completed))
+        changes = tuple(s.changes for s in seen)
         for pg, seq in done.items():
-            if self._done.get(pg, (-1.0, 0.0))[0] != seq:
-                self._done[pg] = (seq, now)
+            known = self._done.get(pg)
+            if known is None or known.seq != seq:
+                self._done[pg] = _Done(seq, now, changes)
+        interval = self._site.interval_s
         for rank, (rep, seen_at) in enumerate(reports):
             if rep.finished:
                 continue  # ended cleanly: gone, neither behind nor waiting
-            if now - seen_at <= 2 * self._site.interval_s:
+            if now - seen_at <= 2 * interval:
                 out.fresh.add(rank)
             if rep.latency_s:
                 out.latencies.append(float(rep.latency_s))
@@ -245,13 +276,18 @@ class Monitor:
             # changed, but by one interval at most. A rank silent for longer (frozen, dead, a
             # thread holding the GIL) is not known to sit in that collective still; aging it
             # on would call a frozen rank that never entered the next collective "waiting".
-            lag = min(now - seen_at, self._site.interval_s)
+            lag = min(now - seen_at, interval)
             for p in rep.pgs:
                 pg, age, tmo = p.pg, p.inflight_age_s, p.timeout_s
-                completed, since = self._done.get(pg, (-1.0, now))
-                if age and float(p.last_enqueued) <= completed and seen_at <= since:
-                    age = 0.0  # stale: read before that collective's end was seen
-                    if now - since <= 2 * self._site.interval_s:
+                known = self._done.get(pg)
+                if (
+                    age
+                    and known is not None
+                    and float(p.last_enqueued) <= known.seq
+                    and seen[rank].changes < known.changes[rank] + 2
+                ):
+                    age = 0.0  # stale: maybe taken before that collective's end was seen
+                    if now - max(known.since, seen_at) <= 2 * interval:
                         out.pending.add(pg)
                 out.reported[pg] = max(out.reported.get(pg, 0.0), float(age or 0.0))
                 out.steps.setdefault(pg, {})[rank] = rep.steps
