@@ -172,11 +172,15 @@ def _sel(cfg: MixinConfig, metric: catalog.MetricDef) -> str:
 
 
 def _mean_rate(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> str:
-    """Return the mean of a histogram or summary per event over ``window``, kept ``by`` labels."""
+    """Return the mean of a histogram or summary per event over ``window``, kept ``by`` labels.
+
+    A window without events has no mean: no sample rather than NaN, so that a record that
+    exists says its window held events (the straggler alerts' start guard counts on it).
+    """
     c = clauses(cfg)
     s = selector(cfg, metric.name + "_sum")
     n = selector(cfg, metric.name + "_count")
-    return f"sum {c.by(by)} (rate({s}[{window}]))\n/\nsum {c.by(by)} (rate({n}[{window}]))"
+    return f"sum {c.by(by)} (rate({s}[{window}]))\n/\n(sum {c.by(by)} (rate({n}[{window}])) > 0)"
 
 
 def _p90(cfg: MixinConfig, metric: catalog.MetricDef, by: str, window: str) -> str:

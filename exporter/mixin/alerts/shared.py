@@ -85,7 +85,9 @@ def slower_than_peers(cfg: MixinConfig, phases: str) -> str:
     # A rank whose phase times were first recorded over half a rate window ago: the rates read
     # span half a window at least. At a job's start the first rates rest on two scrapes of its
     # first steps, and a rank that took longer over them (on a busy host, the monitoring rank)
-    # is no straggler. Read from the records, it holds whatever the real scrape interval.
+    # is no straggler. Read from the records, it holds whatever the real scrape interval. A
+    # record exists only while its window holds steps: after a pause longer than the window (a
+    # hang the action ended, a restarted attempt) the first steps are judged as a start's.
     half_ms = round(duration_seconds(cfg.rate_window) * 500)
     half = f"{half_ms // 1000}s" if half_ms % 1000 == 0 else f"{half_ms}ms"
     first = f"count_over_time({r.phase_mean}{{{phases}}}[{half}] offset {half})"
