@@ -522,7 +522,8 @@ EDGES = {
     # broadcast of its weights), then a slow start.
     "start": ["--steps", "60", "--slow-build", "1:22", "--slow-start", "2:22"],
     # A straggler late enough for a hang dump that then progresses; a declared checkpoint and a
-    # declared evaluation on rank 0 (the others wait for it, excused).
+    # declared evaluation on rank 0 (the others wait for it, excused), after which rank 0 works
+    # 6 s more before its next collective: the others' wait counts from the section's end.
     "sections": [
         "--steps",
         "200",
@@ -531,7 +532,7 @@ EDGES = {
         "--checkpoint-at",
         "120:22",
         "--eval-at",
-        "160:22",
+        "160:22:6",
     ],
 }
 # The same edges in an FSDP2 job: rank 0's long checkpoint writes its shards, the others

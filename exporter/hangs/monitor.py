@@ -6,7 +6,8 @@ and the alert rules) and, for a ``behind`` or ``symmetric`` finding, publishes a
 and bumps the episode counter: one episode per hang, a new one only after progress resumed. It
 collects the acks until every rank answered or a deadline passed, then logs the verdict
 (:mod:`exporter.hangs.verdict`) and writes it next to its dump. A rank that never answers
-(SIGSTOPped, dead, or a thread holding the GIL) is named as such.
+(SIGSTOPped, dead, or a thread holding the GIL) is named as such. In a process group a declared
+section held up, the wait counts from the section's end (:mod:`exporter.hangs.heldup`).
 
 While every rank waits inside a collective with nobody behind, it probes the links between the
 nodes (:mod:`exporter.hangs.probing`): a broken link or an unreachable node, found twice with
@@ -42,6 +43,7 @@ from .action import ActionPolicy
 from .channel import Channel, Site
 from .definition import HangFinding, SeqState, find_hangs
 from .dumps import episode_dir, makedirs_private, write_private
+from .heldup import HeldUp
 from .probing import Rounds, all_stuck
 from .protocol import Action, DumpRequest, Episode, LedgerEntry, Located, Summary
 from .responder import FAULTHANDLER_S
@@ -145,6 +147,8 @@ class Monitor:
         self._seen: list[_Seen] | None = None
         self._collecting: _Collecting | None = None
         self._blocked_pg: str | None = None
+        #: The groups a declared section held up lately (their wait counts from its end).
+        self._held = HeldUp()
         #: Per process group, the highest collective any rank completed, when it was seen and
         #: how often each rank's report had changed by then.
         self._done: dict[str, _Done] = {}
@@ -189,8 +193,10 @@ class Monitor:
         normal = lats[len(lats) // 2] if lats else None
         self._rearm(reading.steps)
         policy = self._site.policy
-        findings = find_hangs(reading.states, normal, policy)
-        stuck = all_stuck(reading.states, findings, policy.stall_seconds(normal), reading.fresh)
+        self._held.note(reading.states, find_hangs(reading.states, normal, policy), now)
+        states = self._held.ages_from_end(reading.states, now)
+        findings = find_hangs(states, normal, policy)
+        stuck = all_stuck(states, findings, policy.stall_seconds(normal), reading.fresh)
         early = self._probe(stuck, findings)
         if self._collecting is not None:
             self._collect(self._collecting, reading.last)
@@ -202,7 +208,7 @@ class Monitor:
             finding = next((f for f in findings if f.pg == pg), None)
             self._maybe_act(
                 finding,
-                reading.reported.get(pg, 0.0),
+                self._held.age(pg, reading.reported.get(pg, 0.0), now),
                 reading.steps.get(pg, {}),
                 reading.timeouts.get(pg),
             )

@@ -8,8 +8,9 @@ group's timeout is 30 minutes. Faults, each in torchrun's first attempt only:
 ``--stuck RANK:STEP``         RANK blocks in user code (``wait_for_data``) before STEP, forever
 ``--straggle RANK:STEP:S``    RANK is S seconds late for STEP once, then trains on
 ``--checkpoint-at STEP:S``    rank 0 saves a checkpoint taking S seconds before STEP (declared)
-``--eval-at STEP:S``          rank 0 evaluates for S seconds before STEP (declared), the others
-                              wait in the next allreduce
+``--eval-at STEP:S[:AFTER]``  rank 0 evaluates for S seconds before STEP (declared), the others
+                              wait in the next allreduce; then AFTER seconds of undeclared work
+                              before its step (a DataLoader starting its workers again)
 ``--slow-start RANK:S``       RANK starts its first step S seconds late
 ``--slow-build RANK:S``       RANK is S seconds late building its model: the others already
                               instrumented wait in the broadcast of its weights, before any step
@@ -164,6 +165,8 @@ def main() -> None:
             say(f"rank 0: long evaluation at step {step}")
             with exporter.deadline("evaluation", seconds=600):
                 time.sleep(args.eval_at[1])
+            if len(args.eval_at) > 2:
+                time.sleep(args.eval_at[2])
         g = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)
         opt.zero_grad()

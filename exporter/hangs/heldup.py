@@ -1,0 +1,76 @@
+"""Count the wait of ranks a declared section held up from the section's end, not before.
+
+While a rank is inside a declared section within its deadline, the ranks waiting for it in a
+collective are not hung (:mod:`exporter.hangs.definition`, kind ``section``). Once it leaves,
+their collective has already been in flight for the whole section: judged by that age, a rank
+that works a few seconds more before it reaches the collective (a DataLoader starting its
+workers again, a log upload) would be behind a collective stalled for minutes, and the hang
+action, which waits for the same age, would end a healthy job at once. So the monitoring rank
+remembers, per process group, the last read in which a section held it up, and counts every
+in-flight age in that group from then: a rank that never comes after its section is named one
+stall threshold after it, and the action waits its own time from there too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from .definition import HangFinding, SeqState
+
+__all__ = ["HeldUp"]
+
+
+class HeldUp:
+    """The process groups a declared section held up lately, and since when they wait again."""
+
+    def __init__(self) -> None:
+        #: Process group -> monotonic time of the last read in which a section held it up.
+        self._until: dict[str, float] = {}
+
+    def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:
+        """Remember the groups a section holds up in this read.
+
+        A group is held up where its finding is of kind ``section``, or where it has no finding
+        (a section shorter than the stall threshold) and every rank that has not entered the
+        collective the others have is inside a section. Not where a rank outside a section is
+        behind, or where ranks wait with nobody behind: a real hang beside a section is judged
+        as it is.
+        """
+        found = {f.pg: f.kind for f in findings}
+        groups: dict[str, list[SeqState]] = {}
+        for s in states:
+            groups.setdefault(s.pg, []).append(s)
+        for pg, ranks in groups.items():
+            kind = found.get(pg)
+            top = max(s.last_enqueued for s in ranks)
+            late = [s for s in ranks if s.last_enqueued < top]
+            if kind == "section" or (kind is None and late and all(s.in_section for s in late)):
+                self._until[pg] = now
+
+    def ages_from_end(self, states: list[SeqState], now: float) -> list[SeqState]:
+        """Return ``states`` with the in-flight ages of held-up groups counted from the end.
+
+        A group is forgotten once none of its collectives in flight predates the section's end.
+        """
+        if not self._until:
+            return states
+        oldest: dict[str, float] = {}
+        for s in states:
+            oldest[s.pg] = max(oldest.get(s.pg, 0.0), s.inflight_age)
+        for pg, until in list(self._until.items()):
+            if oldest.get(pg, 0.0) <= now - until:
+                del self._until[pg]
+        if not self._until:
+            return states
+        return [
+            dataclasses.replace(s, inflight_age=self.age(s.pg, s.inflight_age, now))
+            if s.pg in self._until
+            else s
+            for s in states
+        ]
+
+    def age(self, pg: str, age: float, now: float) -> float:
+        """Return an in-flight ``age`` of group ``pg`` counted from its section's end."""
+        until = self._until.get(pg)
+        return age if until is None else min(age, max(0.0, now - until))
