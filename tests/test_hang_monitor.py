@@ -21,15 +21,16 @@ pytestmark = pytest.mark.unit
 
 
 class _Scripted:
-    """Whatever the test last set for this rank (``states[rank]``)."""
+    """Whatever the test last set for this rank (``states[rank]``: one group's, or a list)."""
 
     name = "hook"
 
-    def __init__(self, rank: int, states: dict[int, PGState]) -> None:
+    def __init__(self, rank: int, states: dict[int, PGState | list[PGState]]) -> None:
         self.rank, self.states = rank, states
 
     def read(self) -> list[PGState]:
-        return [self.states[self.rank]]
+        mine = self.states[self.rank]
+        return list(mine) if isinstance(mine, list) else [mine]
 
 
 class _Busy:
@@ -157,6 +158,36 @@ def test_a_rank_behind_beside_a_section_is_named_during_it(tmp_path, monkeypatch
         assert job.read(0.3, r1=0.6) == 1
         request = job.channel.request()
         assert (request.kind, request.behind) == ("behind", (2,)), request
+    finally:
+        monkeypatch.undo()
+        job.close()
+
+
+def test_a_group_held_up_by_a_rank_waiting_for_a_section_is_held_up_too(tmp_path, monkeypatch):
+    """Groups a = {0, 1} and b = {1, 2}. Rank 0 checkpoints (declared); rank 1 waits for it in
+    a's #47 and so never enters b's #21, where rank 2 waits for rank 1: nobody is behind in b,
+    and past the symmetric threshold (30 s here) b would be a symmetric hang. It is the same
+    section's wait, and counts from its end like a's."""
+
+    def a(enqueued: int, age: float) -> PGState:
+        return PGState("a", enqueued, 46, age, 1800.0)
+
+    def b(enqueued: int, age: float) -> PGState:
+        return PGState("b", enqueued, 20, age, 1800.0)
+
+    states = {0: a(46, 0.0), 1: [a(47, 40.0), b(20, 0.0)], 2: b(21, 40.0)}
+    job = _Job(tmp_path, monkeypatch, states)
+    try:
+        assert job.read(0.1) == 0
+        states[1], states[2] = [a(47, 40.2), b(20, 0.0)], b(21, 40.2)
+        assert job.read(0.1) == 0
+        job.section.open = False
+        states[1], states[2] = [a(47, 40.3), b(20, 0.0)], b(21, 40.3)
+        assert job.read(0.1) == 0
+        states[1], states[2] = [a(47, 41.0), b(20, 0.0)], b(21, 41.0)
+        assert job.read(0.7) == 1  # rank 0 never came: behind in a, 0.8 s after the end
+        request = job.channel.request()
+        assert (request.pg, request.kind, request.behind) == ("a", "behind", (0,)), request
     finally:
         monkeypatch.undo()
         job.close()

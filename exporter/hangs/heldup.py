@@ -31,22 +31,38 @@ class HeldUp:
     def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:
         """Remember the groups a section holds up in this read.
 
-        A group is held up where its finding is of kind ``section``, or where it has no finding
-        (a section shorter than the stall threshold) and every rank that has not entered the
-        collective the others have is inside a section. Not where a rank outside a section is
-        behind, or where ranks wait with nobody behind: a real hang beside a section is judged
-        as it is.
+        A group is held up where its finding is of kind ``section``, or where every rank that
+        has not entered the collective the others have is inside a section (a section shorter
+        than the stall threshold: no finding yet) or inside a collective of a group a section
+        holds up (a 2-D mesh: the rank waiting in its shard group for the section's rank never
+        enters its replicate group's next collective, whose other ranks then wait for it). Not
+        where a rank is behind: a real hang beside a section is judged as it is.
         """
+        states = list(states)
         found = {f.pg: f.kind for f in findings}
         groups: dict[str, list[SeqState]] = {}
         for s in states:
             groups.setdefault(s.pg, []).append(s)
+        late = {}
         for pg, ranks in groups.items():
-            kind = found.get(pg)
             top = max(s.last_enqueued for s in ranks)
-            late = [s for s in ranks if s.last_enqueued < top]
-            if kind == "section" or (kind is None and late and all(s.in_section for s in late)):
-                self._until[pg] = now
+            late[pg] = [s for s in ranks if s.last_enqueued < top]
+        held = {pg for pg, kind in found.items() if kind == "section"}
+        grew = True
+        while grew:
+            inside = {s.rank for s in states if s.pg in held and s.inflight_age > 0}
+            grown = {
+                pg
+                for pg, ranks in late.items()
+                if pg not in held
+                and ranks
+                and found.get(pg) != "behind"
+                and all(s.in_section or s.rank in inside for s in ranks)
+            }
+            held |= grown
+            grew = bool(grown)
+        for pg in held:
+            self._until[pg] = now
 
     def ages_from_end(self, states: list[SeqState], now: float) -> list[SeqState]:
         """Return ``states`` with the in-flight ages of held-up groups counted from the end.
