@@ -51,6 +51,21 @@ def _every_rank_in_section(cfg: MixinConfig, r: Recorded) -> str:
     )
 
 
+def _section_holds_up(cfg: MixinConfig, r: Recorded) -> str:
+    """Return a (run) vector of the runs where a rank in a declared section holds others up.
+
+    Its own groups excuse it; through them it holds up groups it is not in: in a 2-D mesh the
+    rank waiting for it in its shard group never enters its replicate group's next collective,
+    whose other ranks then wait with nobody behind. A real hang elsewhere in the run while the
+    section lasts is named once it ends (its deadline bounds the wait: DDPSectionOverdue).
+    """
+    c = clauses(cfg)
+    return (
+        f"count {c.by('run')} ({r.in_section}\nand {c.on('run, rank')}\n"
+        f"(max {c.by('run, rank')} ({r.seq_behind}) > 0))"
+    )
+
+
 def _name_ranks(cfg: MixinConfig, run_pg_condition: str, rank_condition: str) -> str:
     """Return an expr naming the ranks behind in a stuck (run, pg), else the stuck (run, pg).
 
@@ -59,7 +74,8 @@ def _name_ranks(cfg: MixinConfig, run_pg_condition: str, rank_condition: str) ->
     deadline, or one that ended cleanly, is not behind: it is saving, evaluating or gone, and
     the ranks it holds up are not stuck either. With nobody behind, ``rank_condition`` (a
     (run, rank, pg) vector) says whether ranks are stuck inside the collective: one alert per
-    (run, pg) (role=waiting: a condition of the run), unless every rank is in a section.
+    (run, pg) (role=waiting: a condition of the run), unless every rank is in a section or a
+    rank in a section holds others up.
     """
     r, c = recorded(cfg), clauses(cfg)
     rank = c.on("run, rank")
@@ -75,7 +91,8 @@ def _name_ranks(cfg: MixinConfig, run_pg_condition: str, rank_condition: str) ->
     )
     waiting = (
         f"max {c.by('run, pg')} ({rank_condition})\nunless {c.on('run, pg')}\n({late})\n"
-        f"unless {c.on('run')}\n({_every_rank_in_section(cfg, r)})"
+        f"unless {c.on('run')}\n({_every_rank_in_section(cfg, r)})\n"
+        f"unless {c.on('run')}\n({_section_holds_up(cfg, r)})"
     )
     return f"{with_role(behind, 'behind')}\nor\n{with_role(waiting, 'waiting')}"
 
