@@ -11,7 +11,7 @@ from __future__ import annotations
 from ... import catalog, settings
 from ..alert import Alert, selector
 from ..cluster import clauses
-from ..config import DEFAULT, MixinConfig
+from ..config import DEFAULT, MixinConfig, duration_seconds
 from ..recording import recorded
 from .shared import WHERE, aborted_runs, finished_ranks, looping_runs
 
@@ -154,14 +154,22 @@ def job_killed(cfg: MixinConfig = DEFAULT) -> Alert:
 
 
 def training_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
-    """Return DDPTrainingStalled: the run's ranks report, but none completes a step."""
+    """Return DDPTrainingStalled: the run's ranks report, but none completes a step.
+
+    A run the hang action ended counts from the abort: the time its hung attempt made no step
+    is DDPHangAborted's, and the restarted attempt gets the whole stall time to step again.
+    """
     r, c = recorded(cfg), clauses(cfg)
+    abort = selector(cfg, catalog.HANG_ABORT.name)
+    window = duration_seconds(cfg.rate_window)
     return Alert(
         "DDPTrainingStalled",
         "critical",
         (
             f"count {c.by('run')} ({r.steps_rate} == 0)\nunless {c.on('run')}\n"
-            f"max {c.by('run')} ({r.in_section})"
+            f"max {c.by('run')} ({r.in_section})\nunless {c.on('run')}\n"
+            f"max {c.by('run')} (last_over_time({abort}[{cfg.hang_abort_window}]))"
+            f" > time() - {window:g}"
         ),
         cfg.training_stalled_for,
         "Training made no step progress although the run's ranks are still reporting.",
@@ -175,7 +183,9 @@ def training_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         "the run; the cause is usually named by DDPCollectiveTimeoutImminent, "
         "DDPCollectiveStalled or DDPRankDown for the same run. While any rank of the run is "
         "inside a declared section within its deadline the run is excused; past the "
-        "deadline DDPSectionOverdue names the section.",
+        "deadline DDPSectionOverdue names the section. A run the hang action ended "
+        "(DDPHangAborted) counts from the abort: its restarted attempt has the whole "
+        f"{cfg.rate_window} and {cfg.training_stalled_for} to step again.",
         "Overview dashboard: steps/s per rank is flat at zero. Collectives dashboard: "
         "in-flight age and sequence-number lag show whether a collective is stuck and which "
         "rank is behind.",
