@@ -445,8 +445,10 @@ def test_healthy_then_hung_job_under_torchrun(tmp_path):
         "hang",
         "--fault-rank",
         "1",
+        # Long enough for several healthy reads after Prometheus first scraped the steps, on
+        # a busy host too (reaching that took 20 of 25 s once).
         "--fault-after",
-        "25",
+        "40",
         "--port",
         "0",
         "--addr",
