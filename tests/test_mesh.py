@@ -6,7 +6,8 @@ stops in user code. Rank 0 waits for it in its shard group's all-gather, and so 
 its replicate group's next all-reduce, where rank 2 waits for rank 0: a cascade in which only
 rank 1 is to blame. The hang verdict names rank 1, its file:line and the group (by number and
 by DeviceMesh dimension) and says which ranks are held up in other groups; ``ddp-exporter
-top`` accuses rank 1 only.
+top`` accuses rank 1 only. The same mesh through a long declared evaluation on one rank opens
+no hang at all.
 """
 
 from __future__ import annotations
@@ -78,3 +79,25 @@ def test_a_2d_mesh_hang_names_the_rank_and_its_group(tmp_path):
     assert "HUNG" in rows[1], table
     for r in (0, 2, 3):
         assert not any(word in rows[r] for word in ("HUNG", "DOWN", "straggler", "STUCK")), table
+
+
+def test_a_long_section_on_one_rank_of_a_2d_mesh_is_no_hang(tmp_path):
+    """Rank 0 evaluates for 70 s (declared) before step 40, past the 60 s symmetric threshold.
+    Rank 1 waits for it in their shard group and so never enters its replicate group's next
+    collective, where rank 3 waits for rank 1: nobody is behind there, and it is the section's
+    wait all the same. No hang episode; with the hang action on, the job finishes."""
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "DDP_EXPORTER_RUN": "mesh-section",
+        "DDP_EXPORTER_DUMP_DIR": str(tmp_path / "dumps"),
+        "DDP_EXPORTER_HEARTBEAT_S": "1",
+        "DDP_EXPORTER_ON_HANG": "abort",
+    }
+    args = [WORKER, str(tmp_path), "--parallel", "hsdp", "--steps", "60", "--eval-at", "40:70"]
+    with Ranks(4, args, env=env) as job:
+        codes = job.wait(300)
+        text = job.output()
+    assert codes == {r: 0 for r in range(4)}, text
+    assert "rank 0: long evaluation at step 40" in text, text
+    assert text.count("finished at step 60") == 4, text
+    assert not glob.glob(str(tmp_path / "dumps" / "*-hang-*")), text
