@@ -156,17 +156,28 @@ def job_killed(cfg: MixinConfig = DEFAULT) -> Alert:
 def training_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
     """Return DDPTrainingStalled: the run's ranks report, but none completes a step.
 
-    A run the hang action ended counts from the abort: the time its hung attempt made no step
-    is DDPHangAborted's, and the restarted attempt gets the whole stall time to step again.
+    A rank that has not completed a step in its attempt yet (a checkpoint load, a first step's
+    torch.compile) counts once it has run ``training_startup_for`` without one. A run the hang
+    action ended counts from the abort: the time its hung attempt made no step is
+    DDPHangAborted's, and the restarted attempt gets the whole stall time to step again.
     """
     r, c = recorded(cfg), clauses(cfg)
     abort = selector(cfg, catalog.HANG_ABORT.name)
     window = duration_seconds(cfg.rate_window)
+    rank = c.by("run, rank")
+    steps = selector(cfg, catalog.STEPS.name)
+    start = cfg.training_startup_for
+    # Stepped in this attempt and stopped; or up for the whole startup allowance, no step yet.
+    stopped = f"{r.steps_rate} == 0\nand {c.on('run, rank')} max {rank} ({steps}) > 0"
+    never = (
+        f"max {rank} (max_over_time({steps}[{start}])) == 0\n"
+        f"and {c.on('run, rank')} max {rank} ({steps} offset {start}) == 0"
+    )
     return Alert(
         "DDPTrainingStalled",
         "critical",
         (
-            f"count {c.by('run')} ({r.steps_rate} == 0)\nunless {c.on('run')}\n"
+            f"count {c.by('run')} (\n({stopped})\nor\n({never})\n)\nunless {c.on('run')}\n"
             f"max {c.by('run')} ({r.in_section})\nunless {c.on('run')}\n"
             f"max {c.by('run')} (last_over_time({abort}[{cfg.hang_abort_window}]))"
             f" > time() - {window:g}"
@@ -183,7 +194,10 @@ def training_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         "the run; the cause is usually named by DDPCollectiveTimeoutImminent, "
         "DDPCollectiveStalled or DDPRankDown for the same run. While any rank of the run is "
         "inside a declared section within its deadline the run is excused; past the "
-        "deadline DDPSectionOverdue names the section. A run the hang action ended "
+        "deadline DDPSectionOverdue names the section. A rank that has not completed a step "
+        f"in its attempt yet counts only once it has run {cfg.training_startup_for} without "
+        "one: loading a checkpoint or compiling the first step (torch.compile) takes minutes. "
+        "A run the hang action ended "
         "(DDPHangAborted) counts from the abort: its restarted attempt has the whole "
         f"{cfg.rate_window} and {cfg.training_stalled_for} to step again.",
         "Overview dashboard: steps/s per rank is flat at zero. Collectives dashboard: "

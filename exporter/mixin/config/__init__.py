@@ -125,6 +125,7 @@ FAST = MixinConfig(
     timeout_for="0s",
     rank_down_for="10s",
     training_stalled_for="30s",
+    training_startup_for="1m",
     gpu_memory_for="30s",
     throughput_for="30s",
     init_stuck_seconds=20.0,  # an init wait, shrunk like heartbeat staleness

@@ -27,6 +27,10 @@ class ForConfig(Domain):
     rank_down_for: str = "1m"
     #: DDPTrainingStalled.
     training_stalled_for: str = "5m"
+    #: DDPTrainingStalled, for a rank that has not completed a step in its attempt: how long it
+    #: runs without one (a checkpoint load, a first step's torch.compile) before it counts as
+    #: stalled; the alert's own ``training_stalled_for`` comes on top.
+    training_startup_for: str = "30m"
     #: DDPGPUMemoryNearLimit.
     gpu_memory_for: str = "5m"
     #: DDPThroughputDrop.
@@ -50,3 +54,4 @@ class ForConfig(Domain):
                 "init_stuck_for",
             ),
         )
+        check_durations(self, ("training_startup_for",), positive=True)
