@@ -58,6 +58,7 @@ SHIFTED = dataclasses.replace(
     timeout_for="14s",
     rank_down_for="8m",
     training_stalled_for="9m",
+    training_startup_for="47m",
     gpu_memory_for="12m",
     throughput_for="16m",
     init_stuck_for="18m",
