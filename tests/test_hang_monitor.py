@@ -120,7 +120,22 @@ class _Job:
             w.close()
 
 
-def test_the_wait_for_a_section_counts_from_its_end(tmp_path, monkeypatch):
+@pytest.fixture
+def scripted(tmp_path, monkeypatch):
+    """Start a :class:`_Job` on ``states``; closed, and the clock given back, at the end."""
+    jobs: list[_Job] = []
+
+    def start(states: dict[int, PGState | list[PGState]]) -> _Job:
+        jobs.append(_Job(tmp_path, monkeypatch, states))
+        return jobs[-1]
+
+    yield start
+    monkeypatch.undo()
+    for job in jobs:
+        job.close()
+
+
+def test_the_wait_for_a_section_counts_from_its_end(scripted):
     """Ranks 1 and 2 waited 300 s in #47 for rank 0's declared checkpoint. Rank 0 then works
     0.4 s more (under the 0.5 s stall threshold) before it enters #47: no hang. Had it not
     come, it would be behind one stall threshold after its section ended, not at once."""
@@ -129,22 +144,18 @@ def test_the_wait_for_a_section_counts_from_its_end(tmp_path, monkeypatch):
         1: PGState("0", 47, 46, 300.0, 1800.0),
         2: PGState("0", 47, 46, 300.0, 1800.0),
     }
-    job = _Job(tmp_path, monkeypatch, states)
-    try:
-        assert job.read(0.1, r1=300.1, r2=300.1) == 0  # excused: rank 0 checkpoints
-        job.section.open = False
-        assert job.read(0.1, r1=300.2, r2=300.2) == 0
-        assert job.read(0.3, r1=300.5, r2=300.5) == 0  # 0.4 s since the section's end
-        assert job.read(0.3, r1=300.8, r2=300.8) == 1  # 0.7 s: rank 0 never came
-        request = job.channel.request()
-        assert (request.kind, request.behind) == ("behind", (0,)), request
-        assert request.age < 1.0, request  # counted from the section's end
-    finally:
-        monkeypatch.undo()
-        job.close()
+    job = scripted(states)
+    assert job.read(0.1, r1=300.1, r2=300.1) == 0  # excused: rank 0 checkpoints
+    job.section.open = False
+    assert job.read(0.1, r1=300.2, r2=300.2) == 0
+    assert job.read(0.3, r1=300.5, r2=300.5) == 0  # 0.4 s since the section's end
+    assert job.read(0.3, r1=300.8, r2=300.8) == 1  # 0.7 s: rank 0 never came
+    request = job.channel.request()
+    assert (request.kind, request.behind) == ("behind", (0,)), request
+    assert request.age < 1.0, request  # counted from the section's end
 
 
-def test_a_rank_behind_beside_a_section_is_named_during_it(tmp_path, monkeypatch):
+def test_a_rank_behind_beside_a_section_is_named_during_it(scripted):
     """Rank 0 checkpoints (declared) while rank 2, outside any section, never enters #47 that
     rank 1 waits in: the section excuses rank 0 only."""
     states = {
@@ -152,18 +163,14 @@ def test_a_rank_behind_beside_a_section_is_named_during_it(tmp_path, monkeypatch
         1: PGState("0", 47, 46, 0.2, 1800.0),
         2: PGState("0", 46, 46, 0.0, 1800.0),
     }
-    job = _Job(tmp_path, monkeypatch, states)
-    try:
-        assert job.read(0.1, r1=0.3) == 0  # under the stall threshold
-        assert job.read(0.3, r1=0.6) == 1
-        request = job.channel.request()
-        assert (request.kind, request.behind) == ("behind", (2,)), request
-    finally:
-        monkeypatch.undo()
-        job.close()
+    job = scripted(states)
+    assert job.read(0.1, r1=0.3) == 0  # under the stall threshold
+    assert job.read(0.3, r1=0.6) == 1
+    request = job.channel.request()
+    assert (request.kind, request.behind) == ("behind", (2,)), request
 
 
-def test_a_group_held_up_by_a_rank_waiting_for_a_section_is_held_up_too(tmp_path, monkeypatch):
+def test_a_group_held_up_by_a_rank_waiting_for_a_section_is_held_up_too(scripted):
     """Groups a = {0, 1} and b = {1, 2}. Rank 0 checkpoints (declared); rank 1 waits for it in
     a's #47 and so never enters b's #21, where rank 2 waits for rank 1: nobody is behind in b,
     and past the symmetric threshold (30 s here) b would be a symmetric hang. It is the same
@@ -176,18 +183,14 @@ def test_a_group_held_up_by_a_rank_waiting_for_a_section_is_held_up_too(tmp_path
         return PGState("b", enqueued, 20, age, 1800.0)
 
     states = {0: a(46, 0.0), 1: [a(47, 40.0), b(20, 0.0)], 2: b(21, 40.0)}
-    job = _Job(tmp_path, monkeypatch, states)
-    try:
-        assert job.read(0.1) == 0
-        states[1], states[2] = [a(47, 40.2), b(20, 0.0)], b(21, 40.2)
-        assert job.read(0.1) == 0
-        job.section.open = False
-        states[1], states[2] = [a(47, 40.3), b(20, 0.0)], b(21, 40.3)
-        assert job.read(0.1) == 0
-        states[1], states[2] = [a(47, 41.0), b(20, 0.0)], b(21, 41.0)
-        assert job.read(0.7) == 1  # rank 0 never came: behind in a, 0.8 s after the end
-        request = job.channel.request()
-        assert (request.pg, request.kind, request.behind) == ("a", "behind", (0,)), request
-    finally:
-        monkeypatch.undo()
-        job.close()
+    job = scripted(states)
+    assert job.read(0.1) == 0
+    states[1], states[2] = [a(47, 40.2), b(20, 0.0)], b(21, 40.2)
+    assert job.read(0.1) == 0
+    job.section.open = False
+    states[1], states[2] = [a(47, 40.3), b(20, 0.0)], b(21, 40.3)
+    assert job.read(0.1) == 0
+    states[1], states[2] = [a(47, 41.0), b(20, 0.0)], b(21, 41.0)
+    assert job.read(0.7) == 1  # rank 0 never came: behind in a, 0.8 s after the end
+    request = job.channel.request()
+    assert (request.pg, request.kind, request.behind) == ("a", "behind", (0,)), request
