@@ -355,6 +355,35 @@ def test_a_rank_in_a_declared_section_and_the_ranks_it_holds_up_are_not_hung():
 
 
 @pytest.mark.unit
+def test_a_group_held_up_through_a_rank_waiting_for_a_section_is_not_stuck():
+    now = time.time()
+
+    # Groups a = {0, 1} and b = {1, 2} (a 2-D mesh's shard and replicate groups): rank 0
+    # evaluates inside exporter.deadline(); rank 1 waits for it in a, so never enters b's next
+    # collective, where rank 2 waits: nobody behind in b, for past the symmetric threshold.
+    def rows():
+        zero, one, two = (
+            _in_section(_row(0, 46), now - 90, name="evaluation"),
+            _row(1, 47),
+            _row(2, 21),
+        )
+        zero.pg_seq, zero.pg_age = {"a": 46}, {"a": 0.0}
+        one.pg_seq, one.pg_age = {"a": 47, "b": 20}, {"a": 90.0, "b": 0.0}
+        two.pg_seq, two.pg_age = {"b": 21}, {"b": 90.0}
+        for r in (zero, one, two):
+            r.pg_timeout = dict.fromkeys(r.pg_seq, 1800.0)
+        return [zero, one, two]
+
+    previous = None
+    for _ in range(3):
+        table = top.diagnose(rows(), previous, now=now)
+        previous = {r.target: r for r in table}
+    last = {r.rank: r for r in table}
+    assert not any(r.verdict for r in last.values()), [r.verdict for r in last.values()]
+    assert "declared section" in last[2].note, last[2].note
+
+
+@pytest.mark.unit
 def test_a_rank_that_ended_cleanly_is_finished_not_down():
     last_read = [_row(0, 5), _row(1, 5)]
     last_read[1].finished = time.time()  # its final scrape said so

@@ -86,6 +86,10 @@ class HeldUp:
             for s in states
         ]
 
+    def holding(self, now: float) -> set[str]:
+        """Return the groups a section held up in the read at ``now``."""
+        return {pg for pg, until in self._until.items() if until == now}
+
     def age(self, pg: str, age: float, now: float) -> float:
         """Return an in-flight ``age`` of group ``pg`` counted from its section's end."""
         until = self._until.get(pg)

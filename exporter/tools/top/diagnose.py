@@ -16,6 +16,7 @@ import time
 from ... import catalog as c
 from ...hangs import spans
 from ...hangs.definition import SeqState, find_hangs
+from ...hangs.heldup import HeldUp
 from ...mixin.config import DEFAULT, MixinConfig
 from ...network.judge import series_text
 from ...ranklist import format_ranks
@@ -151,6 +152,11 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
     # A group stalled with nobody behind while another has a rank behind is held up by that
     # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
     culprit_pgs = sorted({f.pg for f in findings if f.kind == "behind"})
+    # So is one whose ranks wait, through others, for a rank's declared section.
+    held = HeldUp()
+    held.note(states, findings, now)
+    sections = sorted({f.pg for f in findings if f.kind == "section"})
+    held_pgs = held.holding(now) - set(sections)
     for f in findings:
         for rank in f.behind:
             by_rank[rank].suspect = "behind"
@@ -179,6 +185,11 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
                 r.note = r.note or (
                     f"waiting in pg {f.pg} for {f.age:.0f} s, held up by the hang in pg "
                     f"{', '.join(culprit_pgs)}"
+                )
+            elif f.kind in ("waiting", "symmetric") and f.pg in held_pgs:
+                r.note = r.note or (
+                    f"waiting in pg {f.pg} for {f.age:.0f} s, held up by a declared section "
+                    f"in pg {', '.join(sections)}"
                 )
             else:
                 r.suspect = r.suspect or "stuck"
