@@ -18,7 +18,43 @@ from collections.abc import Iterable
 
 from .definition import HangFinding, SeqState
 
-__all__ = ["HeldUp"]
+__all__ = ["HeldUp", "held_up"]
+
+
+def held_up(states: Iterable[SeqState], findings: Iterable[HangFinding]) -> set[str]:
+    """Return the process groups a declared section holds up in one read.
+
+    A group is held up where its finding is of kind ``section``, or where every rank that has
+    not entered the collective the others have is inside a section (a section shorter than the
+    stall threshold: no finding yet) or inside a collective of a group a section holds up (a
+    2-D mesh: the rank waiting in its shard group for the section's rank never enters its
+    replicate group's next collective, whose other ranks then wait for it). Not where a rank is
+    behind: a real hang beside a section is judged as it is.
+    """
+    states = list(states)
+    found = {f.pg: f.kind for f in findings}
+    groups: dict[str, list[SeqState]] = {}
+    for s in states:
+        groups.setdefault(s.pg, []).append(s)
+    late = {}
+    for pg, ranks in groups.items():
+        top = max(s.last_enqueued for s in ranks)
+        late[pg] = [s for s in ranks if s.last_enqueued < top]
+    held = {pg for pg, kind in found.items() if kind == "section"}
+    grew = True
+    while grew:
+        inside = {s.rank for s in states if s.pg in held and s.inflight_age > 0}
+        grown = {
+            pg
+            for pg, ranks in late.items()
+            if pg not in held
+            and ranks
+            and found.get(pg) != "behind"
+            and all(s.in_section or s.rank in inside for s in ranks)
+        }
+        held |= grown
+        grew = bool(grown)
+    return held
 
 
 class HeldUp:
@@ -29,39 +65,8 @@ class HeldUp:
         self._until: dict[str, float] = {}
 
     def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:
-        """Remember the groups a section holds up in this read.
-
-        A group is held up where its finding is of kind ``section``, or where every rank that
-        has not entered the collective the others have is inside a section (a section shorter
-        than the stall threshold: no finding yet) or inside a collective of a group a section
-        holds up (a 2-D mesh: the rank waiting in its shard group for the section's rank never
-        enters its replicate group's next collective, whose other ranks then wait for it). Not
-        where a rank is behind: a real hang beside a section is judged as it is.
-        """
-        states = list(states)
-        found = {f.pg: f.kind for f in findings}
-        groups: dict[str, list[SeqState]] = {}
-        for s in states:
-            groups.setdefault(s.pg, []).append(s)
-        late = {}
-        for pg, ranks in groups.items():
-            top = max(s.last_enqueued for s in ranks)
-            late[pg] = [s for s in ranks if s.last_enqueued < top]
-        held = {pg for pg, kind in found.items() if kind == "section"}
-        grew = True
-        while grew:
-            inside = {s.rank for s in states if s.pg in held and s.inflight_age > 0}
-            grown = {
-                pg
-                for pg, ranks in late.items()
-                if pg not in held
-                and ranks
-                and found.get(pg) != "behind"
-                and all(s.in_section or s.rank in inside for s in ranks)
-            }
-            held |= grown
-            grew = bool(grown)
-        for pg in held:
+        """Remember the groups a section holds up in this read (:func:`held_up`)."""
+        for pg in held_up(states, findings):
             self._until[pg] = now
 
     def ages_from_end(self, states: list[SeqState], now: float) -> list[SeqState]:
@@ -85,10 +90,6 @@ class HeldUp:
             else s
             for s in states
         ]
-
-    def holding(self, now: float) -> set[str]:
-        """Return the groups a section held up in the read at ``now``."""
-        return {pg for pg, until in self._until.items() if until == now}
 
     def age(self, pg: str, age: float, now: float) -> float:
         """Return an in-flight ``age`` of group ``pg`` counted from its section's end."""

@@ -193,9 +193,11 @@ class Monitor:
         normal = lats[len(lats) // 2] if lats else None
         self._rearm(reading.steps)
         policy = self._site.policy
-        self._held.note(reading.states, find_hangs(reading.states, normal, policy), now)
+        findings = find_hangs(reading.states, normal, policy)
+        self._held.note(reading.states, findings, now)
         states = self._held.ages_from_end(reading.states, now)
-        findings = find_hangs(states, normal, policy)
+        if states is not reading.states:  # ages of held-up groups changed: judge them again
+            findings = find_hangs(states, normal, policy)
         stuck = all_stuck(states, findings, policy.stall_seconds(normal), reading.fresh)
         early = self._probe(stuck, findings)
         if self._collecting is not None:

@@ -16,7 +16,7 @@ import time
 from ... import catalog as c
 from ...hangs import spans
 from ...hangs.definition import SeqState, find_hangs
-from ...hangs.heldup import HeldUp
+from ...hangs.heldup import held_up
 from ...mixin.config import DEFAULT, MixinConfig
 from ...network.judge import series_text
 from ...ranklist import format_ranks
@@ -153,10 +153,8 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
     # hang (a 2-D mesh): its ranks wait, they are not a job-wide STUCK of their own.
     culprit_pgs = sorted({f.pg for f in findings if f.kind == "behind"})
     # So is one whose ranks wait, through others, for a rank's declared section.
-    held = HeldUp()
-    held.note(states, findings, now)
+    held_pgs = held_up(states, findings)
     sections = sorted({f.pg for f in findings if f.kind == "section"})
-    held_pgs = held.holding(now) - set(sections)
     for f in findings:
         for rank in f.behind:
             by_rank[rank].suspect = "behind"
