@@ -13,7 +13,7 @@ import pytest
 from harness import REPO, Job, TopReader, wait_for
 
 import exporter.tools.top as top
-from exporter.mixin.config import FAST, duration_seconds
+from exporter.mixin.config import DEFAULT, FAST, duration_seconds
 from exporter.tools.localstack import LocalStack, MissingBinaryError, find_binaries
 from exporter.tools.top.diagnose import ENDPOINT_HOLD_S
 
@@ -351,6 +351,42 @@ def test_a_rank_in_a_declared_section_and_the_ranks_it_holds_up_are_not_hung():
     late = lambda: [_in_section(_row(0, 9), now - 700), _row(1, 10, age=40), _row(2, 10, age=40)]  # noqa: E731
     first = top.diagnose(late(), now=now)
     second = top.diagnose(late(), {r.target: r for r in first}, now=now)
+    assert second[0].verdict.startswith("HUNG"), second[0].verdict
+
+
+@pytest.mark.unit
+def test_after_a_section_its_rank_has_a_stall_threshold_to_come_before_it_is_hung():
+    start = time.time()
+    stall = DEFAULT.hang_policy.stall_seconds(0.02)
+
+    # Rank 0 evaluates for 90 s inside exporter.deadline() while ranks 1 and 2 wait in the
+    # allreduce, then works on outside any section and never reaches it. Read every 2 s.
+    def rows(t):
+        inside = t < 4.0
+        zero = _row(0, 9)
+        if inside:
+            _in_section(zero, start - 90, name="evaluation")
+        return [zero, _row(1, 10, age=90 + t), _row(2, 10, age=90 + t)]
+
+    reads = top.ReadHistory(0.0)
+    verdicts = {}
+    for i in range(20):
+        t = 2.0 * i
+        for r in (table := rows(t)):
+            r.read_at = start + t
+        verdicts[t] = {r.rank: r for r in reads.judge(table, now=start + t)}
+    # The section ended between the reads at 2 s and 4 s: the wait counts from the read at 2 s.
+    quiet = [t for t in verdicts if t <= 2.0 + stall]
+    assert not any(r.verdict for t in quiet for r in verdicts[t].values()), [
+        (t, r.verdict) for t in quiet for r in verdicts[t].values() if r.verdict
+    ]
+    hung = verdicts[max(verdicts)][0]
+    assert hung.verdict.startswith("HUNG") and "never entered #10" in hung.verdict, hung.verdict
+    # Named from the section's end: ranks 1 and 2 wait 38 s since then, not 128 s.
+    assert "wait in for 36 s" in hung.verdict, hung.verdict
+    # Without the memory of the section's end (one read judged alone), it is named at once.
+    first = top.diagnose(rows(4.0), now=start + 4.0)
+    second = top.diagnose(rows(6.0), {r.target: r for r in first}, now=start + 6.0)
     assert second[0].verdict.startswith("HUNG"), second[0].verdict
 
 

@@ -61,7 +61,8 @@ class HeldUp:
     """The process groups a declared section held up lately, and since when they wait again."""
 
     def __init__(self) -> None:
-        #: Process group -> monotonic time of the last read in which a section held it up.
+        #: Process group -> time of the last read in which a section held it up, on the
+        #: caller's clock (the monitoring rank's monotonic clock, the read time of ``top``).
         self._until: dict[str, float] = {}
 
     def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:

@@ -290,21 +290,21 @@ def _run_demo(
 
     for job in jobs:
         threading.Thread(target=pump, args=(job,), daemon=True).start()
-    previous: dict[str, topmod.RankRow] = {}
+    # FAST: the thresholds of the rules the demo's Prometheus evaluates; each read judged
+    # against the one before it.
+    history = topmod.ReadHistory(0.0, config=FAST)
     rows: list[topmod.RankRow] = []
     while any(job.poll() is None for job in jobs):
         time.sleep(args.refresh)
         if len(urls) < args.ranks or args.no_top:
             continue
-        # FAST: the thresholds of the rules the demo's Prometheus evaluates.
-        rows = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous, config=FAST)
-        previous = {r.target: r for r in rows}
+        rows = history.judge(topmod.fetch([urls[r] for r in sorted(urls)]))
         tty = sys.stdout.isatty()
         print(("\x1b[2J\x1b[H" if tty else "\n") + topmod.render(rows, color=tty), flush=True)
     code = max(abs(job.wait()) for job in jobs)
     if rows and not args.no_top:
         # The ranks are gone: those that ended cleanly say so (their last read showed it).
-        last = topmod.diagnose(topmod.fetch([urls[r] for r in sorted(urls)]), previous, config=FAST)
+        last = history.judge(topmod.fetch([urls[r] for r in sorted(urls)]))
         print("\n" + topmod.render(last), flush=True)
     print(f"ddp-exporter demo: training finished (exit {code})")
     return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code

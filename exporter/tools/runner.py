@@ -32,7 +32,7 @@ from ..web.client import HTTPClient, load_client
 from .localstack import LocalStack, add_stack_flags, stack_choice
 from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
-from .top import RankRow, diagnose, fetch, render
+from .top import ReadHistory, fetch, render
 
 __all__ = ["OPTIONS", "TopTable", "add_parser", "command_env", "file_sd_targets", "run"]
 
@@ -314,17 +314,17 @@ class TopTable:
         return self
 
     def _loop(self) -> None:
-        previous: dict[str, RankRow] = {}
+        # Each read judged against the one before it, a section's end remembered.
+        history = ReadHistory(0.0, config=self._config)
         while not self._stop.wait(self._every):
             targets = file_sd_targets(self._folder)
             if not targets:
                 continue
             try:
-                rows = diagnose(fetch(targets, client=self._client), previous, config=self._config)
+                rows = history.judge(fetch(targets, client=self._client))
             except Exception as exc:  # noqa: BLE001 - the table must not end run, nor repeat
                 print(f"{PREFIX} no table: {exc!r}", file=sys.stderr, flush=True)
                 return
-            previous = {r.target: r for r in rows}
             print(f"\n{render(rows)}", flush=True)
 
     def close(self) -> None:

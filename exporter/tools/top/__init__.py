@@ -18,6 +18,8 @@ in every window that holds it.
 The job's edges accuse nobody either: a rank inside a declared section within its deadline
 (``exporter.deadline``) and the ranks waiting for it get a note, not a verdict; a rank that
 ended cleanly (``ddp_finished_timestamp_seconds`` in its last read) is ``finished``, not DOWN.
+Once a section ends, the wait of the ranks it held up counts from its end, as the hang watcher
+counts it: the section's rank has a stall threshold to reach the collective before it is HUNG.
 
 The package: :mod:`.rows` (what one rank says), :mod:`.fetch` (endpoints or Prometheus),
 :mod:`.diagnose` (the verdicts), :mod:`.history` (endpoint reads over a window),

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from ...hangs.heldup import HeldUp
 from ...mixin.config import DEFAULT, duration_seconds, load_config
 from ...web.client import load_client
 from .diagnose import ENDPOINT_HOLD_S, diagnose, holding
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     reads_before_once = 2 if targets else 1
     previous: dict[str, RankRow] | None = None
     history = ReadHistory(config=cfg)  # from endpoints: figures over a window, as Prometheus's
+    held = HeldUp()  # from Prometheus: the groups a declared section held up, read to read
     reads = 0
     hold_ends: float | None = None
     try:
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                         previous = prometheus_baseline(
                             args.prometheus, args.run, window, cluster=args.cluster, config=cfg
                         )
-                    rows = diagnose(read(), previous, config=cfg)
+                    rows = diagnose(read(), previous, config=cfg, held=held)
             except (OSError, RuntimeError) as exc:
                 print(f"ddp-exporter top: {exc}", file=sys.stderr)
                 return 1

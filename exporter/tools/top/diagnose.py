@@ -16,7 +16,7 @@ import time
 from ... import catalog as c
 from ...hangs import spans
 from ...hangs.definition import SeqState, find_hangs
-from ...hangs.heldup import held_up
+from ...hangs.heldup import HeldUp, held_up
 from ...mixin.config import DEFAULT, MixinConfig
 from ...network.judge import series_text
 from ...ranklist import format_ranks
@@ -62,6 +62,7 @@ def diagnose(
     baseline: dict[str, RankRow] | None = None,
     config: MixinConfig = DEFAULT,
     now: float | None = None,
+    held: HeldUp | None = None,
 ) -> list[RankRow]:
     """Fill in per-step figures and each verdict; ``previous`` is the last read, by target.
 
@@ -75,7 +76,8 @@ def diagnose(
     signal never replaces a stronger one. ``STUCK`` (every rank inside a stalled collective,
     nobody behind) and "waiting" notes describe the job and accuse no rank; nor do a declared
     section within its deadline (on the rank or on the ranks it holds up) and a clean end
-    (``finished``).
+    (``finished``). ``held``, kept from read to read, remembers the groups a section held up:
+    their wait counts from the section's end, as the hang watcher counts it.
     """
     previous = previous or {}
     since = previous if baseline is None else baseline
@@ -83,7 +85,7 @@ def diagnose(
     for r in rows:
         _figures(r, previous.get(r.target), since.get(r.target))
     live = [r for r in rows if r.up and not r.finished]
-    states = _hangs(live, config, now)
+    states = _hangs(live, config, now, held)
     _stragglers(live, config)
     _slow_link(live, config)
     top_seq: dict[str, float] = {}
@@ -133,10 +135,13 @@ def _figures(r: RankRow, p: RankRow | None, since: RankRow | None) -> None:
         r.coll_latency = inc.get(COUNTERS[3], 0.0) / n
 
 
-def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqState]:
+def _hangs(
+    live: list[RankRow], config: MixinConfig, now: float, held: HeldUp | None
+) -> list[SeqState]:
     """Suspect the ranks behind a stalled collective, note who waits; return the states read.
 
-    By the one definition shared with the alert rules and the hang watcher.
+    By the one definition shared with the alert rules and the hang watcher; the wait of a group
+    a section held up counts from the section's end where ``held`` remembers it.
     """
     states = [
         SeqState(
@@ -145,7 +150,13 @@ def _hangs(live: list[RankRow], config: MixinConfig, now: float) -> list[SeqStat
         for r in live
         for pg, seq in r.pg_seq.items()
     ]
-    findings = find_hangs(states, _normal_latency(live), config.hang_policy)
+    latency = _normal_latency(live)
+    findings = find_hangs(states, latency, config.hang_policy)
+    if held is not None:
+        held.note(states, findings, now)
+        judged = held.ages_from_end(states, now)
+        if judged is not states:  # a section's end is recent: judge its groups' waits from it
+            states, findings = judged, find_hangs(judged, latency, config.hang_policy)
     by_rank = {r.rank: r for r in live}
     # What the monitoring rank's probe found between the nodes, during a hang nobody is behind.
     probed = series_text([found for r in live for found in r.network])

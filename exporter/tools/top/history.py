@@ -5,13 +5,15 @@ one burst of contention on a busy host (a rank's threads waiting for a core) fil
 interval and makes a healthy rank look slow, or hides a real straggler behind a peer's burst. So
 the per-step figures of each read are the increases since the newest earlier read at least
 ``window_s`` old (since the first read, until one is that old), and the verdicts' "held in the
-previous read" compares with the read just before.
+previous read" compares with the read just before. The groups a declared section held up are
+remembered from read to read, so that their wait counts from the section's end.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from ...hangs.heldup import HeldUp
 from ...mixin.config import DEFAULT, MixinConfig
 from .diagnose import ENDPOINT_HOLD_S, diagnose
 from .rows import RankRow
@@ -28,6 +30,7 @@ class ReadHistory:
         self.window_s = window_s
         self.config = config
         self._reads: deque[tuple[float, dict[str, RankRow]]] = deque()
+        self._held = HeldUp()
 
     @property
     def last(self) -> dict[str, RankRow] | None:
@@ -38,7 +41,9 @@ class ReadHistory:
         """Diagnose one read against the last and the window's baseline; keep it; return it."""
         at = min((r.read_at for r in rows if r.read_at), default=0.0)
         baseline = self._baseline(at)
-        rows = diagnose(rows, self.last, baseline=baseline, config=self.config, now=now)
+        rows = diagnose(
+            rows, self.last, baseline=baseline, config=self.config, now=now, held=self._held
+        )
         self._reads.append((at, {r.target: r for r in rows}))
         # Keep the newest read that is already a window old, and every read after it.
         while len(self._reads) > 1 and self._reads[1][0] <= at - self.window_s:
