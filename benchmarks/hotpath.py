@@ -23,6 +23,9 @@ Cases:
 * ``dist.all_reduce`` (synchronous) and ``all_gather_single(async_op=True).wait()`` on the
   1-rank gloo group with and without :class:`CollectiveTiming`'s wrappers (FSDP2, FSDP and loops
   without DDP): one event = one collective (call, future callback, timed ``Work.wait``).
+* four ``all_reduce(async_op=True)`` queued in torch's coalescing manager, then ``cm.wait()``
+  (DeepSpeed's ZeRO, Megatron's DDP), with and without the wrappers: one event = one coalesced
+  collective (the queued calls pass through, the manager's exit and the wait are timed).
 * ``funcol.all_reduce`` and its ``wait()`` (a functional collective, as DTensor issues them) on
   the 1-rank gloo group with and without :class:`FunctionalCollectiveTiming`'s stand-ins for
   the ``_c10d_functional`` ops (any parallelism): one event = one collective (launch, wait).
@@ -333,6 +336,29 @@ def _marks_and_collective_rows(n: int, reps: int) -> list[tuple]:
             "all_gather_single+wait wrapper",
             async_allgather,
             async_allgather,
+            calls,
+            reps,
+            ctim.instrument,
+            ctim.uninstrument,
+        )
+    )
+
+    # DeepSpeed's and Megatron's buckets: one coalesced collective of 4 queued all-reduces.
+    four = [torch.ones(1) for _ in range(4)]
+    c10d = dist.distributed_c10d
+
+    def coalesced_allreduce(k: int) -> None:
+        for _ in range(k):
+            with c10d._coalescing_manager(async_ops=True) as cm:  # looked up at each use
+                for t in four:
+                    dist.all_reduce(t, async_op=True)
+            cm.wait()
+
+    rows.append(
+        _pair(
+            "coalescing manager, 4 all_reduce",
+            coalesced_allreduce,
+            coalesced_allreduce,
             calls,
             reps,
             ctim.instrument,

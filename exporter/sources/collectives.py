@@ -9,7 +9,8 @@ they started nor when they finished (checked on torch 2.13: ``state`` stays ``sc
 NCCL's completion hook refuses gloo. So :class:`CollectiveTiming` wraps, OpenTelemetry style,
 the public collectives of the ``torch.distributed`` namespace (the name every caller looks up;
 ``distributed_c10d``'s own globals stay untouched, so one collective calling another is counted
-once) and ``Work.wait``:
+once), ``Work.wait``, and the coalescing manager, whose one coalesced collective no function
+of the namespace issues (:mod:`exporter.sources.coalesced`):
 
 * latency: call to completion as its caller sees it: a synchronous call's return, an
   asynchronous one's ``Work.wait()`` return (an upper bound when the collective had finished
@@ -52,6 +53,7 @@ import torch.distributed as dist
 
 from .. import catalog
 from ..errors import ErrorCounter
+from .coalesced import CoalescingManagers, coalescing, manager_owners
 from .devicewaits import DeviceWaits
 from .flight import pg_timeout_seconds
 from .patching import Patcher, patch_method, payload_bytes, restore_method
@@ -114,20 +116,6 @@ class CollectiveSpec:
         return not self.arg(args, kwargs, "async_op", self.async_at)
 
 
-#: The process groups' registry, where torch's coalescing manager keeps its queue (private;
-#: no module at all where torch is built without distributed support).
-_WORLD = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-
-
-def coalescing() -> bool:
-    """Return whether torch's coalescing manager is collecting the collectives called now.
-
-    Inside it a call only queues its op, and a synchronous one returns at once: the manager
-    issues one coalesced collective at its exit and waits for its Work there.
-    """
-    return bool(getattr(_WORLD, "pg_coalesce_state", None))
-
-
 def specs(namespace: Any) -> dict[str, tuple[Callable[..., Any], CollectiveSpec]]:
     """Return each collective of :data:`COLLECTIVES` in ``namespace``, with its spec.
 
@@ -175,6 +163,8 @@ class CollectiveTiming(Patcher):
         self._stats: dict[Any, dict[str, CollectiveStats]] = {}
         # Asynchronous collectives not waited for yet: id(work) -> (work, stats, call time).
         self._works: OrderedDict[int, tuple[Any, CollectiveStats, float]] = OrderedDict()
+        ops = {name: op for name, (op, _) in COLLECTIVES.items()}
+        self._managers = CoalescingManagers(recorder, errors, ops, self._stats_for, self._settle)
 
     def instrument(self) -> bool:
         """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
@@ -186,11 +176,14 @@ class CollectiveTiming(Patcher):
             self._wait = patch_method(self._work, "wait", self._wrap_wait)
         if self._wait is not None:  # so has a future; None: bounded by MAX_UNWAITED instead
             self._future = patch_method(self._work, "get_future", self._wrap_get_future)
+        if self._patched:
+            self._managers.instrument(manager_owners(self._ns))
         return bool(self._patched)
 
     def uninstrument(self) -> None:
         """Restore every replaced object that still holds this instance's wrapper; idempotent."""
         self._restore()
+        self._managers.uninstrument()
         restore_method(self._work, "wait", self._wait)
         restore_method(self._work, "get_future", self._future)
         self._wait = self._future = None

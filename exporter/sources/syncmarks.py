@@ -26,7 +26,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .collectives import CollectiveSpec, coalescing, specs
+from .coalesced import coalescing
+from .collectives import CollectiveSpec, specs
 from .devicewaits import DeviceWaits
 from .patching import MethodPatches
 
