@@ -375,6 +375,10 @@ def test_after_a_section_its_rank_has_a_stall_threshold_to_come_before_it_is_hun
         for r in (table := rows(t)):
             r.read_at = start + t
         verdicts[t] = {r.rank: r for r in reads.judge(table, now=start + t)}
+    # While it lasts, the table says who is in a section and who waits for it.
+    during = verdicts[2.0]
+    assert during[0].note.startswith("in section evaluation for 92 s"), during[0].note
+    assert all("declared section" in during[r].note for r in (1, 2)), during
     # The section ended between the reads at 2 s and 4 s: the wait counts from the read at 2 s.
     quiet = [t for t in verdicts if t <= 2.0 + stall]
     assert not any(r.verdict for t in quiet for r in verdicts[t].values()), [

@@ -64,18 +64,25 @@ class HeldUp:
         #: Process group -> time of the last read in which a section held it up, on the
         #: caller's clock (the monitoring rank's monotonic clock, the read time of ``top``).
         self._until: dict[str, float] = {}
+        #: The groups whose finding in the last noted read is of kind ``section``.
+        self._sections: set[str] = set()
 
     def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:
         """Remember the groups a section holds up in this read (:func:`held_up`)."""
+        findings = list(findings)
         for pg in held_up(states, findings):
             self._until[pg] = now
+        self._sections = {f.pg for f in findings if f.kind == "section"}
 
     def ages_from_end(self, states: list[SeqState], now: float) -> list[SeqState]:
         """Return ``states`` with the in-flight ages of held-up groups counted from the end.
 
-        A group is forgotten once none of its collectives in flight predates the section's end.
+        Call it after :meth:`note` of the same read. A group whose finding in that read is of
+        kind ``section`` keeps its ages: the definition excuses it already, and its finding
+        names the section. A group is forgotten once none of its collectives in flight predates
+        the section's end.
         """
-        if not self._until:
+        if not self._until.keys() - self._sections:
             return states
         oldest: dict[str, float] = {}
         for s in states:
@@ -83,11 +90,12 @@ class HeldUp:
         for pg, until in list(self._until.items()):
             if oldest.get(pg, 0.0) <= now - until:
                 del self._until[pg]
-        if not self._until:
+        capped = self._until.keys() - self._sections
+        if not capped:
             return states
         return [
             dataclasses.replace(s, inflight_age=self.age(s.pg, s.inflight_age, now))
-            if s.pg in self._until
+            if s.pg in capped
             else s
             for s in states
         ]
