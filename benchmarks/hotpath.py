@@ -24,7 +24,7 @@ Cases:
   1-rank gloo group with and without :class:`CollectiveTiming`'s wrappers (FSDP2, FSDP and loops
   without DDP): one event = one collective (call, future callback, timed ``Work.wait``).
 * four ``all_reduce(async_op=True)`` queued in torch's coalescing manager, then ``cm.wait()``
-  (DeepSpeed's ZeRO, Megatron's DDP), with and without the wrappers: one event = one coalesced
+  (DeepSpeed's ZeRO), with and without the wrappers: one event = one coalesced
   collective (the queued calls pass through, the manager's exit and the wait are timed).
 * ``funcol.all_reduce`` and its ``wait()`` (a functional collective, as DTensor issues them) on
   the 1-rank gloo group with and without :class:`FunctionalCollectiveTiming`'s stand-ins for
@@ -343,7 +343,7 @@ def _marks_and_collective_rows(n: int, reps: int) -> list[tuple]:
         )
     )
 
-    # DeepSpeed's and Megatron's buckets: one coalesced collective of 4 queued all-reduces.
+    # DeepSpeed's ZeRO buckets: one coalesced collective of 4 queued all-reduces.
     four = [torch.ones(1) for _ in range(4)]
     c10d = dist.distributed_c10d
 

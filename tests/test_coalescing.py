@@ -1,4 +1,4 @@
-"""torch's coalescing manager (DeepSpeed's ZeRO, Megatron's DDP): its one coalesced collective
+"""torch's coalescing manager (DeepSpeed's ZeRO): its one coalesced collective
 is counted and timed like any other, on a real one-rank gloo process group."""
 
 import json
@@ -55,7 +55,7 @@ def test_a_synchronous_coalesced_allreduce_is_one_timed_collective(observed):
 
 @pytest.mark.unit
 def test_an_asynchronous_one_is_timed_at_its_wait(observed):
-    # Megatron imports the manager from the torch.distributed namespace.
+    # Looked up in the torch.distributed namespace after instrument().
     manager = dist._coalescing_manager
     out, inputs = [torch.empty(2), torch.empty(4)], [torch.ones(2), torch.ones(4)]
     with exporter.step():
@@ -76,20 +76,45 @@ def test_an_asynchronous_one_is_timed_at_its_wait(observed):
 
 
 @pytest.mark.unit
-def test_nothing_queued_or_an_error_inside_counts_nothing(observed):
+def test_nothing_queued_a_refused_queue_or_an_error_inside_counts_nothing(observed):
     with C10D._coalescing_manager():
         pass  # batch_isend_irecv's point-to-point calls queue nothing either
+    with pytest.raises(RuntimeError, match="same type"):  # torch refuses mixed kinds
+        with C10D._coalescing_manager():
+            dist.all_reduce(torch.ones(2))
+            getattr(dist, GATHER)(torch.empty(2), torch.ones(2))
     with pytest.raises(KeyError):
         with C10D._coalescing_manager():
             raise KeyError("the user's own error")
-    C10D._world.pg_coalesce_state.clear()  # torch keeps a queue an error left behind
     s = parse(scrape_text(observed.url))
     assert not [lab for lab, v in s.get("ddp_collective_bytes_total", []) if v]
+    # Torch keeps the queue an error left behind: its all_reduce on that group still only
+    # queues, a broadcast is issued, and counted.
+    with exporter.step():
+        dist.all_reduce(torch.ones(2))
+        dist.broadcast(torch.ones(3), 0)
+    assert C10D._world.pg_coalesce_state  # the all_reduce went into the left queue
+    C10D._world.pg_coalesce_state.clear()
+    s = parse(scrape_text(observed.url))
+    assert _series(observed, "broadcast") == (1, 12)
+    assert not [lab for lab, v in s["ddp_collective_bytes_total"] if lab["op"] == "allreduce" and v]
     assert not any(observed.errors.snapshot().values())
 
 
-def _line_of(marker: str) -> int:
-    with open(os.path.join(REPO, WORKER)) as f:
+@pytest.mark.unit
+def test_a_collective_torch_does_not_queue_inside_a_manager_is_issued_and_counted(observed):
+    with exporter.step():
+        with C10D._coalescing_manager():
+            dist.all_reduce(torch.ones(4))
+            dist.broadcast(torch.ones(2), 0)  # issued at once: torch queues only three kinds
+            dist.barrier()
+    assert _series(observed, "allreduce") == (1, 16)
+    assert _series(observed, "broadcast") == (1, 8)
+    assert _series(observed, "barrier")[0] == 1
+
+
+def _line_of(marker: str, worker: str = WORKER) -> int:
+    with open(os.path.join(REPO, worker)) as f:
         return next(n for n, line in enumerate(f, 1) if marker in line)
 
 
@@ -122,8 +147,8 @@ def test_a_zero_like_job_is_counted_per_step_and_its_hung_rank_named(tmp_path):
         with open(os.path.join(folder, "verdict.txt")) as f:
             text = f.read()
         assert episode["kind"] == "behind" and episode["behind"] == [1], text
-        stuck = _line_of("# stuck here")
-        assert f"coalesced_worker.py:{stuck} in load_batch" in text, text
+        stuck = _line_of("# stuck here", os.path.join("tests", "workers", "hang_worker.py"))
+        assert f"hang_worker.py:{stuck} in load_batch" in text, text
         # Two coalesced collectives a step: the 31st step's all-reduce is the group's #61.
         site = _line_of("# collective call site")
         assert (

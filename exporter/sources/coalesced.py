@@ -1,18 +1,23 @@
-"""Count the one collective torch's coalescing manager issues at its exit (DeepSpeed, Megatron).
+"""Count the one collective torch's coalescing manager issues at its exit (DeepSpeed's ZeRO).
 
 Inside ``_coalescing_manager`` (private: DeepSpeed's ZeRO gathers and reduces its partitions
-through it, Megatron's DDP its gradient buckets) each collective call only queues its op and
-returns (:func:`coalescing`). At its exit the manager issues one coalesced collective through
-a process-group method (``allreduce_coalesced``, ``all_gather_single_coalesced``,
-``reduce_scatter_single_coalesced``), which no ``torch.distributed`` wrapper sees, and, unless
-``async_ops``, waits for its Work. So :class:`CoalescingManagers` wraps the manager where its
-callers look it up: the ``torch.distributed`` namespace (``from torch.distributed import
-_coalescing_manager``, bound at import: a module that imported it before ``instrument()`` keeps
-the original) and ``distributed_c10d``, where DeepSpeed calls it at each use. At the exit the
+through it) each collective call only queues its op and returns (:func:`coalescing`). At its
+exit the manager issues one coalesced collective through a process-group method
+(``allreduce_coalesced``, ``all_gather_single_coalesced``, ``reduce_scatter_single_coalesced``),
+which no ``torch.distributed`` wrapper sees, and, unless ``async_ops``, waits for its Work. So
+:class:`CoalescingManagers` wraps the manager where its callers look it up: the
+``torch.distributed`` namespace and ``distributed_c10d``, where DeepSpeed calls it at each use
+(``from torch.distributed import _coalescing_manager`` binds it at import: a module that did so
+before ``instrument()``, as Megatron-core's DDP does, keeps the original). At the exit the
 queued ops give the collective's op and bytes; it is counted like any other: a synchronous one
 done when the manager returns, an asynchronous one at the ``wait()`` of its Work (the manager's
 ``cm.wait()`` waits for each). A manager with nothing queued (c10d's own ``batch_isend_irecv``
-coalesces point-to-point calls through it) or left by an exception is passed through untouched.
+coalesces point-to-point calls through it), with a queue torch refuses (mixed kinds), or left
+by an exception is passed through untouched.
+
+Only :data:`QUEUED` collectives on the manager's own group are queued (:func:`queued`): any other
+collective called inside one (a broadcast, a barrier, another group's, another thread's) is
+issued at once, and counted as usual.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import ErrorCounter
+from .devicewaits import DeviceWaits
 from .patching import MethodPatches, payload_bytes
 from .recorder import CollectiveStats, Recorder
 
-__all__ = ["MANAGER", "CoalescingManagers", "coalescing", "manager_owners"]
+__all__ = ["MANAGER", "QUEUED", "CoalescingManagers", "manager_owners", "queued"]
 
 #: The private name of torch's coalescing manager.
 MANAGER = "_coalescing_manager"
@@ -40,13 +46,34 @@ _C10D: Any = getattr(dist, "distributed_c10d", None)
 _WORLD = getattr(_C10D, "_world", None)
 
 
-def coalescing() -> bool:
-    """Return whether torch's coalescing manager is collecting the collectives called now.
+#: The ``torch.distributed`` collectives that torch queues while a coalescing manager is open on
+#: their group (its "fast path"; older releases name two of them ``*_into_tensor``/``*_tensor``).
+QUEUED = frozenset(
+    {
+        "all_reduce",
+        "all_gather_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor",
+    }
+)
 
-    Inside it a call only queues its op, and a synchronous one returns at once: the manager
-    issues one coalesced collective at its exit and waits for its Work there.
+
+def queued(group: Any) -> bool:
+    """Return whether a :data:`QUEUED` collective on ``group`` (None: the default group) called
+    now only queues its op, as torch decides: a coalescing manager is open on that group.
+
+    The call then returns at once (a synchronous one too): the manager issues one coalesced
+    collective at its exit and waits for its Work there. Torch keeps the queue of a manager left
+    by an exception, and queues into it from then on, as this says.
     """
-    return bool(getattr(_WORLD, "pg_coalesce_state", None))
+    state = getattr(_WORLD, "pg_coalesce_state", None)
+    if not state:
+        return False
+    try:
+        return (group if group is not None else _C10D._get_default_group()) in state
+    except Exception:  # noqa: BLE001 - no default group: nothing is queued
+        return False
 
 
 def manager_owners(namespace: Any) -> list[Any]:
@@ -65,7 +92,9 @@ class CoalescingManagers:
     ``ops``: name of a queued op's function -> the ``op`` label (``all_reduce``: allreduce).
     ``stats_for(group, op)``: the statistics of one group's op. ``settle(work, stats, t0)``:
     what records the collective issued at ``t0`` once the manager returns its Work (None:
-    already waited for).
+    already waited for). ``device``: on a GPU, what marks the compute stream around a
+    synchronous manager's exit (NCCL may run the coalesced collective on the caller's stream
+    and return no Work to wait for, as for any synchronous collective).
     """
 
     def __init__(
@@ -75,9 +104,11 @@ class CoalescingManagers:
         ops: dict[str, str],
         stats_for: Callable[[Any, str], CollectiveStats],
         settle: Callable[[Any, CollectiveStats, float], None],
+        device: DeviceWaits | None = None,
     ) -> None:
         self._rec, self._errors, self._ops = recorder, errors, ops
         self._stats_for, self._settle = stats_for, settle
+        self.device = device
         self._patches = MethodPatches()
 
     def instrument(self, owners: list[Any]) -> None:
@@ -109,13 +140,13 @@ class CoalescingManagers:
         """Record the coalesced collective about to be issued for ``group``'s queue, if any."""
         try:
             key = group if group is not None else _C10D._get_default_group()
-            queued = getattr(_WORLD, "pg_coalesce_state", {}).get(key)
-            if not queued:
-                return None
-            op = self._ops.get(getattr(queued[0].op, "__name__", ""))
+            ops = getattr(_WORLD, "pg_coalesce_state", {}).get(key)
+            if not ops or any(q.op is not ops[0].op for q in ops):
+                return None  # nothing to issue, or a queue torch refuses (mixed kinds)
+            op = self._ops.get(getattr(ops[0].op, "__name__", ""))
             if op is None:
                 return None
-            nbytes = sum(payload_bytes(getattr(q, "tensor", None)) for q in queued)
+            nbytes = sum(payload_bytes(getattr(q, "tensor", None)) for q in ops)
             stats = self._stats_for(group, op)
             return stats, self._rec.collective_launched(stats, nbytes)
         except Exception as exc:  # noqa: BLE001 - never in the way of the collective
@@ -154,8 +185,12 @@ class _Managed:
         if typ is not None:  # torch issues nothing: its error goes on as it would
             return self._inner.__exit__(typ, value, tb)
         launched = self._owner.launched(self._group)
+        device = self._owner.device
         try:
-            out = self._inner.__exit__(None, None, None)
+            if device is not None and not self._async:
+                out = device.marked_call(self._inner.__exit__, None, None, None)
+            else:
+                out = self._inner.__exit__(None, None, None)
         except BaseException:
             if launched is not None:
                 self._owner.failed(launched)

@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from .. import catalog
 from ..errors import ErrorCounter
-from .coalesced import CoalescingManagers, coalescing, manager_owners
+from .coalesced import QUEUED, CoalescingManagers, manager_owners, queued
 from .devicewaits import DeviceWaits
 from .flight import pg_timeout_seconds
 from .patching import Patcher, patch_method, payload_bytes, restore_method
@@ -64,7 +64,6 @@ __all__ = [
     "CollectiveSpec",
     "CollectiveTiming",
     "MAX_UNWAITED",
-    "coalescing",
     "specs",
 ]
 
@@ -95,7 +94,7 @@ class CollectiveSpec:
     """Where one function's payload, group and ``async_op`` arguments sit, read once from its
     signature."""
 
-    __slots__ = ("op", "payload", "payload_at", "group_at", "async_at")
+    __slots__ = ("op", "payload", "payload_at", "group_at", "async_at", "may_queue")
 
     def __init__(self, fn: Callable[..., Any], op: str, payload: str | None) -> None:
         names = list(inspect.signature(fn).parameters)
@@ -104,12 +103,18 @@ class CollectiveSpec:
         self.payload_at = names.index(payload) if payload in names else -1
         self.group_at = names.index("group") if "group" in names else -1
         self.async_at = names.index("async_op") if "async_op" in names else -1
+        #: Whether torch queues this collective inside a coalescing manager on its group.
+        self.may_queue = getattr(fn, "__name__", "") in QUEUED
 
     def arg(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int) -> Any:
         """Return the argument ``name`` (at position ``at``) of a call, None where not given."""
         if name is not None and name in kwargs:
             return kwargs[name]
         return args[at] if 0 <= at < len(args) else None
+
+    def queued(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Say whether a call only queues its op in a coalescing manager (nothing issued yet)."""
+        return self.may_queue and queued(self.arg(args, kwargs, "group", self.group_at))
 
     def synchronous(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Say whether a call waits for its collective (``async_op`` not set)."""
@@ -164,7 +169,9 @@ class CollectiveTiming(Patcher):
         # Asynchronous collectives not waited for yet: id(work) -> (work, stats, call time).
         self._works: OrderedDict[int, tuple[Any, CollectiveStats, float]] = OrderedDict()
         ops = {name: op for name, (op, _) in COLLECTIVES.items()}
-        self._managers = CoalescingManagers(recorder, errors, ops, self._stats_for, self._settle)
+        self._managers = CoalescingManagers(
+            recorder, errors, ops, self._stats_for, self._settle, self._device
+        )
 
     def instrument(self) -> bool:
         """Put the wrappers in place (idempotent); return whether any collective is wrapped."""
@@ -207,7 +214,7 @@ class CollectiveTiming(Patcher):
 
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if coalescing():  # the call only queues its op: nothing to time, nothing in flight
+            if spec.queued(args, kwargs):  # only queued: nothing to time, nothing in flight
                 return fn(*args, **kwargs)
             try:
                 group = spec.arg(args, kwargs, "group", spec.group_at)

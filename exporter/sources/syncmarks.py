@@ -26,7 +26,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .coalesced import coalescing
 from .collectives import CollectiveSpec, specs
 from .devicewaits import DeviceWaits
 from .patching import MethodPatches
@@ -68,7 +67,7 @@ class SyncCollectiveMarks:
             def collective(*args: Any, **kwargs: Any) -> Any:
                 # In a coalescing manager the call only queues its op: the manager's wait for
                 # the coalesced collective, at its exit, is the compute stream's.
-                if spec.synchronous(args, kwargs) and not coalescing():
+                if spec.synchronous(args, kwargs) and not spec.queued(args, kwargs):
                     return device.marked_call(fn, *args, **kwargs)
                 return fn(*args, **kwargs)
 

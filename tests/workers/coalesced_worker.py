@@ -5,8 +5,8 @@ at the manager's exit). Then rank 1 stops entering collectives.
 
 Usage (under torchrun)::
 
-    coalesced_worker.py HEALTHY_STEPS   # rank 1 then blocks in load_batch() until
-                                        # $COALESCED_WORKER_RELEASE exists
+    coalesced_worker.py HEALTHY_STEPS   # rank 1 then blocks in hang_worker.load_batch()
+                                        # until $COALESCED_WORKER_RELEASE exists
 
 Every rank prints ``metrics at URL`` and ``step N`` after each step.
 """
@@ -18,19 +18,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from hang_worker import load_batch, say  # the stuck data loader of the hang drills
 
 import exporter
-
-
-def say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def load_batch(release: str) -> None:
-    """Stand in for a data loading function that blocks until ``release`` exists."""
-    while not os.path.exists(release):
-        time.sleep(0.05)  # stuck here
 
 
 def main() -> int:
