@@ -154,3 +154,31 @@ def test_a_zero_like_job_is_counted_per_step_and_its_hung_rank_named(tmp_path):
         assert (
             f"rank 0 waits in all_reduce #61 (pg 0), called at coalesced_worker.py:{site}" in text
         )
+
+
+class _Unreadable:
+    """A manager whose signature cannot be read (a C function, an odd wrapper)."""
+
+    __signature__ = "not a signature"
+
+    def __call__(self, *args, **kwargs):
+        return C10D._coalescing_manager(*args, **kwargs)
+
+
+@pytest.mark.unit
+def test_a_manager_whose_signature_cannot_be_read_is_left_alone(world1):
+    from types import SimpleNamespace
+
+    from exporter.errors import ErrorCounter
+    from exporter.sources.collectives import CollectiveTiming
+    from exporter.sources.recorder import Recorder
+
+    unreadable = _Unreadable()
+    ns = SimpleNamespace(all_reduce=dist.all_reduce, _coalescing_manager=unreadable)
+    timing = CollectiveTiming(Recorder("explicit"), ErrorCounter(), namespace=ns)
+    try:
+        assert timing.instrument()
+        assert ns._coalescing_manager is unreadable and ns.all_reduce is not dist.all_reduce
+    finally:
+        timing.uninstrument()
+    assert ns.all_reduce is dist.all_reduce

@@ -121,7 +121,10 @@ class CoalescingManagers:
         self._patches.restore()
 
     def _wrap(self, manager: Callable[..., Any]) -> Callable[..., Any]:
-        names = list(inspect.signature(manager).parameters)
+        try:
+            names = list(inspect.signature(manager).parameters)
+        except (TypeError, ValueError):  # no signature to read: leave it alone
+            return manager
         group_at = names.index("group") if "group" in names else -1
         async_at = names.index("async_ops") if "async_ops" in names else -1
 
