@@ -67,12 +67,16 @@ class HeldUp:
         #: The groups whose finding in the last noted read is of kind ``section``.
         self._sections: set[str] = set()
 
-    def note(self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float) -> None:
-        """Remember the groups a section holds up in this read (:func:`held_up`)."""
+    def note(
+        self, states: Iterable[SeqState], findings: Iterable[HangFinding], now: float
+    ) -> set[str]:
+        """Remember the groups a section holds up in this read (:func:`held_up`); return them."""
         findings = list(findings)
-        for pg in held_up(states, findings):
+        held = held_up(states, findings)
+        for pg in held:
             self._until[pg] = now
         self._sections = {f.pg for f in findings if f.kind == "section"}
+        return held
 
     def ages_from_end(self, states: list[SeqState], now: float) -> list[SeqState]:
         """Return ``states`` with the in-flight ages of held-up groups counted from the end.

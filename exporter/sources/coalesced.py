@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..errors import ErrorCounter
 from .devicewaits import DeviceWaits
-from .patching import MethodPatches, payload_bytes
+from .patching import MethodPatches, call_arg, payload_bytes
 from .recorder import CollectiveStats, Recorder
 
 __all__ = ["MANAGER", "QUEUED", "CoalescingManagers", "manager_owners", "queued"]
@@ -59,6 +59,16 @@ QUEUED = frozenset(
 )
 
 
+def _queue(group: Any) -> list[Any] | None:
+    """Return the ops queued for ``group`` (None: the default group), None where no coalescing
+    manager is open on it."""
+    state = getattr(_WORLD, "pg_coalesce_state", None)
+    if not state:
+        return None
+    ops: list[Any] | None = state.get(group if group is not None else _C10D._get_default_group())
+    return ops
+
+
 def queued(group: Any) -> bool:
     """Return whether a :data:`QUEUED` collective on ``group`` (None: the default group) called
     now only queues its op, as torch decides: a coalescing manager is open on that group.
@@ -67,11 +77,8 @@ def queued(group: Any) -> bool:
     collective at its exit and waits for its Work there. Torch keeps the queue of a manager left
     by an exception, and queues into it from then on, as this says.
     """
-    state = getattr(_WORLD, "pg_coalesce_state", None)
-    if not state:
-        return False
     try:
-        return (group if group is not None else _C10D._get_default_group()) in state
+        return _queue(group) is not None
     except Exception:  # noqa: BLE001 - no default group: nothing is queued
         return False
 
@@ -128,13 +135,10 @@ class CoalescingManagers:
         group_at = names.index("group") if "group" in names else -1
         async_at = names.index("async_ops") if "async_ops" in names else -1
 
-        def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, at: int) -> Any:
-            return kwargs[name] if name in kwargs else args[at] if 0 <= at < len(args) else None
-
         @functools.wraps(manager)
         def coalescing_manager(*args: Any, **kwargs: Any) -> Any:
-            group = arg(args, kwargs, "group", group_at)
-            async_ops = bool(arg(args, kwargs, "async_ops", async_at))
+            group = call_arg(args, kwargs, "group", group_at)
+            async_ops = bool(call_arg(args, kwargs, "async_ops", async_at))
             return _Managed(self, manager(*args, **kwargs), group, async_ops)
 
         return coalescing_manager
@@ -142,8 +146,7 @@ class CoalescingManagers:
     def launched(self, group: Any) -> Launched | None:
         """Record the coalesced collective about to be issued for ``group``'s queue, if any."""
         try:
-            key = group if group is not None else _C10D._get_default_group()
-            ops = getattr(_WORLD, "pg_coalesce_state", {}).get(key)
+            ops = _queue(group)
             if not ops or any(q.op is not ops[0].op for q in ops):
                 return None  # nothing to issue, or a queue torch refuses (mixed kinds)
             op = self._ops.get(getattr(ops[0].op, "__name__", ""))

@@ -56,7 +56,7 @@ from ..errors import ErrorCounter
 from .coalesced import QUEUED, CoalescingManagers, manager_owners, queued
 from .devicewaits import DeviceWaits
 from .flight import pg_timeout_seconds
-from .patching import Patcher, patch_method, payload_bytes, restore_method
+from .patching import Patcher, call_arg, patch_method, payload_bytes, restore_method
 from .recorder import CollectiveStats, Recorder
 
 __all__ = [
@@ -106,11 +106,8 @@ class CollectiveSpec:
         #: Whether torch queues this collective inside a coalescing manager on its group.
         self.may_queue = getattr(fn, "__name__", "") in QUEUED
 
-    def arg(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int) -> Any:
-        """Return the argument ``name`` (at position ``at``) of a call, None where not given."""
-        if name is not None and name in kwargs:
-            return kwargs[name]
-        return args[at] if 0 <= at < len(args) else None
+    #: The argument ``name`` (at position ``at``) of a call, None where not given.
+    arg = staticmethod(call_arg)
 
     def queued(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Say whether a call only queues its op in a coalescing manager (nothing issued yet)."""

@@ -19,7 +19,21 @@ from ..errors import ErrorCounter
 from .recorder import CollectiveStats, Recorder
 from .training import or_main_thread
 
-__all__ = ["MethodPatches", "Patcher", "patch_method", "payload_bytes", "restore_method"]
+__all__ = [
+    "MethodPatches",
+    "Patcher",
+    "call_arg",
+    "patch_method",
+    "payload_bytes",
+    "restore_method",
+]
+
+
+def call_arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int) -> Any:
+    """Return the argument ``name`` (at position ``at``) of a call, None where not given."""
+    if name is not None and name in kwargs:
+        return kwargs[name]
+    return args[at] if 0 <= at < len(args) else None
 
 
 def payload_bytes(payload: Any) -> int:

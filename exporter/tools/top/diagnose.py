@@ -153,12 +153,11 @@ def _hangs(
     latency = _normal_latency(live)
     findings = find_hangs(states, latency, config.hang_policy)
     if held is not None:
-        held.note(states, findings, now)
+        now_held = held.note(states, findings, now)
         judged = held.ages_from_end(states, now)
         if judged is not states:  # a section's end is recent: judge its groups' waits from it
             # A group a section holds up in this read keeps its ages: the table says what it
             # waits for (the watcher, which acts, counts it from the end all the same).
-            now_held = held_up(states, findings)
             judged = [s if s.pg in now_held else j for s, j in zip(states, judged)]
             states, findings = judged, find_hangs(judged, latency, config.hang_policy)
     by_rank = {r.rank: r for r in live}
