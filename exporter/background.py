@@ -71,7 +71,7 @@ class BackgroundLoop:
         return self._stop.wait(seconds)
 
     def _run(self) -> None:
-        wait = self._first_wait
+        wait = min(self._first_wait, threading.TIMEOUT_MAX)
         try:
             while not self._stop.wait(wait):
                 try:
@@ -82,6 +82,8 @@ class BackgroundLoop:
                 if result is DONE:
                     return
                 wait = self.interval_s if result is None else result
+                # A wait past the platform's limit would raise and end the thread for good.
+                wait = min(wait, threading.TIMEOUT_MAX)
         finally:
             if self._final is not None:
                 try:

@@ -120,3 +120,26 @@ def test_a_rank_instrumented_again_after_a_clean_end_is_not_finished(store):
         assert hb.finished_peers() == frozenset()
     finally:
         again.close()
+
+
+def test_a_loop_asked_to_wait_past_the_platform_limit_keeps_running(monkeypatch):
+    """A wait longer than the platform allows raised in the loop's thread and ended it for good
+    (an out-of-range heartbeat took the heartbeat, goodput and forensics threads with it)."""
+    import threading
+
+    from exporter.background import BackgroundLoop
+
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    ticked = threading.Event()
+
+    def tick() -> float:
+        ticked.set()
+        return 1e12  # seconds: past threading.TIMEOUT_MAX
+
+    loop = BackgroundLoop("test-long-wait", tick, 1.0, errors=ErrorCounter(), where="test")
+    loop._first_wait = 0.0
+    loop.start()
+    assert ticked.wait(10)
+    loop.close(timeout=10)
+    assert not loop.alive() and died == []
