@@ -224,6 +224,18 @@ def test_port_in_use_logs_one_line_and_training_goes_on(ddp, caplog):
     assert obs.recorder.snapshot().steps == len(loader)
 
 
+def test_an_address_not_of_this_host_names_the_address_setting(ddp, caplog):
+    model, loader, opt = ddp
+    with caplog.at_level(logging.ERROR, logger="exporter"):
+        # TEST-NET-1 (RFC 5737): never one of this host's addresses, nothing is contacted.
+        obs = exporter.instrument(model, optimizer=opt, port=0, addr="192.0.2.1", heartbeat_s=0)
+    assert obs.port is None
+    (line,) = [r.getMessage() for r in caplog.records if "cannot serve" in r.getMessage()]
+    assert "192.0.2.1" in line and "DDP_EXPORTER_ADDR" in line and "DDP_EXPORTER_PORT" not in line
+    train_epoch(model, loader, opt)
+    assert obs.recorder.snapshot().steps == len(loader)
+
+
 def test_user_hook_after_instrument_is_wrapped_and_only_once(ddp):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -6,6 +6,7 @@ ending cleanly can wait, briefly, until every scraper has read its final state.
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
 
 from ..log import log
-from ..settings import WEB_CONFIG, Endpoint, is_all_interfaces
+from ..settings import ADDR, DEFAULT_ADDR, PORT, WEB_CONFIG, Endpoint, is_all_interfaces
 from ..web import Policy, WebServer
 
 __all__ = ["MetricsServer", "Scrapers", "WSGIApp", "serve"]
@@ -103,6 +104,17 @@ class Scrapers:
                 self._cond.wait(end - now)
 
 
+def _advice(exc: OSError) -> str:
+    """Say which setting to change after a failed bind: the port where it is taken, else the
+    address (not one of this host's, or not a name that resolves)."""
+    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+        return f"Choose another base port with port=... or {PORT}."
+    return (
+        f"Choose one of this host's addresses with addr=... or {ADDR} "
+        f"(default: {DEFAULT_ADDR}, every interface)."
+    )
+
+
 class MetricsServer:
     """Serve ``/metrics`` for one registry; ``port`` is the bound port or None if none.
 
@@ -177,10 +189,11 @@ class MetricsServer:
         except OSError as exc:
             log.error(
                 "ddp-exporter: cannot serve metrics on %s:%d (%s); training continues without "
-                "this endpoint. Choose another base port with port=... or DDP_EXPORTER_PORT.",
+                "this endpoint. %s",
                 self.addr,
                 self.requested_port,
                 exc.strerror or exc,
+                _advice(exc),
             )
             return None
         # Keep prometheus_client's server, thread and handler; only put a path switch in front.
