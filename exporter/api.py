@@ -257,7 +257,7 @@ def watch_init(
             peer_series=peer_series,
             web_config=web_config,
         )
-        watch = InitWatch(settings.identity(run=run), endpoint, serve=serve)
+        watch = InitWatch(settings.identity(run=run, caller="watch_init"), endpoint, serve=serve)
         _watch = watch
     atexit.register(_close_watch, watch)
     return watch

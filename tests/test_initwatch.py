@@ -199,8 +199,14 @@ def test_watch_init_rejects_bad_settings(monkeypatch):
     bad = settings.endpoint("watch_init", environ={settings.HEARTBEAT_S: "soon"})
     assert bad.heartbeat_s == settings.DEFAULT_HEARTBEAT_S
     monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(ValueError, match="exceeds 65535"):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"watch_init\(port=...\): .* LOCAL_RANK \(1\) <= 65535"):
         exporter.watch_init(port=65535, heartbeat_s=0)
+    with pytest.raises(ValueError, match=r"watch_init\(monitor_rank=...\): expected a rank in"):
+        exporter.watch_init(port=0, heartbeat_s=0, monitor_rank=2)
+    with pytest.raises(ValueError, match=r"watch_init\(run=...\): expected a run name"):
+        exporter.watch_init(port=0, heartbeat_s=0, run="")
     assert exporter.api.running_watch() is None
 
 

@@ -143,19 +143,70 @@ def test_a_bad_value_is_logged_once_and_the_default_used(name, fresh, caplog):
     assert name not in settings.invalid_settings()
 
 
-# flight_recorder= takes any truth value, as Python's own flags do.
-@pytest.mark.parametrize(
-    "name",
-    sorted(n for n in INVALID if settings.SETTINGS[n].keyword and n != settings.FLIGHT_RECORDER),
-)
+@pytest.mark.parametrize("name", sorted(n for n in INVALID if settings.SETTINGS[n].keyword))
 def test_the_same_value_as_a_keyword_raises_with_the_same_message(name, fresh):
     setting = settings.SETTINGS[name]
     value = INVALID[name]
     with pytest.raises(ValueError) as raised:
         settings.resolve(name, value)
     assert str(raised.value) == settings.setting_message(
-        f"exporter.instrument({setting.keyword}=...)", value, setting
+        f"exporter.instrument({setting.keyword}=...)", value, setting, setting.keyword_accepted
     )
+
+
+#: instrument()'s keyword -> for_instrument()'s parameter, where they differ.
+_KW = {
+    "run": "run",
+    "flight_recorder": "flight_recorder_on",
+    "otlp": "otlp",
+    "heartbeat_s": "heartbeat_s",
+    "monitor_rank": "monitor_rank",
+}
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("run", 123),  # a label value that broke every scrape
+        ("run", "  "),
+        ("flight_recorder", "no"),  # a truthy string that turned the recorder on
+        ("otlp", 5),  # pushed to the default endpoint
+        ("otlp", "collector:4318"),
+        ("heartbeat_s", 1e300),  # overflowed the heartbeat, goodput and forensics threads
+        ("monitor_rank", 2),  # nobody would monitor a 2-rank job
+    ],
+)
+def test_a_keyword_of_the_wrong_kind_or_past_its_range_raises_naming_it(keyword, value, fresh):
+    with pytest.raises(ValueError, match=rf"^exporter\.instrument\({keyword}=\.\.\.\): expected"):
+        settings.for_instrument(
+            parallelism="ddp", group=(0, 2), environ={}, **{_KW[keyword]: value}
+        )
+
+
+def test_switch_keywords_take_bools_and_their_ints(fresh):
+    for value, read in ((True, True), (False, False), (1, True), (0, False)):
+        cfg = settings.for_instrument(
+            parallelism="ddp", group=(0, 1), flight_recorder_on=value, environ={}
+        )
+        assert cfg.flight_recorder is read
+
+
+def test_variables_past_their_range_or_blank(fresh, caplog):
+    env = {
+        settings.HEARTBEAT_S: "1e10",
+        settings.MONITOR_RANK: "5",
+        settings.RUN: "   ",
+        settings.TORCHELASTIC_RUN_ID: "r1",
+    }
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        cfg = settings.for_instrument(parallelism="ddp", group=(0, 2), environ=env)
+    assert cfg.endpoint.heartbeat_s == settings.DEFAULT_HEARTBEAT_S
+    assert cfg.endpoint.monitor_rank == 0
+    assert cfg.identity.run == "r1"  # a blank run name is no name: the next source is used
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "DDP_EXPORTER_HEARTBEAT_S: expected seconds in 0..3600 (0: off), got '1e10'" in lines[0]
+    assert "DDP_EXPORTER_MONITOR_RANK: expected a rank in -1..1 (-1: none), got '5'" in lines[1]
 
 
 def test_a_good_value_is_read_and_nothing_logged(fresh, caplog):
@@ -189,12 +240,29 @@ def test_exit_codes_that_collide_use_both_defaults(fresh, caplog):
 
 def test_a_port_past_65535_with_the_local_rank(fresh, caplog):
     fresh.setenv(settings.PORT, "65535")
+    fresh.delenv(settings.LOCAL_WORLD_SIZE, raising=False)
     env = dict(os.environ, LOCAL_RANK="1")
     with caplog.at_level(logging.WARNING, logger="exporter"):
         assert settings.endpoint("instrument", environ=env).port == settings.DEFAULT_PORT + 1
     assert "port + LOCAL_RANK (1) <= 65535" in caplog.text
-    with pytest.raises(ValueError, match="exceeds 65535"):
-        settings.endpoint("instrument", port=65535, environ=env)
+    # The node's other ranks are unknown: a keyword cannot be judged alike on every rank, so
+    # this one says so and takes the default instead of raising where its peers go on.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        assert settings.endpoint("instrument", port=65535, environ=env).port == 19401
+    assert "exporter.instrument(port=...): expected a base port" in caplog.text
+
+
+def test_a_port_too_high_for_the_node_is_judged_alike_on_each_of_its_ranks(fresh, caplog):
+    """Under torchrun every rank knows the node's ranks: local rank 0 judges as rank 1 does."""
+    for local_rank in ("0", "1"):
+        env = {settings.LOCAL_RANK: local_rank, settings.LOCAL_WORLD_SIZE: "2"}
+        with pytest.raises(ValueError, match=r"port \+ LOCAL_RANK \(1\) <= 65535, got 65535"):
+            settings.endpoint("instrument", port=65535, environ=env)
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            port = settings.endpoint("instrument", environ={**env, settings.PORT: "65535"}).port
+        assert port == settings.DEFAULT_PORT + int(local_rank)
+    assert settings.endpoint("instrument", port=65534, environ=env).port == 65535
 
 
 def test_an_unwritable_dump_folder_is_reported_with_where_dumps_go(fresh, caplog, tmp_path):
@@ -209,6 +277,17 @@ def test_an_unwritable_dump_folder_is_reported_with_where_dumps_go(fresh, caplog
     assert line.startswith(f"ddp-exporter: {settings.DUMP_DIR}: expected a folder this process")
     assert f"hang dumps go to {used} instead" in line
     assert settings.invalid_settings() == [settings.DUMP_DIR]
+
+
+def test_a_file_sd_folder_that_cannot_be_made_is_reported_and_passed_over(fresh, caplog):
+    bad = "/proc/ddp-exporter-cannot-be-here"
+    fresh.setenv(settings.FILE_SD, bad)
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        assert settings.file_sd_dir() is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"ddp-exporter: {settings.FILE_SD}: expected a folder this process")
+    assert "no file_sd target is written" in line
+    assert settings.invalid_settings() == [settings.FILE_SD]
 
 
 def test_the_rank_publishes_one_info_series_per_bad_variable(fresh):

@@ -116,6 +116,7 @@ def for_instrument(
         monitor_rank=monitor_rank,
         peer_series=peer_series,
         web_config=web_config,
+        world_size=group[1],
         environ=environ,
     )
     hang = on_hang("instrument", hang_action, abort_after, abort_limit, environ=environ)

@@ -53,6 +53,8 @@ class Setting:
     shown_default: str = ""
     #: What the setting does, for people (the settings reference page is rendered from it).
     meaning: str = ""
+    #: What its keyword accepts, where that reads otherwise than the variable's text.
+    keyword_accepted: str = ""
 
     @property
     def default_text(self) -> str:
@@ -75,11 +77,15 @@ def parse_int(raw: str) -> int:
     return int(raw.strip())
 
 
-def seconds(minimum: float, *, inclusive: bool) -> Callable[[Any], float]:
+def seconds(
+    minimum: float, *, inclusive: bool, maximum: float = math.inf
+) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError("not a number")
         if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise ValueError("out of range")
+        if value > maximum:
             raise ValueError("out of range")
         return float(value)
 
@@ -121,6 +127,20 @@ def parse_switch(raw: str) -> bool:
 
 def _no(raw: str) -> Any:
     raise ValueError(f"not accepted: {raw!r}")
+
+
+def boolean(value: Any) -> bool:
+    """Accept True or False (or 1 and 0): a string such as ``"no"`` is not a switch's keyword."""
+    if not isinstance(value, int) or value not in (0, 1):
+        raise ValueError("not a bool")
+    return bool(value)
+
+
+def name_text(value: Any) -> str:
+    """Accept a string that is not blank (a label value such as the run's name)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("not a name")
+    return value
 
 
 def path(value: Any) -> str:

@@ -87,10 +87,10 @@ def master_address(environ: Mapping[str, str] | None = None) -> tuple[str, int] 
 # -- single settings ---------------------------------------------------------------------------
 def default_run(environ: Mapping[str, str] | None = None) -> str:
     """Return the ``run`` label from the environment (see the module docstring for the order)."""
-    environ = environ_of(environ)
-    run = environ.get(RUN)
+    run = resolve(RUN, environ=environ)  # stripped; blank: unset
     if run:
-        return run
+        return str(run)
+    environ = environ_of(environ)
     run = environ.get(TORCHELASTIC_RUN_ID)
     if run and run != "none":
         return run
@@ -139,11 +139,13 @@ def identity(
     run: str | None = None,
     group: tuple[int, int] | None = None,
     environ: Mapping[str, str] | None = None,
+    caller: str = "instrument",
 ) -> Identity:
     """Return this rank's identity.
 
     ``group`` is ``(rank, world_size)`` of the default process group when it exists (it wins
-    over ``RANK``/``WORLD_SIZE``); ``run`` a keyword that wins over :func:`default_run`.
+    over ``RANK``/``WORLD_SIZE``); ``run`` a keyword of ``caller`` that wins over
+    :func:`default_run`. Raises ValueError naming that keyword where ``run`` is not a name.
     """
     if group is not None:
         rank, world = group
@@ -153,7 +155,7 @@ def identity(
         rank=rank,
         world_size=world,
         local_rank=env_int(LOCAL_RANK, 0, environ),
-        run=run if run is not None else default_run(environ),
+        run=resolve(RUN, run, caller=caller) if run is not None else default_run(environ),
         attempt=attempt(environ),
         node=node_name(environ),
     )

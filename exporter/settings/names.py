@@ -79,6 +79,8 @@ NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 DEFAULT_PORT = 19400
 DEFAULT_ADDR = "0.0.0.0"
 DEFAULT_HEARTBEAT_S = 5.0
+#: Longest heartbeat accepted: a slower one watches nothing, and a wait that long overflows.
+MAX_HEARTBEAT_S = 3600.0
 #: Most peer-heartbeat series the monitoring rank publishes by default (``peer_series``).
 DEFAULT_PEER_SERIES = 64
 #: Steps between two whose collective waits are timed on the device (CUDA without DDP).

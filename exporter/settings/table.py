@@ -9,10 +9,12 @@ from .kinds import (
     EXIT_CODE,
     Setting,
     bind,
+    boolean,
     deadline,
     host,
     integer,
     lower,
+    name_text,
     node,
     one_of,
     parse_attempt,
@@ -64,6 +66,7 @@ from .names import (
     LOCAL_RANK,
     MASTER_ADDR,
     MASTER_PORT,
+    MAX_HEARTBEAT_S,
     MONITOR_RANK,
     NCCL_SOCKET_IFNAME,
     NODE,
@@ -134,10 +137,10 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             RUN,
-            "a run name",
+            "a run name (not blank)",
             None,
             str.strip,
-            same,
+            name_text,
             "run",
             "torchrun's run id, Slurm's job id or MASTER_ADDR:MASTER_PORT",
             meaning="The ``run`` label, which keeps concurrent jobs apart. Unset: torchrun's "
@@ -151,10 +154,10 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             HEARTBEAT_S,
-            "seconds >= 0 (0: off)",
+            f"seconds in 0..{MAX_HEARTBEAT_S:g} (0: off)",
             DEFAULT_HEARTBEAT_S,
             parse_float,
-            seconds(0, inclusive=True),
+            seconds(0, inclusive=True, maximum=MAX_HEARTBEAT_S),
             "heartbeat_s",
             meaning="Seconds between a rank's c10d-store heartbeats: liveness (peer "
             "heartbeat ages), the store round trip that names a slow link, the hang "
@@ -187,12 +190,13 @@ SETTINGS: dict[str, Setting] = {
             "1 or 0 (true/false, yes/no, on/off)",
             True,
             parse_switch,
-            bool,
+            boolean,
             "flight_recorder",
             "1",
             meaning="Read in-flight collective state from torch's Flight Recorder (every "
             "collective of every process group). ``0``: the comm hook's own bookkeeping only "
             "(DDP's gradient buckets).",
+            keyword_accepted="True or False",
         ),
         Setting(
             COMM_TIMING,
@@ -300,7 +304,7 @@ SETTINGS: dict[str, Setting] = {
             "1 or 0 (true/false, yes/no, on/off)",
             True,
             parse_switch,
-            bool,
+            boolean,
             "",
             "1",
             meaning="While every rank waits inside the same collective with nobody behind, "
@@ -314,7 +318,7 @@ SETTINGS: dict[str, Setting] = {
             "1 or 0 (true/false, yes/no, on/off)",
             True,
             parse_switch,
-            bool,
+            boolean,
             "",
             "1",
             meaning="On a CUDA rank, read its GPU's health through NVML (the ``gpu`` extra, "
@@ -412,7 +416,7 @@ SETTINGS: dict[str, Setting] = {
             "1 or 0 (true/false, yes/no, on/off)",
             False,
             parse_switch,
-            bool,
+            boolean,
             "",
             "0",
             meaning="Set by ``ddp-exporter run`` for the command it runs: each rank is "

@@ -112,7 +112,8 @@ def resolve(
             return setting.check(keyword)
         except (TypeError, ValueError) as exc:
             source = f"exporter.{caller}({setting.keyword or name}=...)"
-            raise type(exc)(setting_message(source, keyword, setting)) from None
+            message = setting_message(source, keyword, setting, setting.keyword_accepted)
+            raise type(exc)(message) from None
     raw = environ_of(environ).get(name)
     if raw is None or not raw.strip():
         return setting.default

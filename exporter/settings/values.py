@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from ..log import log
 from .kinds import EXIT_CODE, Setting, integer
-from .launch import env_int
+from .launch import env_int, int_or_none
 from .names import (
     ABORT_AFTER_S,
     ABORT_EXIT_CODE,
@@ -42,6 +42,7 @@ from .names import (
     HEARTBEAT_S,
     JOB_DEADLINE,
     LOCAL_RANK,
+    LOCAL_WORLD_SIZE,
     MONITOR_RANK,
     ON_HANG,
     OTEL_ENDPOINT,
@@ -52,6 +53,7 @@ from .names import (
     PROMETHEUS_BINARY,
     SLURM_JOB_END_TIME,
     WEB_CONFIG,
+    WORLD_SIZE,
 )
 from .table import SETTINGS
 from .validate import environ_of, report_invalid, resolve, setting_message
@@ -198,9 +200,20 @@ def _writable(path: str) -> str | None:
 
 
 def otlp_requested(otlp: bool | str | None, environ: Mapping[str, str] | None = None) -> bool | str:
-    """Return the OTLP setting: the keyword, else whether an ``OTEL_*`` endpoint is set."""
+    """Return the OTLP setting: the keyword, else whether an ``OTEL_*`` endpoint is set.
+
+    Raises ValueError for a keyword that is neither a bool nor an http(s) URL.
+    """
     if otlp is not None:
-        return otlp
+        if isinstance(otlp, bool) or (
+            isinstance(otlp, str) and otlp.startswith(("http://", "https://"))
+        ):
+            return otlp
+        raise ValueError(
+            "exporter.instrument(otlp=...): expected True, False or an OTLP/HTTP endpoint URL "
+            f"(http:// or https://), got {otlp!r} (default: on where OTEL_EXPORTER_OTLP_ENDPOINT "
+            "is set)"
+        )
     environ = environ_of(environ)
     return bool(environ.get(OTEL_ENDPOINT) or environ.get(OTEL_METRICS_ENDPOINT))
 
@@ -216,8 +229,22 @@ def advertise_override(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """Return the folder every rank writes its file_sd target into (``DDP_EXPORTER_FILE_SD``)."""
-    return cast("str | None", resolve(FILE_SD, environ=environ)) or None
+    """Return the folder every rank writes its file_sd target into (``DDP_EXPORTER_FILE_SD``).
+
+    Created (user-only) if missing; one that cannot be is reported once and passed over (None).
+    """
+    folder = cast("str | None", resolve(FILE_SD, environ=environ)) or None
+    reason = _writable(folder) if folder else None
+    if folder is None or reason is None:
+        return folder
+    report_invalid(
+        SETTINGS[FILE_SD],
+        environ_of(environ).get(FILE_SD, ""),
+        accepted=f"a folder this process can write ({folder}: {reason})",
+        instead="no file_sd target is written",
+        environ=environ,
+    )
+    return None
 
 
 def web_config_file(environ: Mapping[str, str] | None = None) -> str | None:
@@ -335,30 +362,77 @@ def endpoint(
     monitor_rank: int | None = None,
     peer_series: Any = None,
     web_config: Any = None,
+    world_size: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Endpoint:
     """Resolve the settings instrument() and watch_init() share: keyword, environment, default.
 
-    Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
+    ``world_size``: the job's ranks (default: ``WORLD_SIZE``), which the monitoring rank must
+    be one of. Raises ValueError naming ``caller``'s keyword for a keyword it does not accept.
     """
-    base_port = resolve(PORT, port, caller=caller, environ=environ)
     local_rank = env_int(LOCAL_RANK, 0, environ)
-    if base_port and base_port + local_rank > 65535:
-        message = f"port {base_port} + LOCAL_RANK {local_rank} exceeds 65535"
-        if port is not None:
-            raise ValueError(f"exporter.{caller}(port=...): {message}")
-        report_invalid(
-            SETTINGS[PORT],
-            environ_of(environ).get(PORT, ""),
-            accepted=f"a base port with port + LOCAL_RANK ({local_rank}) <= 65535",
-            environ=environ,
-        )
-        base_port = DEFAULT_PORT if DEFAULT_PORT + local_rank <= 65535 else 0
     return Endpoint(
-        port=0 if base_port == 0 else base_port + local_rank,
+        port=_rank_port(caller, port, local_rank, environ),
         addr=bind_addr(addr, environ, caller),
         heartbeat_s=resolve(HEARTBEAT_S, heartbeat_s, caller=caller, environ=environ),
-        monitor_rank=monitoring_rank(monitor_rank, environ, caller),
+        monitor_rank=_monitor_rank(caller, monitor_rank, world_size, environ),
         peer_series=resolve(PEER_SERIES, peer_series, caller=caller, environ=environ),
         web_config=resolve(WEB_CONFIG, web_config, caller=caller, environ=environ),
     )
+
+
+def _rank_port(caller: str, port: Any, local_rank: int, environ: Mapping[str, str] | None) -> int:
+    """Return the port this rank binds: the base port + ``LOCAL_RANK``, 0 for a free one.
+
+    Every rank of a node judges the base port alike where it knows the node's ranks
+    (``LOCAL_WORLD_SIZE``): a keyword too high for the node's last rank raises on each of them,
+    never on some only (the others would then wait for them in their first collective). Where
+    only its own rank is known, a rank whose port would pass 65535 says so in one line and
+    takes the default base port.
+    """
+    base = resolve(PORT, port, caller=caller, environ=environ)
+    if not base:
+        return 0
+    node_ranks = int_or_none(environ_of(environ), LOCAL_WORLD_SIZE)
+    last = max(local_rank, node_ranks - 1 if node_ranks else 0)
+    if base + last <= 65535:
+        return int(base + local_rank)
+    accepted = f"a base port with port + LOCAL_RANK ({last}) <= 65535"
+    if port is not None and node_ranks:
+        raise ValueError(f"exporter.{caller}(port=...): expected {accepted}, got {port!r}")
+    raw = str(port) if port is not None else environ_of(environ).get(PORT, "")
+    fallback = DEFAULT_PORT if DEFAULT_PORT + last <= 65535 else 0
+    instead = f"using base port {fallback}" if fallback else "using a free port"
+    if port is None:
+        report_invalid(SETTINGS[PORT], raw, accepted=accepted, instead=instead, environ=environ)
+    else:
+        log.warning(
+            "ddp-exporter: %s; %s, training goes on",
+            setting_message(f"exporter.{caller}(port=...)", port, SETTINGS[PORT], accepted),
+            instead,
+        )
+    return fallback + local_rank if fallback else 0
+
+
+def _monitor_rank(
+    caller: str, rank: Any, world_size: int | None, environ: Mapping[str, str] | None
+) -> int:
+    """Return the monitoring rank, one of the job's ranks or -1 (none).
+
+    A rank past the job's last is a keyword's error (raised) or a variable's (reported; rank 0
+    monitors): nobody would read the heartbeats or watch for hangs.
+    """
+    chosen = monitoring_rank(rank, environ, caller)
+    world = world_size if world_size is not None else int_or_none(environ_of(environ), WORLD_SIZE)
+    if world is None or chosen < world:
+        return chosen
+    accepted = f"a rank in -1..{world - 1} (-1: none)"
+    if rank is not None:
+        raise ValueError(
+            setting_message(
+                f"exporter.{caller}(monitor_rank=...)", rank, SETTINGS[MONITOR_RANK], accepted
+            )
+        )
+    raw = environ_of(environ).get(MONITOR_RANK, "")
+    report_invalid(SETTINGS[MONITOR_RANK], raw, accepted=accepted, environ=environ)
+    return 0
