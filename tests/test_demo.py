@@ -44,3 +44,38 @@ def test_each_announcement_is_one_write(monkeypatch):
     monkeypatch.setattr(sys, "stdout", out)
     demo.say("rank 3: metrics at http://127.0.0.1:1/metrics")
     assert out.calls == ["rank 3: metrics at http://127.0.0.1:1/metrics\n"]
+
+
+def test_a_hung_demo_job_ends_a_minute_after_its_hang_with_or_without_the_stack():
+    """Without Prometheus the hang demo waited out gloo's 30-minute timeout, whatever
+    ``--duration`` said: a rank inside a collective never reaches its end of training."""
+    from exporter.tools.cli import build_parser
+
+    def timeout(duration: float, use_stack: bool) -> str | None:
+        args = build_parser().parse_args(
+            ["demo", "--fault", "hang", "--duration", str(duration), "--port", "0"]
+        )
+        cmd = demo._commands(args, None, use_stack)[0][0]
+        return cmd[cmd.index("--timeout") + 1] if "--timeout" in cmd else None
+
+    assert timeout(30, use_stack=False) == timeout(30, use_stack=True) == "60"
+    assert timeout(0, use_stack=False) is None  # until Ctrl-C: the watcher's own time
+
+
+def test_the_demo_shows_its_ranks_and_errors_not_torchruns_account_of_a_fault():
+    for line in (
+        "rank 0: collective failed (Connection closed by peer); still serving metrics",
+        "rank 1: injecting fault hang",
+        "ddp-exporter hangs:   rank 1 (node vm) never entered all_reduce #111 (pg 0)",
+        "ModuleNotFoundError: No module named 'yaml'",
+    ):
+        assert demo.shown(line), line
+    for line in (  # what torchrun prints as the fault's expected end takes the job down
+        '  File "/x/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367',
+        "    raise ChildFailedError(",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "  error_file: <N/A>",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        "step 52 loss 0.31",
+    ):
+        assert not demo.shown(line), line

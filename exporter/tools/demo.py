@@ -23,18 +23,21 @@ import threading
 import time
 from typing import Any
 
-from ..generate.command import MIXIN_EXTRA
 from ..mixin.config import FAST
-from ..settings import DEFAULT_PORT
+from ..settings import DEFAULT_PORT, dump_dir
 from . import top as topmod
 from .localstack import LocalStack, add_stack_flags, free_port, stack_choice
 from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
 
-__all__ = ["FAULTS", "add_parser", "metrics_urls", "run", "say"]
+__all__ = ["FAULTS", "add_parser", "metrics_urls", "run", "say", "shown"]
 
 FAULTS = ("none", "straggler", "slow-data", "hang", "kill", "freeze")
+#: The demo job's process-group timeout: how long a hung job outlives its hang.
+HUNG_JOB_TIMEOUT_S = 60
 
+#: What the demo's trainer says of itself: its endpoint, a fault injected, a collective failed.
+_ANNOUNCEMENT = re.compile(r"rank \d+: ")
 _URL_LINE = re.compile(r"rank (\d+): metrics at (http\S*?/metrics)")
 
 
@@ -106,7 +109,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=10.0,
         help="seconds of healthy training before the fault",
     )
-    d.add_argument("--duration", type=float, default=60.0, help="seconds (0: until Ctrl-C)")
+    d.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help=f"seconds (0: until Ctrl-C); a hung job ends {HUNG_JOB_TIMEOUT_S} s after its hang",
+    )
     d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
     d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
     d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
@@ -134,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    use_stack, _, refused = stack_choice(args.stack, "demo")
+    use_stack, missing, refused = stack_choice(args.stack, "demo")
     if refused is not None:
         return refused
     raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
@@ -143,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     children = _Children()
     stacks: list[LocalStack] = []
     try:
-        return _run_demo(args, use_stack, workdir, children, stacks)
+        return _run_demo(args, use_stack, missing, workdir, children, stacks)
     except KeyboardInterrupt as exc:
         _ignore_signals()
         children.stopping.set()  # what torchrun prints while it dies is not news
@@ -157,6 +165,24 @@ def run(args: argparse.Namespace) -> int:
             st.close()
         stop_adopted()  # orphans adopted as subreaper: nothing outlives the demo
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _entries(folder: str) -> set[str]:
+    try:
+        return set(os.listdir(folder))
+    except OSError:
+        return set()
+
+
+def shown(line: str) -> bool:
+    """Say whether the demo shows a line its job printed: the trainer's announcements (``rank
+    N: ...``), the exporter's own lines (the hang verdict), and an error that is not a line of
+    torchrun's account of a failed worker, which a fault makes expected."""
+    if _ANNOUNCEMENT.match(line) or "ddp-exporter" in line:
+        return True
+    if line[:1].isspace() or "ChildFailedError" in line:
+        return False  # a traceback's or torchrun's failure summary's inner lines
+    return "Error" in line or "error" in line
 
 
 def _ignore_signals() -> None:
@@ -187,9 +213,11 @@ def _commands(
     if file_sd:
         os.makedirs(file_sd, exist_ok=True)
         trainer += ["--file-sd", file_sd]
-    if use_stack:
-        # A hang must page before the demo's watchdog fires: a short process-group timeout.
-        trainer += ["--timeout", "60"]
+    if use_stack or args.duration:
+        # A short process-group timeout: a hang pages before it fires, and a hung job ends a
+        # minute after the hang, not after gloo's default 30 minutes (the duration cannot end
+        # a rank that waits inside a collective).
+        trainer += ["--timeout", str(HUNG_JOB_TIMEOUT_S)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     master_port = str(free_port())
     if args.fault == "kill":
@@ -233,12 +261,15 @@ def _commands(
 def _run_demo(
     args: argparse.Namespace,
     use_stack: bool,
+    missing: str | None,
     workdir: str,
     children: _Children,
     stacks: list[LocalStack],
 ) -> int:
     file_sd = args.file_sd or (os.path.join(workdir, "file_sd") if use_stack else None)
     commands = _commands(args, file_sd, use_stack)
+    dumps = dump_dir(None)
+    before = _entries(dumps)
     print(
         f"ddp-exporter demo: {args.ranks} ranks on gloo, fault={args.fault}"
         + (
@@ -265,11 +296,8 @@ def _run_demo(
             "(FAST rules; alerts are printed as they arrive)",
             flush=True,
         )
-    elif args.stack is None:
-        print(
-            "(install prometheus and prometheus-alertmanager, and the mixin extra "
-            f"({MIXIN_EXTRA}), to also see alerts arrive)"
-        )
+    elif missing is not None:  # not asked for with --no-stack
+        print(f"(to also see alerts arrive: {missing})")
     urls: dict[int, str] = {}
     jobs = [
         children.start(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
@@ -283,9 +311,7 @@ def _run_demo(
                 continue  # torchrun's traceback as the demo stops it
             found = metrics_urls(line)
             urls.update(found)
-            # "ddp-exporter hang": the forensics' detection line and verdict (rank 0 logs).
-            shown = found or "injecting fault" in line or "ddp-exporter hang" in line
-            if shown or "Error" in line or "error" in line:
+            if found or shown(line):
                 say(line.rstrip())  # one write: several pump threads share stdout
 
     for job in jobs:
@@ -307,4 +333,9 @@ def _run_demo(
         last = history.judge(topmod.fetch([urls[r] for r in sorted(urls)]))
         print("\n" + topmod.render(last), flush=True)
     print(f"ddp-exporter demo: training finished (exit {code})")
+    if _entries(dumps) - before:  # the ranks' files outlive the demo: say where they are
+        print(
+            f"ddp-exporter demo: the run's goodput account and any hang dumps are in {dumps} "
+            "(ddp-exporter goodput --file FILE, ddp-exporter hangs FOLDER)"
+        )
     return 0 if code == 0 or args.fault in ("kill", "hang", "freeze") else code
