@@ -81,6 +81,19 @@ def test_a_straggler_is_named_by_compute_and_only_a_hang_replaces_it():
 
 
 @pytest.mark.unit
+def test_in_a_run_of_two_ranks_the_slower_is_judged_against_the_faster():
+    """Their median is their mean: a rank 2.9 times slower was only 1.49 times it."""
+    two = [_row(0, 5, compute=0.042), _row(1, 5, compute=0.122)]
+    later = [_row(0, 6, compute=0.042, steps=200), _row(1, 6, compute=0.122, steps=200)]
+    verdicts = _reads(two, later)[1]
+    assert verdicts[1].startswith("straggler: compute 122 ms vs the other rank's 42 ms"), verdicts
+    assert verdicts[0] == ""
+    even = [_row(0, 5, compute=0.1), _row(1, 5, compute=0.12)]
+    later = [_row(0, 6, compute=0.1, steps=200), _row(1, 6, compute=0.12, steps=200)]
+    assert _reads(even, later)[1] == {0: "", 1: ""}
+
+
+@pytest.mark.unit
 def test_a_rank_slow_in_compute_that_waits_for_a_later_rank_is_not_a_straggler():
     # A loaded rehearsal's FSDP2 slow-data drill: rank 2 waits 400 ms for data each step, the
     # other two wait for it; rank 0 (the monitoring rank, on a busy host) computes 171 ms, rank

@@ -224,10 +224,7 @@ def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
             "record": r.phase_mean,
             "expr": _mean_rate(cfg, catalog.STEP_PHASE, "run, rank, phase", w),
         },
-        {
-            "record": r.phase_median,
-            "expr": f"quantile {c.by('run, phase')} (0.5, {r.phase_mean})",
-        },
+        {"record": r.phase_median, "expr": _baseline(c, "run, phase", r.phase_mean)},
         {
             "record": r.phase_ratio,
             "expr": f"{r.phase_mean}\n/ {c.on('run, phase')} group_left\n{r.phase_median}",
@@ -243,8 +240,8 @@ def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
         {
             "record": r.straggler_score,
             "expr": (
-                f"{r.work_mean}\n/ {c.on('run')} group_left\n"
-                f"quantile {c.by('run')} (0.5, {r.work_mean})"
+                f"{r.work_mean}\n/ {c.on('run')} group_left ()\n"
+                f"({_baseline(c, 'run', r.work_mean)})"
             ),
         },
         # NVRx's anchor: the run's median over the rank's compute+data, capped at 1: 1 = as
@@ -255,6 +252,18 @@ def _step_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:
             "expr": f"clamp_max(1 / ({r.straggler_score} > 0), 1)",
         },
     ]
+
+
+def _baseline(c: Clauses, by: str, series: str) -> str:
+    """Return what a rank's compute or data time is judged against: the run's median over its
+    ranks, and in a run of two ranks the faster one's (their median is their mean, which a
+    rank would have to exceed threefold to be 1.5 times it: a 2.9 times slower rank went
+    unnamed)."""
+    return (
+        f"(quantile {c.by(by)} (0.5, {series})\n"
+        f" and {c.on(by)} (count {c.by(by)} ({series}) > 2))\n"
+        f"or min {c.by(by)} ({series})"
+    )
 
 
 def _collective_records(cfg: MixinConfig, r: Recorded, c: Clauses) -> list[Rule]:

@@ -95,7 +95,8 @@ def rank_straggler(cfg: MixinConfig = DEFAULT) -> Alert:
         ),
         "In DDP every step ends in an allreduce, so the slowest rank sets the pace. The slow "
         "rank is the one with more compute (cause=compute) or data-loading (cause=data) time "
-        "per step than the median rank. Its collective latency is the SHORTEST: the healthy "
+        "per step than the median rank (in a run of two ranks, than the faster one: the "
+        "median of two is their mean). Its collective latency is the SHORTEST: the healthy "
         "ranks wait for it inside the allreduce, so never blame by collective latency. A rank "
         "whose compute and data time together fall short of another rank's by "
         f"{cfg.straggler_ratio:g}x and {cfg.straggler_min_excess_seconds * 1000:g} ms reaches "

@@ -237,7 +237,7 @@ def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
     latest = max((_arrival(r) for r in live if r.phases), default=0.0)
     for key in ("compute", "data"):
         values = [r.phases.get(key, 0.0) for r in live if r.phases]
-        med = statistics.median(values) if values else 0.0
+        med, against = _baseline(values)
         for r in live:
             v = r.phases.get(key, 0.0)
             own = _arrival(r)
@@ -246,9 +246,17 @@ def _stragglers(live: list[RankRow], config: MixinConfig) -> None:
             if med > 0 and v > straggler_ratio * med and v - med > straggler_min_excess:
                 if not r.suspect:
                     r.suspect = f"straggler:{key}"
-                    r.note = f"{key} {v * 1e3:.0f} ms vs median {med * 1e3:.0f} ms"
+                    r.note = f"{key} {v * 1e3:.0f} ms vs {against} {med * 1e3:.0f} ms"
                     if key == "compute":
                         r.note += _gpu_cause(r, live, config)
+
+
+def _baseline(values: list[float]) -> tuple[float, str]:
+    """Return what a rank's compute or data time is judged against, and its name: the run's
+    median, in a run of two ranks the faster one's, as the rules judge it."""
+    if len(values) == 2:
+        return min(values), "the other rank's"
+    return (statistics.median(values) if values else 0.0), "median"
 
 
 def _gpu_cause(r: RankRow, live: list[RankRow], config: MixinConfig) -> str:
