@@ -1,0 +1,150 @@
+"""Bad input to the ddp-exporter tools: a usage error exits 2 in one line naming the option or
+file and what it expects, a failed read exits 1 in one line; never a traceback, never nonsense
+accepted silently."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from exporter.tools import cli
+from exporter.tools.top.fetch import fetch, target_url
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run ``ddp-exporter ARGV`` in this process; return its error line (it must exit 2)."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"ddp-exporter {argv[0]}"), err
+    assert "Traceback" not in err
+    return line
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """Yield a port bound but not listening: every connection to it is refused meanwhile."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+@contextmanager
+def serving(body: bytes) -> Iterator[int]:
+    """Yield the port of an HTTP server that answers every GET with ``body``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- top ---------------------------------------------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("target", "url"),
+    [
+        ("10.0.0.1:9400", "http://10.0.0.1:9400/metrics"),
+        ("[::1]:9400", "http://[::1]:9400/metrics"),
+        ("http://node-1:9400/metrics", "http://node-1:9400/metrics"),
+        ("https://node-1/x", "https://node-1/x"),
+    ],
+)
+def test_a_target_is_host_port_or_an_http_url(target: str, url: str) -> None:
+    assert target_url(target) == url
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "target",
+    ["garbage", "node:0", "node:", "node:99999", ":9400", "node:9400/x", "http://[::1", "ftp://x"],
+)
+def test_top_refuses_a_target_it_could_never_read(capsys, target: str) -> None:
+    line = usage_error(capsys, "top", "--targets", f"127.0.0.1:9400,{target}", "--once")
+    assert line.endswith(
+        f"--targets: expected host:port (a port 1..65535) or an http(s) URL, got {target!r}"
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--refresh", "nan", "a number of seconds > 0 and <= 86400"),
+        ("--refresh", "inf", "a number of seconds > 0 and <= 86400"),
+        ("--refresh", "1e300", "a number of seconds > 0 and <= 86400"),
+        ("--refresh", "0", "a number of seconds > 0 and <= 86400"),
+        ("--worst", "0", "a whole number >= 1"),
+        ("--worst", "-3", "a whole number >= 1"),
+        ("--prometheus", "garbage", "an http:// or https:// URL"),
+        ("--prometheus", "http://[::1", "an http:// or https:// URL"),
+        ("--window", "0s", "a duration > 0"),
+    ],
+)
+def test_top_refuses_an_option_value_out_of_its_range(capsys, option, value, expected) -> None:
+    source = ["--targets", "127.0.0.1:9400"]
+    if option in ("--prometheus", "--window"):
+        source = ["--prometheus", "http://127.0.0.1:9", "--run", "x"]
+    line = usage_error(capsys, "top", *source, option, value, "--once")
+    assert f"argument {option}: expected {expected}" in line and repr(value) in line
+
+
+@pytest.mark.unit
+def test_top_once_exits_1_in_one_line_when_no_rank_can_be_read(capsys) -> None:
+    with refusing_port() as port:
+        code = cli.main(["top", "--targets", f"127.0.0.1:{port}", "--once", "--refresh", "0.01"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "", out
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"ddp-exporter top: no rank could be read: 127.0.0.1:{port} ("), err
+
+
+@pytest.mark.unit
+def test_a_rank_read_while_another_is_not_is_down_in_the_table(capsys) -> None:
+    page = b'# TYPE ddp_steps_total counter\nddp_steps_total{rank="0"} 5\n'
+    with serving(page) as up, refusing_port() as down:
+        targets = f"127.0.0.1:{up},127.0.0.1:{down}"
+        code = cli.main(["top", "--targets", targets, "--once", "--refresh", "0.01"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "", err
+    assert "DOWN: endpoint unreachable" in out
+
+
+@pytest.mark.unit
+def test_an_endpoint_that_is_no_rank_s_page_is_down_with_why() -> None:
+    with serving(b"<html><body>a web page</body></html>\n") as page:
+        with socket.socket() as ssh:  # a server that does not speak HTTP at all
+            ssh.bind(("127.0.0.1", 0))
+            ssh.listen()
+
+            def greet() -> None:
+                conn, _ = ssh.accept()
+                with conn:
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                    conn.recv(1024)
+
+            threading.Thread(target=greet, daemon=True).start()
+            rows = fetch([f"127.0.0.1:{page}", f"127.0.0.1:{ssh.getsockname()[1]}"])
+    assert [r.up for r in rows] == [False, False]
+    assert rows[0].error.startswith("not a metrics page"), rows[0].error
+    assert rows[1].error, rows[1]
