@@ -148,3 +148,41 @@ def test_an_endpoint_that_is_no_rank_s_page_is_down_with_why() -> None:
     assert [r.up for r in rows] == [False, False]
     assert rows[0].error.startswith("not a metrics page"), rows[0].error
     assert rows[1].error, rows[1]
+
+
+# -- goodput and nodes -------------------------------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--window", "bogus", "a duration > 0"),
+        ("--window", "0s", "a duration > 0"),
+        ("--lookback", "forever", "a duration > 0"),
+        ("--max-drop", "nan", "a number from 0 to 1"),
+        ("--max-drop", "-0.1", "a number from 0 to 1"),
+        ("--max-drop", "2", "a number from 0 to 1"),
+        ("--prometheus", "localhost:9090", "an http:// or https:// URL"),
+    ],
+)
+def test_goodput_refuses_a_bad_value_before_it_reads_anything(
+    capsys, option, value, expected
+) -> None:
+    with refusing_port() as port:  # nothing answers there: a read would exit 1, not 2
+        prometheus = ["--prometheus", f"http://127.0.0.1:{port}", "--run", "r"]
+        line = usage_error(capsys, "goodput", *prometheus, option, value)
+    assert f"argument {option}: expected {expected}" in line and repr(value) in line
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--worst", "0", "a whole number >= 1"),
+        ("--prometheus", "garbage", "an http:// or https:// URL"),
+    ],
+)
+def test_nodes_refuses_a_bad_value_before_it_reads_anything(capsys, option, value, expected):
+    with refusing_port() as port:
+        argv = ["nodes", "--prometheus", f"http://127.0.0.1:{port}", option, value]
+        line = usage_error(capsys, *argv)
+    assert f"argument {option}: expected {expected}" in line and repr(value) in line

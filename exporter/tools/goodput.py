@@ -19,6 +19,7 @@ from typing import Any
 from .. import catalog
 from ..sources.goodput.categories import CATEGORIES
 from ..sources.goodput.summary import document, ettr, render, unplanned_ettr
+from . import options
 from .promapi import instant_query
 
 __all__ = ["add_parser", "compare", "fetch_account", "load_account", "run"]
@@ -36,19 +37,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "cost time, its episodes) from Prometheus or from the run's goodput file; or compare "
         "two runs. Exit 1 when --compare finds a regression or a run cannot be read.",
     )
-    g.add_argument("--prometheus", metavar="URL", help="Prometheus to read the account from")
+    g.add_argument(
+        "--prometheus",
+        metavar="URL",
+        type=options.prometheus_url,
+        help="Prometheus to read the account from",
+    )
     g.add_argument("--run", help="the run (its run label)")
     g.add_argument("--file", metavar="PATH", help="read the account from <run>-goodput.json")
     g.add_argument(
         "--window",
         metavar="DURATION",
-        default="",
+        type=options.duration,
         help="only the last DURATION (e.g. 1h, 1d), as the dashboard's records "
         "(Prometheus; default: the whole run)",
     )
     g.add_argument(
         "--lookback",
         metavar="DURATION",
+        type=options.duration,
         default=LOOKBACK,
         help=f"how far back the whole run is looked for (default {LOOKBACK})",
     )
@@ -61,7 +68,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--max-drop",
-        type=float,
+        type=options.share,
         default=0.02,
         help="ETTR points B may lose against A before --compare fails (default 0.02)",
     )
@@ -130,7 +137,7 @@ def _account(args: argparse.Namespace, which: str) -> dict[str, Any]:
         return load_account(which)
     if not args.prometheus:
         raise ValueError(f"{which!r} is no goodput file; give --prometheus URL to read the run")
-    return fetch_account(args.prometheus, which, args.window, args.lookback)
+    return fetch_account(args.prometheus, which, args.window or "", args.lookback)
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], max_drop: float) -> dict[str, Any]:
@@ -192,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         if args.file:
             doc = load_account(args.file)
         elif args.prometheus and args.run:
-            doc = fetch_account(args.prometheus, args.run, args.window, args.lookback)
+            doc = fetch_account(args.prometheus, args.run, args.window or "", args.lookback)
         else:
             args.parser.error("give --prometheus URL --run RUN, --file PATH, or --compare A B")
     except (OSError, ValueError, RuntimeError, LookupError) as exc:

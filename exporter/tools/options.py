@@ -20,6 +20,7 @@ __all__ = [
     "duration",
     "prometheus_url",
     "seconds",
+    "share",
 ]
 
 #: The longest wait an option may ask for: a day. A longer refresh or timeout is a typo, and
@@ -47,6 +48,14 @@ def seconds(text: str) -> float:
     value = _number(text, expected)
     if not 0 < value <= MAX_SECONDS:
         raise _refuse(expected, text)
+    return value
+
+
+def share(text: str) -> float:
+    """Return a share: a number from 0 to 1."""
+    value = _number(text, "a number from 0 to 1")
+    if not 0 <= value <= 1:
+        raise _refuse("a number from 0 to 1", text)
     return value
 
 
