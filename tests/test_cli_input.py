@@ -186,3 +186,31 @@ def test_nodes_refuses_a_bad_value_before_it_reads_anything(capsys, option, valu
         argv = ["nodes", "--prometheus", f"http://127.0.0.1:{port}", option, value]
         line = usage_error(capsys, *argv)
     assert f"argument {option}: expected {expected}" in line and repr(value) in line
+
+
+# -- doctor ------------------------------------------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--timeout", "inf", "a number of seconds > 0 and <= 86400"),
+        ("--timeout", "nan", "a number of seconds > 0 and <= 86400"),
+        ("--timeout", "0", "a number of seconds > 0 and <= 86400"),
+        ("--step-timeout", "inf", "a number of seconds > 0 and <= 86400"),
+        ("--step-timeout", "-1", "a number of seconds > 0 and <= 86400"),
+        ("--links-mib", "nan", "a size in MiB > 0 and <= 1024"),
+        ("--links-mib", "1e300", "a size in MiB > 0 and <= 1024"),
+    ],
+)
+def test_doctor_refuses_a_value_out_of_range_before_any_rank_runs(
+    capsys, option, value, expected
+) -> None:
+    from exporter.tools import doctor
+
+    line = usage_error(capsys, "doctor", option, value)
+    assert line.endswith(f"argument {option}: expected {expected}, got {value!r}"), line
+    # python -m exporter.doctor: the same parser, the same refusal.
+    with pytest.raises(SystemExit) as ended:
+        doctor.main([option, value], environ={})
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(repr(value))

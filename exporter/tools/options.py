@@ -18,6 +18,7 @@ __all__ = [
     "MAX_SECONDS",
     "count",
     "duration",
+    "mebibytes",
     "prometheus_url",
     "seconds",
     "share",
@@ -48,6 +49,14 @@ def seconds(text: str) -> float:
     value = _number(text, expected)
     if not 0 < value <= MAX_SECONDS:
         raise _refuse(expected, text)
+    return value
+
+
+def mebibytes(text: str) -> float:
+    """Return a size in MiB > 0 and at most 1024 (a GiB, already minutes on a slow link)."""
+    value = _number(text, "a size in MiB > 0 and <= 1024")
+    if not 0 < value <= 1024:
+        raise _refuse("a size in MiB > 0 and <= 1024", text)
     return value
 
 
