@@ -214,3 +214,38 @@ def test_doctor_refuses_a_value_out_of_range_before_any_rank_runs(
         doctor.main([option, value], environ={})
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(repr(value))
+
+
+# -- demo --------------------------------------------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--port", "70000", "a port 0..65535"),
+        ("--port", "-5", "a port 0..65535"),
+        ("--duration", "-1", "a number of seconds >= 0 and <= 86400"),
+        ("--duration", "inf", "a number of seconds >= 0 and <= 86400"),
+        ("--fault-after", "-1", "a number of seconds >= 0 and <= 86400"),
+        ("--fault-after", "nan", "a number of seconds >= 0 and <= 86400"),
+        ("--refresh", "0", "a number of seconds > 0 and <= 86400"),
+        ("--ranks", "0", "a whole number >= 1"),
+    ],
+)
+def test_demo_refuses_a_value_out_of_range_before_it_starts_anything(
+    capsys, option, value, expected
+) -> None:
+    line = usage_error(capsys, "demo", "--no-stack", option, value)
+    assert line.endswith(f"argument {option}: expected {expected}, got {value!r}"), line
+
+
+@pytest.mark.unit
+def test_demo_refuses_ports_past_65535_and_a_file_sd_that_is_no_folder(capsys, tmp_path) -> None:
+    line = usage_error(capsys, "demo", "--no-stack", "--port", "65535", "--ranks", "2")
+    assert line.endswith("--port 65535: its ranks would serve on 65535..65536, past 65535")
+    afile = tmp_path / "targets.json"
+    afile.write_text("[]")
+    line = usage_error(capsys, "demo", "--no-stack", "--port", "0", "--file-sd", str(afile))
+    assert line.endswith(f"--file-sd: expected a folder, {afile} is a file"), line
+    under = afile / "sd"
+    line = usage_error(capsys, "demo", "--no-stack", "--port", "0", "--file-sd", str(under))
+    assert line.endswith(f"--file-sd: cannot create the folder {under}: Not a directory"), line
