@@ -5,12 +5,15 @@ accepted silently."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from harness import REPO, child_env
 
 from exporter.tools import cli
 from exporter.tools.top.fetch import fetch, target_url
@@ -26,6 +29,18 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     assert line.startswith(f"ddp-exporter {argv[0]}"), err
     assert "Traceback" not in err
     return line
+
+
+def ddp_exporter(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``ddp-exporter ARGV`` in a process of its own (a tool that may start others)."""
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.tools.cli", *argv],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 @contextmanager
@@ -249,3 +264,31 @@ def test_demo_refuses_ports_past_65535_and_a_file_sd_that_is_no_folder(capsys, t
     under = afile / "sd"
     line = usage_error(capsys, "demo", "--no-stack", "--port", "0", "--file-sd", str(under))
     assert line.endswith(f"--file-sd: cannot create the folder {under}: Not a directory"), line
+
+
+# -- run ---------------------------------------------------------------------------------------
+@pytest.mark.tool
+def test_run_refuses_a_table_interval_it_could_not_wait_and_a_file_sd_that_is_no_folder(
+    tmp_path,
+) -> None:
+    for value in ("1e300", "nan", "-1"):
+        out = ddp_exporter("run", "--no-stack", "--top", value, "--", "true")
+        assert out.returncode == 2 and out.stdout == "", out
+        line = out.stderr.strip().splitlines()[-1]
+        expected = "argument --top: expected a number of seconds >= 0 and <= 86400"
+        assert line == f"ddp-exporter run: error: {expected}, got {value!r}", out.stderr
+    afile = tmp_path / "targets"
+    afile.write_text("")
+    for folder, why in ((afile, "expected a folder, {} is a file"), (afile / "x", None)):
+        out = ddp_exporter(
+            "run",
+            "--no-stack",
+            "--top",
+            "1",
+            "--",
+            "true",
+            env={"DDP_EXPORTER_FILE_SD": str(folder)},
+        )
+        assert out.returncode == 2 and out.stdout == "", out
+        said = why.format(folder) if why else f"cannot create the folder {folder}: Not a directory"
+        assert out.stderr == f"ddp-exporter run: DDP_EXPORTER_FILE_SD: {said}\n", out.stderr
