@@ -10,6 +10,7 @@ from exporter.mixin.config import DEFAULT, DOMAINS, FAST, MixinConfig, config_fr
 from exporter.mixin.config.fleet import FleetConfig
 from exporter.mixin.config.goodput import GoodputConfig
 from exporter.mixin.config.windows import WindowConfig
+from exporter.mixin.promql import check_matchers, string
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +64,34 @@ def test_the_public_api_stays_flat() -> None:
     assert config_from({"shards": 3}).shards == 3 and config_from({}) == DEFAULT
     assert DEFAULT.hang_policy.stall_min_seconds == DEFAULT.stall_min_seconds
     assert not DEFAULT.receivers_set and "TITLE" not in _names(MixinConfig)
+
+
+@pytest.mark.parametrize(
+    "selector",
+    ["", 'cluster="a"', "cluster='a', env!~\"dev|test\"", ' a = "b" , c=~".*" ', 'a="\\u00e9\\""'],
+)
+def test_the_selector_may_be_any_list_of_label_matchers(selector: str) -> None:
+    assert MixinConfig(selector=selector).selector == selector
+    check_matchers(selector)
+
+
+@pytest.mark.parametrize(
+    "selector",
+    ["}{", 'a="b",', ",", "a=b", 'a="b" b="c"', 'a="\\q"', 'a="`"', 'a.b="c"', 'a="\\ud800"'],
+)
+def test_a_selector_that_is_no_list_of_label_matchers_is_refused(selector: str) -> None:
+    for make in (MixinConfig, lambda **kw: config_from(kw)):
+        with pytest.raises(ValueError, match="^selector: ") as err:
+            make(selector=selector)
+        assert repr(selector) in str(err.value)
+
+
+def test_a_label_value_is_quoted_whatever_it_holds() -> None:
+    assert string('a"b\\c\nd é') == '"a\\"b\\\\c\\nd é"'
+    assert string("😀") == '"😀"'  # no \ud83d\ude00: PromQL refuses half a surrogate pair
+
+
+@pytest.mark.parametrize("url", ["http://x/{{y}}", "wiki/runbook", "https://a b", ""])
+def test_the_runbook_is_an_http_url_no_template_reads_into(url: str) -> None:
+    with pytest.raises(ValueError, match="^runbook_base_url must be an http"):
+        MixinConfig(runbook_base_url=url)

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from .. import catalog
+from ..mixin.promql import string
 from ..sources.goodput.categories import CATEGORIES
 from ..sources.goodput.summary import document, ettr, render, unplanned_ettr
 from . import options
@@ -87,7 +88,7 @@ def fetch_account(url: str, run: str, window: str = "", lookback: str = LOOKBACK
     Raises RuntimeError (an error Prometheus answered) or OSError (Prometheus unreachable),
     and LookupError when Prometheus holds no account of the run.
     """
-    sel = f"run={json.dumps(run)}"
+    sel = f"run={string(run)}"
     seconds, blamed = catalog.GOODPUT.name, catalog.GOODPUT_BLAME.name
     if window:
         # The dashboard's records: one series per run and category, max over the targets.

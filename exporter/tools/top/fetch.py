@@ -18,6 +18,7 @@ from ...mixin.alerts.gpu import SLOWDOWN_REASONS
 from ...mixin.alerts.liveness import silence_seconds
 from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig, duration_seconds
+from ...mixin.promql import string
 from ...web.client import HTTPClient
 from ..promapi import instant_query
 from .diagnose import diagnose
@@ -195,8 +196,7 @@ def fetch_prometheus(
     def query(expr: str) -> list[dict]:
         return instant_query(url, expr, timeout, at=at)
 
-    quoted = run.replace("\\", "\\\\").replace('"', '\\"')
-    run_sel = ", ".join(m for m in (f'run="{quoted}"', cluster_matcher(config, cluster)) if m)
+    run_sel = ", ".join(m for m in (f"run={string(run)}", cluster_matcher(config, cluster)) if m)
     if config.cluster_label and not cluster:
         label = config.cluster_label
         found = query(f"count by ({label}) ({c.RANK_INFO.name}{{{run_sel}}})")
