@@ -292,3 +292,43 @@ def test_run_refuses_a_table_interval_it_could_not_wait_and_a_file_sd_that_is_no
         assert out.returncode == 2 and out.stdout == "", out
         said = why.format(folder) if why else f"cannot create the folder {folder}: Not a directory"
         assert out.stderr == f"ddp-exporter run: DDP_EXPORTER_FILE_SD: {said}\n", out.stderr
+
+
+# -- mixin -------------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_mixin_refuses_an_out_or_root_that_is_no_folder(capsys, tmp_path) -> None:
+    afile = tmp_path / "rules.yml"
+    afile.write_text("")
+    line = usage_error(capsys, "mixin", "generate", "--out", str(afile))
+    assert line.endswith(f"--out: expected a folder, {afile} is a file"), line
+    line = usage_error(capsys, "mixin", "generate", "--out", str(afile / "out"))
+    assert f"--out: cannot write {afile / 'out'}" in line and line.endswith(": Not a directory")
+    for root in (tmp_path / "nothing", afile):
+        line = usage_error(capsys, "mixin", "check", "--root", str(root))
+        assert line.endswith(
+            f"--root: expected the folder of the generated files, {root} is not one"
+        )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("base_port=abc", "--set base_port: expected a whole number, got 'abc'"),
+        ("straggler_ratio=x", "--set straggler_ratio: expected a number, got 'x'"),
+        ("straggler_ratio=nan", "straggler_ratio must be in [1, inf): nan"),
+        ("straggler_ratio=-1", "straggler_ratio must be in [1, inf): -1.0"),
+        ("dashboard_refresh=xyz", "dashboard_refresh must be a duration of one unit"),
+        ("selector=}{", "selector: expected label matchers"),
+    ],
+)
+def test_mixin_set_and_config_files_name_the_field_they_refuse(capsys, tmp_path, setting, said):
+    out = tmp_path / "out"
+    line = usage_error(capsys, "mixin", "generate", "--out", str(out), "--set", setting)
+    assert said in line, line
+    assert not out.exists()  # refused before a file is written
+    if "nan" in setting:  # a config file gets the same checks (JSON as Python reads it: NaN)
+        config = tmp_path / "mixin.json"
+        config.write_text('{"ddp_exporter_mixin": {"straggler_ratio": NaN}}')
+        line = usage_error(capsys, "mixin", "generate", "--out", str(out), "--config", str(config))
+        assert said in line, line
