@@ -190,6 +190,24 @@ def test_goodput_refuses_a_bad_value_before_it_reads_anything(
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"ddp_exporter_goodput": 1}', "no field 'totals'"),
+        ('{"ddp_exporter_goodput": 1, "totals": [1]}', "'list' object has no attribute 'get'"),
+    ],
+)
+def test_goodput_names_a_file_that_holds_no_account_it_can_read(capsys, tmp_path, text, why):
+    path = tmp_path / "r-goodput.json"
+    path.write_text(text)
+    for argv in (["--file", str(path)], ["--compare", str(path), str(path)]):
+        assert cli.main(["goodput", *argv]) == 1
+        out, err = capsys.readouterr()
+        assert out == "", out
+        assert err == f"ddp-exporter goodput: {path} holds no readable goodput account: {why}\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
     ("option", "value", "expected"),
     [
         ("--worst", "0", "a whole number >= 1"),

@@ -129,6 +129,14 @@ def load_account(path: str) -> dict[str, Any]:
         doc = json.load(f)
     if not isinstance(doc, dict) or doc.get("ddp_exporter_goodput") != 1:
         raise ValueError(f"{path} is not a run's goodput file")
+    # What reads an account is render() and compare(): one they cannot read is refused here,
+    # naming the file, not later with a bare KeyError or a traceback.
+    try:
+        render(doc)
+        compare(doc, doc, 0.0)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        why = f"no field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"{path} holds no readable goodput account: {why}") from None
     return doc
 
 
