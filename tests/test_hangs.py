@@ -1,9 +1,7 @@
 """The verdict: culprits first, mismatches, waiting ranks, ranks grouped by identical stack."""
 
-import io
 import json
 import os
-from contextlib import redirect_stdout
 
 import pytest
 
@@ -122,19 +120,17 @@ def test_ranks_text():
     assert format_ranks([3], ranges=True) == "3"
 
 
-def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path):
+def test_cli_reads_newest_episode_and_reports_missing_folder(tmp_path, capsys):
     folder = tmp_path / "r-hang-1"
     folder.mkdir()
     ep = _episode(summaries={str(r): s for r, s in _six_ranks().items()})
     (folder / "episode.json").write_text(json.dumps(ep))
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli.main(["hangs", str(tmp_path)]) == 0
-    assert "rank 2 never entered all_reduce #41 (pg 0); it is at train.py:57" in out.getvalue()
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert cli.main(["hangs", str(tmp_path / "nothing")]) == 1
-    assert "no hang episode" in out.getvalue()
+    assert cli.main(["hangs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 2 never entered all_reduce #41 (pg 0); it is at train.py:57" in out
+    assert cli.main(["hangs", str(tmp_path / "nothing")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("ddp-exporter hangs: no hang episode"), err
     assert os.path.basename(hangs.find_episode(str(tmp_path))) == "r-hang-1"
 
 
@@ -167,3 +163,41 @@ def test_rank_files_of_one_node_do_not_call_other_nodes_silent(tmp_path):
         "node's disk)"
     ]
     assert "dumps of 2/3 ranks in this folder" in v.header
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [
+        ("rank-0.json", "[1]", "not a rank's dump: expected a JSON object, got list"),
+        ("rank-0.json", '{"rank": "x"}', "not a rank's dump: invalid literal for int()"),
+        ("rank-0.json", "{}", "not a rank's dump: no field 'rank'"),
+        ("rank-0.json", '{"rank": 0, "thre', "not JSON (Unterminated string"),
+        ("episode.json", "null", "not an episode: expected a JSON object, got NoneType"),
+    ],
+)
+def test_a_folder_of_unreadable_files_is_one_line_naming_the_file(
+    tmp_path, capsys, name, text, why
+):
+    folder = tmp_path / "r-hang-1"
+    folder.mkdir()
+    (folder / name).write_text(text)
+    assert cli.main(["hangs", str(folder)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(
+        f"ddp-exporter hangs: no readable episode in {folder}: {folder / name}: {why}"
+    )
+    with pytest.raises(ValueError, match=f"^{folder / name}: "):
+        hangs.load_episode(str(folder))  # without a list of skipped files: the first one raises
+
+
+def test_an_unreadable_rank_file_is_skipped_with_a_note_and_the_others_judged(tmp_path, capsys):
+    folder = tmp_path / "r-hang-1"
+    folder.mkdir()
+    ar = [{"op": "all_reduce", "seq": 41, "pg": "0"}]
+    (folder / "rank-0.json").write_text(json.dumps(_dump(0, _frames((60, "train_step")), ar)))
+    (folder / "rank-1.json").write_text('{"rank": 1, "threads": [{"na')  # killed as it wrote
+    assert cli.main(["hangs", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith(f"ddp-exporter hangs: skipped {folder / 'rank-1.json'}: not JSON ("), err
+    assert err.count("\n") == 1 and "dumps of 1/3 ranks in this folder" in out, out

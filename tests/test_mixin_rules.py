@@ -48,6 +48,30 @@ def test_promtool_check_rules(tmp_path: Path, cfg: MixinConfig) -> None:
     assert "SUCCESS" in proc.stdout
 
 
+#: Job names may be any string, quoted where an expression names them; the selector any list of
+#: label matchers PromQL reads, with what a template must not take literally (%, braces).
+ODD_STRINGS = MixinConfig(
+    job='train "a"\\b\nc',
+    federate_job="fed'\"{{x}}",
+    selector='env="a\\"b%c{{d}}", tier!~\'x|y\'',
+)
+
+
+@pytest.mark.tool
+def test_promtool_parses_the_rules_whatever_the_job_names_and_the_selector(tmp_path: Path) -> None:
+    promtool = require("promtool")
+    files = {"rules.yml": rules.render_rules(ODD_STRINGS), **sharding.render_sharded(ODD_STRINGS)}
+    for name, text in files.items():
+        if not name.endswith("rules.yml") and "/rules-" not in name:
+            continue
+        path = tmp_path / name.replace("/", "_")
+        path.write_text(text)
+        proc = subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, name + proc.stdout + proc.stderr
+
+
 @pytest.mark.tool
 @pytest.mark.parametrize("unit", UNIT_FILES, ids=[p.stem for p in UNIT_FILES])
 def test_promtool_unit(tmp_path: Path, unit: Path) -> None:

@@ -106,13 +106,12 @@ def apply_overrides(cfg: MixinConfig, pairs: Sequence[str]) -> MixinConfig:
             raise ValueError(
                 f"--set expects FIELD=VALUE with FIELD one of {sorted(types)}: {pair!r}"
             )
-        changes[name] = (
-            float(raw)
-            if types[name] in (float, "float")
-            else int(raw)
-            if types[name] in (int, "int")
-            else raw
-        )
+        number = {float: float, "float": float, int: int, "int": int}.get(types[name])
+        try:
+            changes[name] = number(raw) if number is not None else raw
+        except ValueError:
+            want = "a number" if number is float else "a whole number"
+            raise ValueError(f"--set {name}: expected {want}, got {raw!r}") from None
     return dataclasses.replace(cfg, **changes)
 
 
@@ -198,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     root = args.root or REPO_ROOT
     if root is None:
         parser.error("no checkout found to compare with: give --root DIR")
+    if not root.is_dir():  # else every file would be "stale", thousands of lines of diff
+        parser.error(f"--root: expected the folder of the generated files, {root} is not one")
     diffs = check(root, cfg, _cli(args))
     if diffs:
         sys.stdout.writelines(diffs)
@@ -218,8 +219,14 @@ def _generate(args: argparse.Namespace, cfg: MixinConfig) -> int:
             f"--out {out} is inside the installed packages ({_INSTALLED_IN}); write the files "
             "where your monitoring lives, e.g. --out ./monitoring"
         )
+    if out.exists() and not out.is_dir():
+        args.parser.error(f"--out: expected a folder, {out} is a file")
     generated_files, write_files = _renderers()
-    for path in write_files(out, generated_files(cfg, _cli(args))):
+    try:
+        written = write_files(out, generated_files(cfg, _cli(args)))
+    except OSError as exc:
+        args.parser.error(f"--out: cannot write {exc.filename or out}: {exc.strerror or exc}")
+    for path in written:
         print(path)
     return 0
 

@@ -20,16 +20,19 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..network import judge as networks
 from ..ranklist import format_ranks
 from . import codec, spans
 from .capture import summary_of
+from .codec.generic import load as load_json
 from .dumps import EPISODE_GLOB
-from .protocol import Action, Episode, Frame, Located, Network, Summary
+from .protocol import Action, Episode, Frame, Located, Network, RankDump, Summary
 
 __all__ = ["MARKER", "Verdict", "find_episode", "load_episode", "render", "verdict"]
+
+_T = TypeVar("_T")
 
 #: Prefix of every verdict line in the monitoring rank's log (the demo shows these lines).
 MARKER = "ddp-exporter hangs:"
@@ -409,20 +412,29 @@ def find_episode(path: str) -> str:
     return max(found, key=os.path.getmtime)
 
 
-def load_episode(folder: str) -> tuple[Episode, dict[int, Summary | None]]:
-    """Read an episode folder: the monitoring rank's episode.json and every rank's dump."""
+def load_episode(
+    folder: str, skipped: list[str] | None = None
+) -> tuple[Episode, dict[int, Summary | None]]:
+    """Read an episode folder: the monitoring rank's episode.json and every rank's dump.
+
+    A file that holds no episode or dump (cut short by a rank killed as it wrote, edited,
+    unreadable) raises ValueError naming it and what is wrong; with ``skipped``, it is left out
+    instead and that line appended there, so that the other files still give a verdict.
+    """
     summaries: dict[int, Summary | None] = {}
     episode: Episode | None = None
     path = os.path.join(folder, "episode.json")
     if os.path.exists(path):
-        with open(path) as f:
-            episode = codec.episode_from_dict(json.load(f))
-        summaries.update(episode.summaries or {})
+        episode = _read(path, "an episode", codec.episode_from_dict, skipped)
+        if episode is not None:
+            summaries.update(episode.summaries or {})
     for p in sorted(glob.glob(os.path.join(folder, "rank-*.json"))):
-        with open(p) as f:
-            dump = codec.dump_from_dict(json.load(f))
+        found = _read(p, "a rank's dump", _dump_summary, skipped)
+        if found is None:
+            continue
+        dump, summary = found
         # The full dump beats the store's summary.
-        summaries[dump.rank] = summary_of(dump.rank, dump.state)
+        summaries[dump.rank] = summary
         if episode is None:
             episode = Episode(
                 dump.request, run=dump.run, world_size=dump.world_size, local_only=True
@@ -433,3 +445,30 @@ def load_episode(folder: str) -> tuple[Episode, dict[int, Summary | None]]:
     for r in range(world):
         summaries.setdefault(r, None)
     return episode, summaries
+
+
+def _dump_summary(m: Mapping[str, Any]) -> tuple[RankDump, Summary]:
+    dump = codec.dump_from_dict(m)
+    return dump, summary_of(dump.rank, dump.state)
+
+
+def _read(
+    path: str, what: str, decode: Callable[[Mapping[str, Any]], _T], skipped: list[str] | None
+) -> _T | None:
+    """Return the file at ``path`` decoded; None where it is skipped (see :func:`load_episode`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return decode(load_json(f.read()))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        why = f"not JSON ({exc})"
+    except KeyError as exc:
+        why = f"not {what}: no field {exc.args[0]!r}"
+    # The codec's readers refuse a value of the wrong kind with any of these.
+    except (ValueError, TypeError, AttributeError) as exc:
+        why = f"not {what}: {exc}"
+    if skipped is None:
+        raise ValueError(f"{path}: {why}")
+    skipped.append(f"{path}: {why}")
+    return None

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from .config import MixinConfig
+from .promql import string
 
 __all__ = ["Clauses", "aggregations", "clauses", "cluster_matcher", "scoped"]
 
@@ -93,5 +94,4 @@ def cluster_matcher(cfg: MixinConfig, value: str) -> str:
     """Return the label matcher ``cluster="value"`` (empty when no value or no cluster label)."""
     if not value or not cfg.cluster_label:
         return ""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{cfg.cluster_label}="{escaped}"'
+    return f"{cfg.cluster_label}={string(value)}"

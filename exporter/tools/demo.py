@@ -25,6 +25,7 @@ from typing import Any
 
 from ..mixin.config import FAST
 from ..settings import DEFAULT_PORT, dump_dir
+from . import options
 from . import top as topmod
 from .localstack import LocalStack, add_stack_flags, free_port, stack_choice
 from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
@@ -100,24 +101,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "with a live per-rank table, optionally a fault, and (when installed) "
         "Prometheus and Alertmanager printing the alerts as they arrive.",
     )
-    d.add_argument("--ranks", type=int, default=3, help="training processes (ranks)")
+    d.add_argument("--ranks", type=options.count, default=3, help="training processes (ranks)")
     d.add_argument("--fault", choices=FAULTS, default="none", help="the fault to inject")
     d.add_argument("--fault-rank", type=int, default=1, help="the rank the fault hits")
     d.add_argument(
         "--fault-after",
-        type=float,
+        type=options.seconds_or_zero,
         default=10.0,
         help="seconds of healthy training before the fault",
     )
     d.add_argument(
         "--duration",
-        type=float,
+        type=options.seconds_or_zero,
         default=60.0,
         help=f"seconds (0: until Ctrl-C); a hung job ends {HUNG_JOB_TIMEOUT_S} s after its hang",
     )
-    d.add_argument("--port", type=int, default=DEFAULT_PORT, help="base port; 0 = free ports")
-    d.add_argument("--file-sd", default=None, help="write Prometheus file_sd targets here")
-    d.add_argument("--refresh", type=float, default=2.0, help="seconds between table refreshes")
+    d.add_argument(
+        "--port", type=options.port, default=DEFAULT_PORT, help="base port; 0 = free ports"
+    )
+    d.add_argument(
+        "--file-sd", default=None, help="folder to write the ranks' Prometheus file_sd targets into"
+    )
+    d.add_argument(
+        "--refresh", type=options.seconds, default=2.0, help="seconds between table refreshes"
+    )
     d.add_argument("--no-top", action="store_true", help="do not show the live table")
     add_stack_flags(
         d, "also run Prometheus + Alertmanager (default: when installed; needs the mixin extra)"
@@ -129,10 +136,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``ddp-exporter demo`` with parsed ``args``; return its exit status."""
     parser = args.parser
-    if args.ranks < 1:
-        parser.error("--ranks must be at least 1")
     if args.fault != "none" and not 0 <= args.fault_rank < args.ranks:
         parser.error(f"--fault-rank {args.fault_rank} is out of range for --ranks {args.ranks}")
+    if args.port and args.port + args.ranks - 1 > 65535:
+        last = args.port + args.ranks - 1
+        parser.error(
+            f"--port {args.port}: its ranks would serve on {args.port}..{last}, past 65535"
+        )
+    if args.file_sd:
+        try:
+            options.make_folder(args.file_sd)
+        except ValueError as exc:
+            parser.error(f"--file-sd: {exc}")
     if args.port:
         taken = [p for p in range(args.port, args.port + args.ranks) if not _port_free(p)]
         if taken:

@@ -17,8 +17,10 @@ import sys
 from typing import Any
 
 from .. import catalog
+from ..mixin.promql import string
 from ..sources.goodput.categories import CATEGORIES
 from ..sources.goodput.summary import document, ettr, render, unplanned_ettr
+from . import options
 from .promapi import instant_query
 
 __all__ = ["add_parser", "compare", "fetch_account", "load_account", "run"]
@@ -36,19 +38,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "cost time, its episodes) from Prometheus or from the run's goodput file; or compare "
         "two runs. Exit 1 when --compare finds a regression or a run cannot be read.",
     )
-    g.add_argument("--prometheus", metavar="URL", help="Prometheus to read the account from")
+    g.add_argument(
+        "--prometheus",
+        metavar="URL",
+        type=options.prometheus_url,
+        help="Prometheus to read the account from",
+    )
     g.add_argument("--run", help="the run (its run label)")
     g.add_argument("--file", metavar="PATH", help="read the account from <run>-goodput.json")
     g.add_argument(
         "--window",
         metavar="DURATION",
-        default="",
+        type=options.duration,
         help="only the last DURATION (e.g. 1h, 1d), as the dashboard's records "
         "(Prometheus; default: the whole run)",
     )
     g.add_argument(
         "--lookback",
         metavar="DURATION",
+        type=options.duration,
         default=LOOKBACK,
         help=f"how far back the whole run is looked for (default {LOOKBACK})",
     )
@@ -61,7 +69,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--max-drop",
-        type=float,
+        type=options.share,
         default=0.02,
         help="ETTR points B may lose against A before --compare fails (default 0.02)",
     )
@@ -80,7 +88,7 @@ def fetch_account(url: str, run: str, window: str = "", lookback: str = LOOKBACK
     Raises RuntimeError (an error Prometheus answered) or OSError (Prometheus unreachable),
     and LookupError when Prometheus holds no account of the run.
     """
-    sel = f"run={json.dumps(run)}"
+    sel = f"run={string(run)}"
     seconds, blamed = catalog.GOODPUT.name, catalog.GOODPUT_BLAME.name
     if window:
         # The dashboard's records: one series per run and category, max over the targets.
@@ -121,6 +129,14 @@ def load_account(path: str) -> dict[str, Any]:
         doc = json.load(f)
     if not isinstance(doc, dict) or doc.get("ddp_exporter_goodput") != 1:
         raise ValueError(f"{path} is not a run's goodput file")
+    # What reads an account is render() and compare(): one they cannot read is refused here,
+    # naming the file, not later with a bare KeyError or a traceback.
+    try:
+        render(doc)
+        compare(doc, doc, 0.0)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        why = f"no field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"{path} holds no readable goodput account: {why}") from None
     return doc
 
 
@@ -130,7 +146,7 @@ def _account(args: argparse.Namespace, which: str) -> dict[str, Any]:
         return load_account(which)
     if not args.prometheus:
         raise ValueError(f"{which!r} is no goodput file; give --prometheus URL to read the run")
-    return fetch_account(args.prometheus, which, args.window, args.lookback)
+    return fetch_account(args.prometheus, which, args.window or "", args.lookback)
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], max_drop: float) -> dict[str, Any]:
@@ -192,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         if args.file:
             doc = load_account(args.file)
         elif args.prometheus and args.run:
-            doc = fetch_account(args.prometheus, args.run, args.window, args.lookback)
+            doc = fetch_account(args.prometheus, args.run, args.window or "", args.lookback)
         else:
             args.parser.error("give --prometheus URL --run RUN, --file PATH, or --compare A B")
     except (OSError, ValueError, RuntimeError, LookupError) as exc:

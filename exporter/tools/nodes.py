@@ -20,6 +20,7 @@ from typing import Any
 from ..mixin.cluster import clauses, cluster_matcher
 from ..mixin.config import DEFAULT, MixinConfig, load_config
 from ..mixin.fleet import fleet_recorded
+from . import options
 from .promapi import instant_query
 
 __all__ = ["NodeRow", "add_parser", "fetch_nodes", "render_nodes", "run"]
@@ -142,7 +143,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "the fleet rules' series in Prometheus. Exit 1 when Prometheus cannot "
         "be read.",
     )
-    n.add_argument("--prometheus", required=True, help="Prometheus URL with the fleet rules")
+    n.add_argument(
+        "--prometheus",
+        required=True,
+        type=options.prometheus_url,
+        help="Prometheus URL with the fleet rules",
+    )
     n.add_argument(
         "--config",
         default=None,
@@ -150,7 +156,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "default: the DEFAULT config)",
     )
     n.add_argument("--cluster", default="", help="only the nodes of this cluster")
-    n.add_argument("--worst", type=int, default=20, help="show the N nodes with most evidence")
+    n.add_argument(
+        "--worst", type=options.count, default=20, help="show the N nodes with most evidence"
+    )
     n.add_argument("--json", action="store_true", help="print the rows as JSON")
     n.set_defaults(tool=run, parser=n)
     return n
@@ -162,8 +170,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config) if args.config else DEFAULT
     except ValueError as exc:
         args.parser.error(f"--config: {exc}")
-    if args.worst < 1:
-        args.parser.error("--worst must be at least 1")
     try:
         rows = fetch_nodes(args.prometheus, cfg, cluster=args.cluster)
     except (OSError, RuntimeError, ValueError) as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ from .. import settings
 from ..autorun import BOOT_DIR
 from ..mixin.config import DEFAULT, FAST, MixinConfig
 from ..web.client import HTTPClient, load_client
+from . import options
 from .localstack import LocalStack, add_stack_flags, stack_choice
 from .reaper import Interrupted, become_subreaper, raise_on_signals, stop_adopted, stop_tree
 from .receiver import alert_line
@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--top",
-        type=float,
+        type=options.seconds_or_zero,
         default=0.0,
         metavar="SECONDS",
         help="also print the ranks' top table every SECONDS (0: never; default)",
@@ -141,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         args.parser.error("a command to run is needed: ddp-exporter run -- torchrun ... train.py")
-    if not (math.isfinite(args.top) and args.top >= 0):
-        args.parser.error("--top must be 0 (never) or a positive number of seconds")
     try:
         env = command_env(args, dict(os.environ))
     except ValueError as exc:
@@ -166,18 +164,26 @@ def run(args: argparse.Namespace) -> int:
         return refused
     if missing is not None:
         print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
+    file_sd = settings.file_sd_dir(env) or ""
+    if file_sd and (use_stack or args.top):
+        # Where the ranks write their targets for the stack and the table to read: it must be
+        # a folder before the command starts, not a traceback once it has.
+        try:
+            options.make_folder(file_sd)
+        except ValueError as exc:
+            print(f"{PREFIX} {settings.FILE_SD}: {exc}", file=sys.stderr)
+            return 2
     workdir: str | None = None
     stack: LocalStack | None = None
     proc: subprocess.Popen | None = None
     table: TopTable | None = None
-    file_sd = ""
     try:
         raise_on_signals()  # SIGTERM/SIGHUP clean up like Ctrl-C
         become_subreaper()  # a launcher that dies hands its workers to us, not to init
         workdir = tempfile.mkdtemp(prefix="ddp-exporter-run-")  # user-only (0700)
         if use_stack or args.top:
             # The ranks' own file_sd targets: what the stack scrapes and the table reads.
-            file_sd = settings.file_sd_dir(env) or os.path.join(workdir, "file_sd")
+            file_sd = file_sd or os.path.join(workdir, "file_sd")
             os.makedirs(file_sd, exist_ok=True)
             env.update({settings.FILE_SD: file_sd})
         if use_stack:

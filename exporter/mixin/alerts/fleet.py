@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..alert import Alert
 from ..config import MixinConfig
 from ..fleet import fleet_recorded
+from ..promql import string
 
 __all__ = [
     "fleet_alerts",
@@ -28,7 +29,7 @@ def shard_down_alert(cfg: MixinConfig) -> Alert:
     return Alert(
         "DDPShardDown",
         "warning",
-        f'up{{job="{cfg.federate_job}"}} == 0',
+        f"up{{job={string(cfg.federate_job)}}} == 0",
         cfg.shard_down_for,
         "The global server cannot read a Prometheus shard: the fleet is blind to its runs.",
         (

@@ -12,6 +12,7 @@ from ... import catalog, settings
 from ..alert import Alert, selector
 from ..cluster import clauses
 from ..config import DEFAULT, MixinConfig, duration_seconds
+from ..promql import string
 from ..recording import recorded
 from .shared import WHERE, aborted_runs, finished_ranks, looping_runs
 
@@ -42,7 +43,7 @@ def silence_seconds(cfg: MixinConfig) -> float:
 
 def _up(cfg: MixinConfig) -> str:
     """Return the selector of the ranks' scrape health (``up`` of the job, with a rank)."""
-    return selector(cfg, "up", f'job="{cfg.job}"', 'rank!=""')
+    return selector(cfg, "up", f"job={string(cfg.job)}", 'rank!=""')
 
 
 def _answered(cfg: MixinConfig) -> str:

@@ -8,13 +8,14 @@ thresholds, its deployment), with the defaults and the checks of those fields be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ...settings import duration_seconds
 
-__all__ = ["Domain", "check_durations"]
+__all__ = ["Domain", "check_durations", "check_number"]
 
 
 # A dataclass without fields, so that a domain's type says it is a dataclass (fields(), replace()).
@@ -40,3 +41,26 @@ def check_durations(cfg: object, names: Iterable[str], *, positive: bool = False
         seconds = duration_seconds(getattr(cfg, name))
         if positive and seconds <= 0:
             raise ValueError(f"{name} must be positive")
+
+
+def check_number(
+    cfg: object,
+    name: str,
+    low: float,
+    high: float = math.inf,
+    *,
+    above: bool = False,
+    below: bool = False,
+) -> None:
+    """Raise ValueError unless field ``name`` is a finite number from ``low`` to ``high``.
+
+    ``above``: more than ``low``, not equal; ``below``: less than ``high``. A rule compares with
+    the number as written: ``> nan`` never fires, ``> inf`` neither, a ratio below 1 always.
+    """
+    value = getattr(cfg, name)
+    fits = (low < value if above else low <= value) and (value < high if below else value <= high)
+    if not (math.isfinite(value) and fits):
+        interval = (
+            f"{'(' if above else '['}{low:g}, {high:g}{')' if below or high == math.inf else ']'}"
+        )
+        raise ValueError(f"{name} must be in {interval}: {value!r}")

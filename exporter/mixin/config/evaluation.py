@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ...version import RUNBOOK_URL
@@ -26,5 +27,11 @@ class EvaluationConfig(Domain):
     runbook_base_url: str = RUNBOOK_URL
 
     def validate(self) -> None:
-        """Refuse an interval that is not positive."""
+        """Refuse an interval that is not positive, and a runbook that is no http(s) URL."""
         check_durations(self, ("scrape_interval", "evaluation_interval"), positive=True)
+        # Every alert's runbook_url annotation is a template: a brace there would start one.
+        if not re.fullmatch(r"https?://[^\s{}]+", self.runbook_base_url):
+            raise ValueError(
+                "runbook_base_url must be an http(s):// URL without spaces or braces: "
+                f"{self.runbook_base_url!r}"
+            )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .domain import Domain, check_durations
+from .domain import Domain, check_durations, check_number
 
 __all__ = ["OutsideLoopConfig"]
 
@@ -37,5 +37,4 @@ class OutsideLoopConfig(Domain):
             ("version_skew_for", "section_overdue_for", "job_deadline_for", "misconfigured_for"),
         )
         check_durations(self, ("eta_window",), positive=True)
-        if self.job_deadline_margin_seconds < 0:
-            raise ValueError("job_deadline_margin_seconds must be >= 0")
+        check_number(self, "job_deadline_margin_seconds", 0.0)

@@ -38,7 +38,13 @@ class ReceiverConfig(Domain):
     dashboard_refresh: str = "10s"
 
     def validate(self) -> None:
-        """Refuse a URL, SMTP server or address a receiver could not deliver to."""
+        """Refuse a URL, SMTP server or address a receiver could not deliver to, and a
+        dashboard refresh Grafana would not read."""
+        if not re.fullmatch(r"[1-9][0-9]*[smhd]", self.dashboard_refresh):
+            raise ValueError(
+                "dashboard_refresh must be a duration of one unit, such as 10s, 1m or 1h: "
+                f"{self.dashboard_refresh!r}"
+            )
         for name in ("webhook_url", "slack_webhook_url"):
             url = getattr(self, name)
             if url and not re.fullmatch(r"https?://\S+", url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..promql import check_matchers
 from .domain import Domain
 
 __all__ = ["SourceConfig"]
@@ -31,7 +32,12 @@ class SourceConfig(Domain):
     cluster_label: str = "cluster"
 
     def validate(self) -> None:
-        """Refuse a cluster label that is no label name or one the rules use themselves."""
+        """Refuse a selector that is no list of label matchers, and a cluster label that is no
+        label name or one the rules use themselves (the job may be any string: it is quoted)."""
+        try:
+            check_matchers(self.selector)
+        except ValueError as exc:
+            raise ValueError(f"selector: {exc}") from None
         if self.cluster_label and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
             raise ValueError(f"cluster_label is not a label name: {self.cluster_label!r}")
         if self.cluster_label in RULE_LABELS:

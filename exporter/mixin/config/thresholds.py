@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...hangs.definition import DEFAULT_POLICY, HangPolicy
-from .domain import Domain, check_durations
+from .domain import Domain, check_durations, check_number
 
 __all__ = ["ThresholdConfig"]
 
@@ -58,7 +58,25 @@ class ThresholdConfig(Domain):
     init_stuck_seconds: float = 300.0
 
     def validate(self) -> None:
-        """Refuse an empty GPU error window, inverted timeout levels and a bad hang definition."""
+        """Refuse a number out of its meaning's range, an empty GPU error window, inverted
+        timeout levels and a bad hang definition."""
+        # A multiple of the run's median below 1 would accuse half the ranks.
+        for name in ("straggler_ratio", "link_rtt_ratio"):
+            check_number(self, name, 1.0)
+        for name in ("straggler_min_excess_seconds", "link_min_rtt_seconds"):
+            check_number(self, name, 0.0)
+        for name in (
+            "stall_latency_factor",
+            "stall_min_seconds",
+            "heartbeat_stale_seconds",
+            "init_stuck_seconds",
+        ):
+            check_number(self, name, 0.0, above=True)
+        # Shares of a step, of a GPU's memory or clock, of the step rate.
+        check_number(self, "link_comm_share", 0.0, 1.0, below=True)
+        for name in ("input_bound_share", "gpu_clock_ratio", "throughput_drop_ratio"):
+            check_number(self, name, 0.0, 1.0, above=True, below=True)
+        check_number(self, "gpu_memory_ratio", 0.0, 1.0, above=True)
         check_durations(self, ("gpu_error_window",), positive=True)
         if not 0 < self.timeout_warning_ratio < self.timeout_critical_ratio <= 1:
             raise ValueError("need 0 < timeout_warning_ratio < timeout_critical_ratio <= 1")

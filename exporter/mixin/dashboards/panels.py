@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ... import catalog
 from ..cluster import Clauses, clauses
 from ..config import MixinConfig
+from ..promql import string
 
 __all__ = ["NODE", "RUN", "TOP_RANKS", "VARS", "DashboardSpec", "PanelSpec", "Queries", "Target"]
 
@@ -108,7 +109,7 @@ class Queries:
 
     def up(self) -> str:
         """Return the ``up`` selector of the exporter's scrape targets (labels from file_sd)."""
-        return self.filtered("up", self.cfg.selector, f'job="{self.cfg.job}"', VARS)
+        return self.filtered("up", self.cfg.selector, f"job={string(self.cfg.job)}", VARS)
 
     def mean(self, metric: catalog.MetricDef, by: str, *extra: str) -> str:
         """Return the mean per event of a histogram/summary over ``$__rate_interval``."""

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...network import links
+from .. import options
 from .checks import ABANDONED, DEFAULT_STEP_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from .exchange import Exchange
 
@@ -43,13 +44,13 @@ def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.set_defaults(tool=run, parser=p)
     p.add_argument(
         "--timeout",
-        type=float,
+        type=options.seconds,
         default=DEFAULT_TIMEOUT_S,
         help="overall seconds; rank 0 prints the table by then (default %(default)s)",
     )
     p.add_argument(
         "--step-timeout",
-        type=float,
+        type=options.seconds,
         default=DEFAULT_STEP_TIMEOUT_S,
         help="seconds for each network step: store, collective; a rank waits for rank 0's "
         "MASTER_PORT as long as rank 0 waits for the ranks (default %(default)s)",
@@ -62,7 +63,7 @@ def _arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--links-mib",
-        type=float,
+        type=options.mebibytes,
         default=links.DEFAULT_MIB,
         help="MiB each way per pair of nodes with --links (default %(default)s)",
     )
@@ -77,10 +78,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     """Run the doctor with parsed ``args``; return its exit status."""
     parser = args.parser
-    if args.timeout <= 0 or args.step_timeout <= 0:
-        parser.error("--timeout and --step-timeout must be positive")
-    if args.links_mib <= 0:
-        parser.error("--links-mib must be positive")
     environ = os.environ if environ is None else environ
     try:
         doctor = Exchange(

@@ -8,10 +8,11 @@ import time
 from typing import Any
 
 from ...hangs.heldup import HeldUp
-from ...mixin.config import DEFAULT, duration_seconds, load_config
+from ...mixin.config import DEFAULT, load_config
 from ...web.client import load_client
+from .. import options
 from .diagnose import ENDPOINT_HOLD_S, diagnose, holding
-from .fetch import fetch, fetch_prometheus, prometheus_baseline
+from .fetch import fetch, fetch_prometheus, prometheus_baseline, target_url
 from .history import ReadHistory
 from .render import render
 from .rows import RankRow
@@ -26,9 +27,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="live table of every rank of a run, from their endpoints",
         description="Show every rank of a run in one table, the outlier first "
         "with its reason, from the ranks' endpoints or from Prometheus. Exit 1 "
-        "when the ranks or Prometheus cannot be read.",
+        "when Prometheus cannot be read or, with --once, when no rank can be read (a rank "
+        "that cannot be read while others can is DOWN in the table); exit 2 for a target "
+        "that is no host:port or http(s) URL.",
     )
-    t.add_argument("--targets", help="comma-separated host:port or URLs of the ranks")
+    t.add_argument("--targets", help="comma-separated host:port or http(s) URLs of the ranks")
     t.add_argument(
         "--http-config",
         default=None,
@@ -37,14 +40,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "format of Prometheus's HTTP client configuration (tls_config, basic_auth with "
         "password_file, authorization); with its tls_config a host:port is read over https",
     )
-    t.add_argument("--prometheus", help="read from this Prometheus URL instead")
+    t.add_argument(
+        "--prometheus", type=options.prometheus_url, help="read from this Prometheus URL instead"
+    )
     t.add_argument("--run", help="with --prometheus: the run label to show")
     t.add_argument(
         "--cluster",
         default="",
         help="with --prometheus: the run's cluster (needed where a run name repeats)",
     )
-    t.add_argument("--worst", type=int, default=20, help="show the worst N ranks")
+    t.add_argument("--worst", type=options.count, default=20, help="show the worst N ranks")
     t.add_argument(
         "--config",
         default=None,
@@ -53,11 +58,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--window",
+        type=options.duration,
         default=None,
         help="with --prometheus: rate window of the per-step figures (default: the "
         f"alerts', {DEFAULT.rate_window} or the config's)",
     )
-    t.add_argument("--refresh", type=float, default=2.0, help="seconds between reads")
+    t.add_argument("--refresh", type=options.seconds, default=2.0, help="seconds between reads")
     t.add_argument(
         "--once",
         action="store_true",
@@ -79,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--prometheus needs --run (the run label to show)")
     if args.cluster and not args.prometheus:
         parser.error("--cluster goes with --prometheus (a rank's own page has no cluster)")
-    if args.refresh <= 0:
-        parser.error("--refresh must be positive")
+    for target in targets:
+        try:
+            target_url(target)
+        except ValueError as exc:
+            parser.error(f"--targets: {exc}")
     try:
         cfg = load_config(args.config) if args.config else DEFAULT
     except ValueError as exc:
@@ -94,10 +103,6 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, ImportError) as exc:
             parser.error(f"--http-config: {exc}")
     window = args.window or cfg.rate_window
-    try:
-        duration_seconds(window)
-    except ValueError as exc:
-        parser.error(f"--window: {exc}")
 
     def read() -> list[RankRow]:
         if targets:
@@ -141,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
             if args.once and (reads <= reads_before_once or _holds(targets, rows, hold_ends)):
                 time.sleep(args.refresh)
                 continue
+            if args.once and targets and not any(r.up for r in rows):
+                print(f"ddp-exporter top: {_unread(rows)}", file=sys.stderr)
+                return 1
             tty = sys.stdout.isatty()
             print(
                 ("\x1b[2J\x1b[H" if tty else "") + render(rows, args.worst, color=tty), flush=True
@@ -155,3 +163,10 @@ def run(args: argparse.Namespace) -> int:
 def _holds(targets: list[str], rows: list[RankRow], ends: float | None) -> bool:
     """Say whether ``--once`` reads on: a straggler read from endpoints still holding."""
     return bool(targets) and ends is not None and time.monotonic() < ends and holding(rows)
+
+
+def _unread(rows: list[RankRow]) -> str:
+    """Say in one line that no rank could be read, and why for the first few."""
+    why = [f"{r.target} ({r.error or 'unreachable'})" for r in rows[:3]]
+    more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+    return f"no rank could be read: {', '.join(why)}{more}"

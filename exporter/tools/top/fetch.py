@@ -6,7 +6,10 @@ reads); from Prometheus, the increases over a rate window, so each read stands o
 
 from __future__ import annotations
 
+import http.client
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,34 +18,69 @@ from ...mixin.alerts.gpu import SLOWDOWN_REASONS
 from ...mixin.alerts.liveness import silence_seconds
 from ...mixin.cluster import cluster_matcher
 from ...mixin.config import DEFAULT, MixinConfig, duration_seconds
+from ...mixin.promql import string
 from ...web.client import HTTPClient
 from ..promapi import instant_query
 from .diagnose import diagnose
 from .rows import COUNTERS, RankRow
 
-__all__ = ["fetch", "fetch_prometheus", "prometheus_baseline"]
+__all__ = ["fetch", "fetch_prometheus", "prometheus_baseline", "target_url"]
+
+
+def target_url(target: str, tls: bool = False) -> str:
+    """Return the URL a rank's target is read at: a URL as given, ``host:port``'s /metrics.
+
+    Raises ValueError for a target that cannot be read at all: no http(s) URL, or no
+    ``host:port`` with a port 1..65535 (a usage error, not a rank that is down).
+    """
+    url = target if "://" in target else f"{'https' if tls else 'http'}://{target}/metrics"
+    refused = ValueError(f"expected host:port (a port 1..65535) or an http(s) URL, got {target!r}")
+    try:
+        split = urllib.parse.urlsplit(url)
+        port = split.port  # a port out of range or no number raises
+    except ValueError:
+        raise refused from None
+    if not split.hostname or split.scheme not in ("http", "https"):
+        raise refused
+    if "://" not in target and (not port or split.netloc != target):
+        raise refused  # host:port needs its port, and nothing after it
+    return url
 
 
 def _read(target: str, timeout: float, client: HTTPClient | None) -> RankRow:
     row = RankRow(target)
-    scheme = "https" if client is not None and client.tls else "http"
-    url = target if "://" in target else f"{scheme}://{target}/metrics"
     try:
+        url = target_url(target, client is not None and client.tls)
         opened = (
             client.open(url, timeout) if client else urllib.request.urlopen(url, timeout=timeout)
         )
         with opened as resp:
             text = resp.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # Down, not a failed tool: a rank's endpoint that does not answer, or not in HTTP (or,
+        # from run's file_sd folder, a target no rank could have written).
+        row.error = _why(exc)
         return row
-    row.up, row.read_at = True, time.time()
     # Imported here: a command line that never reads an endpoint starts without it.
     from prometheus_client.parser import text_string_to_metric_families
 
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            _apply(row, s.name, s.labels, s.value)
-    return row
+    read = RankRow(target, up=True, read_at=time.time())
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                _apply(read, s.name, s.labels, s.value)
+    except ValueError as exc:  # an HTTP server there, but no rank's metrics page
+        row.error = f"not a metrics page ({exc})"
+        return row
+    return read
+
+
+def _why(exc: Exception) -> str:
+    """Return why a read failed in a few words (``connection refused``, ``timed out``)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    reason = getattr(exc, "reason", None) or exc  # urllib wraps the socket's error
+    return getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
 
 
 def _counter_key(n: str, labels: dict[str, str]) -> str:
@@ -158,8 +196,7 @@ def fetch_prometheus(
     def query(expr: str) -> list[dict]:
         return instant_query(url, expr, timeout, at=at)
 
-    quoted = run.replace("\\", "\\\\").replace('"', '\\"')
-    run_sel = ", ".join(m for m in (f'run="{quoted}"', cluster_matcher(config, cluster)) if m)
+    run_sel = ", ".join(m for m in (f"run={string(run)}", cluster_matcher(config, cluster)) if m)
     if config.cluster_label and not cluster:
         label = config.cluster_label
         found = query(f"count by ({label}) ({c.RANK_INFO.name}{{{run_sel}}})")

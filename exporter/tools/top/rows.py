@@ -16,6 +16,8 @@ class RankRow:
     target: str
     rank: int = -1
     up: bool = False
+    #: Why its endpoint could not be read (``up`` False), in a few words.
+    error: str = ""
     # Totals since the rank started (counters as read).
     steps: float = 0.0
     step_sum: float = 0.0
