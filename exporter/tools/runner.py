@@ -164,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         return refused
     if missing is not None:
         print(f"{PREFIX} no alerts on this host: {missing}", file=sys.stderr)
-    file_sd = settings.file_sd_dir(env) or ""
+    # The variable as given: a folder that cannot be made is refused here, before the command
+    # starts (the ranks themselves would report it and write no target).
+    file_sd = settings.resolve(settings.FILE_SD, environ=env) or ""
     if file_sd and (use_stack or args.top):
         # Where the ranks write their targets for the stack and the table to read: it must be
         # a folder before the command starts, not a traceback once it has.
