@@ -55,6 +55,28 @@ def test_generate_writes_every_file(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.unit
+def test_generate_replaces_its_own_files_but_not_a_projects(tmp_path: Path, capsys) -> None:
+    """Run in a project's folder (--out defaults to it), it replaced its docker-compose.yml."""
+    assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
+    assert main(["generate", "--out", str(tmp_path)]) == 0  # its own files, regenerated
+    compose, runbook = tmp_path / "docker-compose.yml", tmp_path / "docs/runbook.md"
+    compose.write_text("services:\n  app:\n    image: mine\n")
+    runbook.write_text("# Our on-call runbook\n")
+    rules = tmp_path / "dashboards/prometheus/rules.yml"
+    rules.unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main(["generate", "--out", str(tmp_path), "--fast"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds 2 file(s) it did not write (docker-compose.yml, docs/runbook.md)" in err, err
+    assert "--force" in err and not rules.exists()  # nothing written
+    assert compose.read_text() == "services:\n  app:\n    image: mine\n"
+    assert main(["generate", "--out", str(tmp_path), "--force"]) == 0
+    assert GENERATED_BY in compose.read_text() and rules.exists()
+
+
+@pytest.mark.unit
 def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
     assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
     rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()

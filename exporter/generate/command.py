@@ -147,8 +147,9 @@ def _actions(m: argparse.ArgumentParser) -> None:
     gen = actions.add_parser(
         "generate",
         help="write rules, dashboards, configs, compose file and runbook into --out",
-        description="Write the monitoring files for one configuration into --out. Exit 2 "
-        "without the mixin extra.",
+        description="Write the monitoring files for one configuration into --out. A file "
+        "there that it did not write is not replaced: exit 2, nothing written (--force "
+        "replaces it). Exit 2 without the mixin extra.",
     )
     gen.add_argument(
         "--out", type=Path, default=None, help="output folder (default: the current directory)"
@@ -157,6 +158,11 @@ def _actions(m: argparse.ArgumentParser) -> None:
         "--fast",
         action="store_true",
         help="render the FAST variant (short windows, for tests and drills)",
+    )
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="replace files under --out that the generator did not write (default: refuse)",
     )
     _config_arguments(gen)
     gen.set_defaults(tool=run, parser=gen)
@@ -222,13 +228,30 @@ def _generate(args: argparse.Namespace, cfg: MixinConfig) -> int:
     if out.exists() and not out.is_dir():
         args.parser.error(f"--out: expected a folder, {out} is a file")
     generated_files, write_files = _renderers()
+    files = generated_files(cfg, _cli(args))
+    foreign = [] if args.force else _foreign(out, files)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        args.parser.error(
+            f"--out {out} holds {len(foreign)} file(s) it did not write ({shown}); nothing was "
+            "written. Choose a folder of their own, e.g. --out ./monitoring, or --force to "
+            "replace them"
+        )
     try:
-        written = write_files(out, generated_files(cfg, _cli(args)))
+        written = write_files(out, files)
     except OSError as exc:
         args.parser.error(f"--out: cannot write {exc.filename or out}: {exc.strerror or exc}")
     for path in written:
         print(path)
     return 0
+
+
+def _foreign(out: Path, files: dict[str, str]) -> list[str]:
+    from .files import foreign_files
+
+    return foreign_files(out, files)
 
 
 def _cli(args: argparse.Namespace) -> argparse.ArgumentParser | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from ..deploy.alertmanager import render_alertmanager
 from ..deploy.kubernetes import render_kubernetes
@@ -14,10 +16,11 @@ from ..docsite.cliref import render_cli
 from ..docsite.reference import PAGES, reference_pages
 from ..mixin.config import CONFIG_FILE, DEFAULT, MixinConfig, config_json
 from ..mixin.dashboards import render_dashboards
+from ..mixin.render import GENERATED_BY
 from ..mixin.rules import render_rules
 from ..mixin.runbook import render_runbook
 
-__all__ = ["generated_files", "write_files"]
+__all__ = ["foreign_files", "generated_files", "write_files"]
 
 
 def generated_files(
@@ -54,3 +57,33 @@ def write_files(root: Path, files: dict[str, str]) -> list[Path]:
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
+
+
+def foreign_files(root: Path, files: dict[str, str]) -> list[str]:
+    """Return the paths of ``files`` that exist under ``root`` and were not written by the
+    generator: a project's own ``docker-compose.yml`` or ``docs/runbook.md``, which writing
+    there would replace."""
+    return [rel for rel, text in files.items() if not _ours(root / rel, text)]
+
+
+def _ours(path: Path, text: str) -> bool:
+    """Say whether ``path`` is missing or holds what the generator writes there."""
+    try:
+        found = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    if found == text or GENERATED_BY in found:
+        return True
+    # JSON takes no comment: a dashboard carries the product's tag, the configuration its key,
+    # the file_sd example its own shape.
+    try:
+        doc: Any = json.loads(found)
+    except ValueError:
+        return False
+    if isinstance(doc, dict):
+        return "ddp_exporter_mixin" in doc or "ddp-exporter" in (doc.get("tags") or [])
+    return path.name.endswith(".example.json") and all(
+        isinstance(item, dict) and "targets" in item for item in doc
+    )
