@@ -63,8 +63,8 @@ def _phases(q: Queries, r: Recorded) -> tuple[PanelSpec, ...]:
                 Target(q.filtered(r.phase_median, RUN, 'phase="compute"'), median),
             ),
             description=(
-                "Compute time per step of each rank against the run's median rank; the "
-                "straggler is above the median line."
+                "Compute time per step of each rank against the run's median rank (in a run "
+                "of two ranks, the faster one); the straggler is above the median line."
             ),
             unit="s",
         ),
@@ -76,7 +76,8 @@ def _phases(q: Queries, r: Recorded) -> tuple[PanelSpec, ...]:
             ),
             description=(
                 "Time per step each rank waits for its dataloader against the run's "
-                "median rank; an input-bound rank is above it."
+                "median rank (in a run of two ranks, the faster one); an input-bound rank is "
+                "above it."
             ),
             unit="s",
         ),
