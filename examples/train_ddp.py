@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -110,7 +109,10 @@ def main() -> None:
 
     # The one line: per-rank metrics of steps, phases, collectives, liveness and hangs.
     obs = exporter.instrument(ddp, dataloader=loader, optimizer=opt, epochs=args.epochs)
-    print(f"rank {rank}: metrics at http://{socket.gethostname()}:{obs.port}/metrics", flush=True)
+    # obs.url is None while nothing is served (the port taken, a web configuration that cannot
+    # be served): the log says why, and training goes on.
+    served = f"metrics at {obs.url}" if obs.url else "metrics not served (see the log)"
+    print(f"rank {rank}: {served}", flush=True)
 
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -84,7 +83,10 @@ def main() -> None:
 
     # The one line, as for DDP.
     obs = exporter.instrument(model, dataloader=loader, optimizer=opt, epochs=args.epochs)
-    print(f"rank {rank}: metrics at http://{socket.gethostname()}:{obs.port}/metrics", flush=True)
+    # obs.url is None while nothing is served (the port taken, a web configuration that cannot
+    # be served): the log says why, and training goes on.
+    served = f"metrics at {obs.url}" if obs.url else "metrics not served (see the log)"
+    print(f"rank {rank}: {served}", flush=True)
 
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):

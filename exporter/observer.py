@@ -195,7 +195,8 @@ class Observer:
     @property
     def url(self) -> str | None:
         """Return this rank's metrics URL, or None when the endpoint is not serving."""
-        return self._server.url if self._server is not None else None
+        server = self._server
+        return server.url if server is not None and server.serving else None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:

@@ -63,7 +63,7 @@ def hooks(world1, monkeypatch):
 
 
 def test_the_first_step_instruments_the_outer_model_its_optimizer_and_loader(hooks, world1):
-    original_iter = hooks._orig_iter
+    original_iter, original_destroy = hooks._orig_iter, hooks._orig_destroy
     model, _, loader, opt = _script(world1, 13)
     obs = exporter.active()
     assert obs is not None and obs is hooks.observer
@@ -73,6 +73,7 @@ def test_the_first_step_instruments_the_outer_model_its_optimizer_and_loader(hoo
     assert snap.phase_sum[0] > 0.0  # the epoch already running has its batches timed
     hooks.uninstrument()
     assert torch.utils.data.DataLoader.__iter__ is original_iter
+    assert torch.distributed.destroy_process_group is original_destroy
     hooks.uninstrument()  # twice: nothing
 
 

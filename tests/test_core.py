@@ -224,6 +224,17 @@ def test_port_in_use_logs_one_line_and_training_goes_on(ddp, caplog):
     assert obs.recorder.snapshot().steps == len(loader)
 
 
+def test_a_web_config_that_cannot_be_served_has_no_url_until_it_is(ddp, tmp_path):
+    model, _, opt = ddp
+    config = tmp_path / "web.yml"  # not written yet: bound all the same, serving nothing
+    obs = exporter.instrument(model, optimizer=opt, port=0, addr="127.0.0.1", web_config=config)
+    assert obs.port is not None and obs.url is None
+    config.write_text("{}\n")  # no TLS, no users: plain HTTP once it is read
+    url = wait_for(lambda: obs.url, 10, "the URL once the file can be served")
+    assert url == f"http://127.0.0.1:{obs.port}/metrics"
+    assert "ddp_steps_total" in parse(scrape_text(url))
+
+
 def test_an_address_not_of_this_host_names_the_address_setting(ddp, caplog):
     model, loader, opt = ddp
     with caplog.at_level(logging.ERROR, logger="exporter"):

@@ -3,9 +3,10 @@
 Every subcommand's ``--help`` starts with the optional libraries blocked (and the receiver with
 torch and prometheus-client blocked too: the compose stack installs it without dependencies);
 a command that needs an extra exits 2 with one line naming it; ``instrument(otlp=True)``
-without the otlp extra logs one line and serves Prometheus. The blocker is a meta-path finder
-on ``PYTHONPATH`` (``sitecustomize``) that raises ImportError for the blocked modules, as if
-they were not installed. The real base install is ``test_wheel_smoke.py``.
+without the otlp extra logs one line and serves Prometheus; a framework integration without
+its extra is an ImportError naming it. The blocker is a meta-path finder on ``PYTHONPATH``
+(``sitecustomize``) that raises ImportError for the blocked modules, as if they were not
+installed. The real base install is ``test_wheel_smoke.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ EXTRA_MODULES = {
     "otlp": ("opentelemetry",),
     "gpu": ("pynvml",),
     "web": ("yaml", "bcrypt"),
+    "lightning": ("lightning",),
+    "transformers": ("transformers", "accelerate"),
 }
 COMMANDS = [
     "",
@@ -208,3 +211,22 @@ def test_a_web_config_without_its_extra_is_one_log_line_and_nothing_served(
     assert f"needs {needs}: pip install 'ddp-exporter[web]'" in lines[0], lines
     assert "nothing is served until it is fixed (never in the clear)" in lines[0], lines
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "blocked"),
+    [(extra, module) for extra in ("lightning", "transformers") for module in EXTRA_MODULES[extra]],
+)
+def test_an_integration_without_its_extra_is_an_import_error_naming_it(
+    blocker: Path, extra: str, blocked: str
+) -> None:
+    code = (
+        "try:\n"
+        f"    from exporter.integrations.{extra} import ExporterCallback\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    res = _run(blocker, (blocked,), "-c", code)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert f"No module named '{blocked}'" in res.stdout, res.stdout
+    assert res.stdout.strip().endswith(f"pip install 'ddp-exporter[{extra}]'"), res.stdout

@@ -415,6 +415,26 @@ def test_the_summary_of_a_run_that_never_stepped_reads() -> None:
     assert "ETTR 0.0% (productive over the wall clock); without planned time" in render(doc)
 
 
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("clean", "1 attempt, ended cleanly"),
+        ("aborted", "1 attempt, aborted by the hang action"),
+        ("ended", "1 attempt, ended not cleanly (an exception or Ctrl-C)"),  # Ctrl-C, an error
+        ("evicted", "1 attempt, ended (evicted)"),  # a kind a later version writes
+    ],
+)
+def test_the_summary_says_how_the_run_ended_in_words(how: str, said: str) -> None:
+    sim = Sim()
+    sim.steps(5)
+    sim.end()
+    doc = document(run="r", state=sim.account.state(sim.now), blame=[])
+    doc.update(attempts=["0"], ended=how)
+    head = render(doc).splitlines()[1]
+    assert head.endswith(said), head
+    assert "ended ended" not in head
+
+
 def test_the_mixin_s_copies_of_the_definitions_agree() -> None:
     # The mixin does not import the library's sources: its copies must not drift.
     from exporter.mixin.alerts import goodput as alert

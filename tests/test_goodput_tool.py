@@ -153,4 +153,4 @@ def test_an_abort_ends_the_account_at_the_decision_and_writes_it(tmp_path) -> No
     doc = json.loads(Path(goodput_path(str(tmp_path), "r")).read_text())
     assert doc["ended"] == "aborted" and doc["until_unix"] == pytest.approx(now - 0.5, abs=0.01)
     assert sum(doc["totals"].values()) == pytest.approx(9.5, abs=0.01)
-    assert "ended aborted" in Path(summary_path(str(tmp_path), "r")).read_text()
+    assert "aborted by the hang action" in Path(summary_path(str(tmp_path), "r")).read_text()

@@ -287,3 +287,26 @@ def test_what_run_cannot_find_is_said_in_one_line_and_the_script_runs_on():
     assert one.returncode == 0 and one.stdout == "stepped\n", one
     said = [line for line in one.stderr.splitlines() if line.startswith("ddp-exporter run:")]
     assert len(said) == 1 and "a one-process job, nothing to watch" in said[0], one.stderr
+
+
+_EVAL_THEN_DESTROY = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+out = torch.nn.Linear(2, 1)(torch.randn(4, 2)).detach()
+dist.all_reduce(out)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.job
+def test_a_rank_that_never_steps_says_so_after_it_destroys_its_group(tmp_path):
+    # No DataLoader and no group left at exit: only the group it destroyed makes it a rank.
+    script = tmp_path / "tiny_eval.py"
+    script.write_text(_EVAL_THEN_DESTROY)
+    cmd = [*RUN, "--no-stack", "--", *_torchrun(2), str(script)]
+    out = subprocess.run(cmd, env=child_env(ENV), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = sorted(line for line in out.stderr.splitlines() if "never called" in line)
+    assert len(said) == 2, out.stderr
+    for rank, line in enumerate(said):
+        assert line.startswith(f"ddp-exporter run: rank {rank} never called optimizer.step()")

@@ -63,15 +63,13 @@ def _say_if_never_stepped(hooks: AutoInstrumentor) -> None:
     """Say at exit what a rank that never stepped an optimizer was missing."""
     import multiprocessing
 
-    import torch.distributed as dist
-
     from .instrumentor import say
 
     if hooks.triggered or multiprocessing.parent_process() is not None:
         return  # it did, or this is a DataLoader worker or another helper process
     if settings.RANK not in os.environ:
         return  # the launcher's own process, not a rank
-    if not (hooks.iterated or (dist.is_available() and dist.is_initialized())):
+    if not (hooks.iterated or hooks.had_process_group):
         return  # a helper the rank started (a compile worker): it trains nothing
     say(
         f"rank {os.environ[settings.RANK]} never called optimizer.step(): nothing was "

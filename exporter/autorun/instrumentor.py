@@ -1,7 +1,7 @@
 """Find an unmodified script's model, optimizer and DataLoader, and instrument them at its first step.
 
 ``ddp-exporter run`` arms this in every process of the job once it imports torch (see
-:mod:`exporter.autorun`). Three global hooks, all public torch APIs or undone exactly:
+:mod:`exporter.autorun`). Four global hooks, all public torch APIs or undone exactly:
 
 - a module registration hook sees every module that gets a child module while the script
   builds its model, and remembers (weakly) which modules are nobody's child: the outermost
@@ -11,7 +11,9 @@
 - a global optimizer step pre-hook waits for the first ``optimizer.step()``. By then the
   process group exists and the model has run; the outermost module holding the stepping
   optimizer's parameters is the model, and :func:`exporter.instrument` runs with it and that
-  optimizer. The step now stepping is counted, so the rank's step count is the script's.
+  optimizer. The step now stepping is counted, so the rank's step count is the script's;
+- ``torch.distributed.destroy_process_group`` notes that the process had a process group
+  before it destroys it: a rank that never stepped says so at exit, a destroyed group or not.
 
 A script that calls :func:`exporter.instrument` itself keeps its own handle: this stands down.
 Where nothing can be found (no process group, no optimizer step), one line says what is
@@ -20,6 +22,7 @@ missing and what still works.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -99,6 +102,10 @@ class AutoInstrumentor:
         # DataLoader.__iter__ before and after it was replaced here.
         self._orig_iter: Any = None
         self._new_iter: Any = None
+        # torch.distributed.destroy_process_group before and after it was replaced here.
+        self._orig_destroy: Any = None
+        self._new_destroy: Any = None
+        self._had_group = False
         # Modules that got a child, and modules that are someone's child: weakly, so that a
         # model the script drops is not kept alive.
         self._parents: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -115,6 +122,11 @@ class AutoInstrumentor:
     def iterated(self) -> bool:
         """Say whether this process iterated a DataLoader (a training process, not a helper)."""
         return self._last_iterator is not None
+
+    @property
+    def had_process_group(self) -> bool:
+        """Say whether this process has, or destroyed, a default process group (a rank)."""
+        return self._had_group or (dist.is_available() and dist.is_initialized())
 
     @property
     def armed(self) -> bool:
@@ -143,12 +155,28 @@ class AutoInstrumentor:
 
             loader_class.__iter__ = __iter__
             self._new_iter = __iter__
+            if dist.is_available():
+                self._wrap_destroy()
         return self
 
-    def uninstrument(self) -> None:
-        """Remove the hooks and put ``DataLoader.__iter__`` back; a second call does nothing.
+    def _wrap_destroy(self) -> None:
+        # At exit the group a script destroyed is gone: note it here, while it exists.
+        self._orig_destroy = orig = dist.destroy_process_group
+        owner = self
 
-        The rank's handle, once made, stays: closing it is :func:`exporter.instrument`'s
+        @functools.wraps(orig)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if not owner._had_group:
+                owner._had_group = owner.had_process_group
+            return orig(*args, **kwargs)
+
+        dist.destroy_process_group = destroy_process_group
+        self._new_destroy = destroy_process_group
+
+    def uninstrument(self) -> None:
+        """Remove the hooks, put ``DataLoader.__iter__`` and ``destroy_process_group`` back.
+
+        A second call does nothing. The rank's handle, once made, stays: closing it is :func:`exporter.instrument`'s
         business (at exit, or the script's ``close()``).
         """
         with self._lock:
@@ -159,6 +187,9 @@ class AutoInstrumentor:
             if self._orig_iter is not None and loader_class.__iter__ is self._new_iter:
                 loader_class.__iter__ = self._orig_iter
             self._orig_iter = None
+            if self._orig_destroy is not None and dist.destroy_process_group is self._new_destroy:
+                dist.destroy_process_group = self._orig_destroy
+            self._orig_destroy = None
 
     # -- the hooks -----------------------------------------------------------------------
     def _registered(self, module: Any, name: str, child: Any) -> None:

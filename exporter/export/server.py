@@ -149,6 +149,12 @@ class MetricsServer:
         return f"{self.scheme}://{host}:{self.port}/metrics"
 
     @property
+    def serving(self) -> bool:
+        """Say whether scrapes are answered now: bound, and its web configuration (if any)
+        can be served (a broken one is bound all the same, serving nothing until it is fixed)."""
+        return self.port is not None and (self.policy is None or self.policy.current() is not None)
+
+    @property
     def scheme(self) -> str:
         """Return ``https`` when the endpoint serves TLS, else ``http``."""
         return self.policy.scheme if self.policy is not None else "http"

@@ -14,8 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback
+
+from . import missing_extra
+
+try:
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import Callback
+except ImportError as exc:
+    raise missing_extra(exc, "lightning") from exc
 
 from ..api import instrument
 from ..log import log

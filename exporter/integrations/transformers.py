@@ -15,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+
+from . import missing_extra
+
+try:
+    from transformers import Trainer, TrainerCallback
+except ImportError as exc:
+    raise missing_extra(exc, "transformers") from exc
 
 from ..api import instrument
 from ..log import log

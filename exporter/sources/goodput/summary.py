@@ -18,6 +18,7 @@ __all__ = [
     "BOTTLENECKS",
     "bottleneck",
     "document",
+    "end_words",
     "ettr",
     "largest_badput",
     "render",
@@ -26,6 +27,20 @@ __all__ = [
 
 #: The bottleneck classes of a run: what its steps' time went to most.
 BOTTLENECKS: tuple[str, ...] = ("input-bound", "compute-bound", "communication-bound")
+
+
+#: How a run's account ended (its file's ``ended``), in the words the summary and the log use.
+_END_WORDS: dict[str, str] = {
+    "clean": "ended cleanly",
+    "aborted": "aborted by the hang action",
+    "ended": "ended not cleanly (an exception or Ctrl-C)",
+}
+
+
+def end_words(how: str) -> str:
+    """Return how a run ended, in words, from its account's ``ended`` (a kind it does not know
+    is named as it is)."""
+    return _END_WORDS.get(how, f"ended ({how})")
 
 
 def ettr(totals: Mapping[str, float]) -> float | None:
@@ -127,7 +142,7 @@ def render(doc: Mapping[str, Any]) -> str:
     if attempts:
         head += f", {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     if doc.get("ended"):
-        head += f", ended {doc['ended']}"
+        head += f", {end_words(str(doc['ended']))}"
     lines.append(head)
     share = ettr(totals)
     if share is not None:

@@ -28,7 +28,7 @@ from .account import Account, Episode, StepTotals
 from .categories import SECTION_CATEGORIES, Work, section_category
 from .ledger import goodput_path, load_carried, save, summary_path
 from .peers import PeerTally, decode_work, encode_work, work_key
-from .summary import document, render
+from .summary import document, end_words, render
 
 __all__ = ["CpuWait", "GoodputTracker", "HangFeed", "HostWait", "SectionClock", "Snapshot"]
 
@@ -330,10 +330,9 @@ class GoodputTracker:
             save(path, render(doc))
             ettr = doc["ettr"]
             log.info(
-                "ddp-exporter: run %s ended (%s): ETTR %s, largest badput %s; its goodput "
-                "account is in %s",
+                "ddp-exporter: run %s %s: ETTR %s, largest badput %s; its goodput account is in %s",
                 ident.run,
-                account.ended,
+                end_words(account.ended),
                 f"{ettr:.1%}" if ettr is not None else "unknown",
                 doc["largest_badput"] or "none",
                 path,
