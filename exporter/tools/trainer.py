@@ -318,7 +318,10 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int) -> int:
         heartbeat_s=args.heartbeat,
         gpu_source=gpu,
     )
-    say(f"rank {rank}: metrics at {obs.url}")
+    say(
+        f"rank {rank}: "
+        + (f"metrics at {obs.url}" if obs.url else "metrics not served (see the log)")
+    )
     if args.file_sd and obs.port is not None:
         host = args.addr if args.addr and not is_all_interfaces(args.addr) else "127.0.0.1"
         _write_file_sd(args.file_sd, obs, host)
