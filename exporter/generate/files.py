@@ -67,11 +67,11 @@ def foreign_files(root: Path, files: dict[str, str]) -> list[str]:
 
 
 def _ours(path: Path, text: str) -> bool:
-    """Say whether ``path`` is missing or holds what the generator writes there."""
+    """Say whether ``path`` is no file yet or holds what the generator writes there."""
+    if not path.is_file():
+        return True  # nothing to lose; a folder or a file in its way fails the write, clearly
     try:
         found = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return True
     except (OSError, UnicodeDecodeError):
         return False
     if found == text or GENERATED_BY in found:
