@@ -8,10 +8,11 @@ pongs for the round trip. A pair's bandwidth is its best of several transfers: o
 one transfer takes a millisecond or two, so a single scheduling delay on a busy host (the job
 itself runs beside the doctor) could make a healthy link look 3x slower; noise only ever slows
 a transfer, so the fastest one is the link. The lower rank decides when to stop (after
-``_REPEATS`` transfers spread over at least ``_SPAN_S``, so that they do not all fall inside one
-burst of the job's traffic; at most ``_REPEATS_MAX``; or once the transfers took ``_BUDGET_S``,
-so a slow link is not measured for long) and tells its peer, so both sides run the same exchanges. Every rank takes part in the barrier that ends each round, so the
-rounds stay in step. The anchors: Meta GCM's ``check-nccl --pairwise``, NCCL tests.
+``_REPEATS`` transfers spread over at least ``_SPAN_S``, a short pause between two, so that
+they do not all fall inside one burst of the job's traffic; at most ``_REPEATS_MAX``; or once
+the transfers took ``_BUDGET_S``, so a slow link is not measured for long) and tells its peer,
+so both sides run the same exchanges. Every rank takes part in the barrier that ends each
+round, so the rounds stay in step. The anchors: Meta GCM's ``check-nccl --pairwise``, NCCL tests.
 
 :func:`judge` names a node whose *best* link is ``ratio`` times slower than the median node's
 best: a degraded NIC or cable on that node slows every pair it is in, while a healthy node has
@@ -45,9 +46,13 @@ RATIO = 3.0
 _PINGS = 5
 #: At least this many transfers per pair, the best one counted...
 _REPEATS = 5
-#: ...over at least this long: the job beside the doctor is busy in bursts, and a fast link's
-#: five transfers would fit inside one of them...
-_SPAN_S = 0.1
+#: ...over at least this long: the job beside the doctor is busy in bursts, and on a loaded
+#: host one burst outlasted a tenth of a second of a fast link's transfers (a healthy lab
+#: node measured 4x below the median with every other core busy)...
+_SPAN_S = 0.5
+#: ...with this pause between two, so that a fast link's transfers spread over the span
+#: instead of reaching the cap inside one burst...
+_GAP_S = 0.01
 #: ...at most this many...
 _REPEATS_MAX = 50
 #: ...and no more once they took this long together: a transfer this long is not noise.
@@ -129,6 +134,8 @@ def _best_transfer(dist: Any, first: bool, peer: int, big: Any, flag: Any) -> fl
             more = not spread and len(times) < _REPEATS_MAX and sum(times) < _BUDGET_S
             flag.fill_(1.0 if more else 0.0)
             dist.send(flag, peer)
+            if more:
+                time.sleep(_GAP_S)
         else:
             dist.recv(flag, peer)
             more = bool(flag.item())
