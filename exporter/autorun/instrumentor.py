@@ -176,8 +176,8 @@ class AutoInstrumentor:
     def uninstrument(self) -> None:
         """Remove the hooks, put ``DataLoader.__iter__`` and ``destroy_process_group`` back.
 
-        A second call does nothing. The rank's handle, once made, stays: closing it is :func:`exporter.instrument`'s
-        business (at exit, or the script's ``close()``).
+        A second call does nothing. The rank's handle, once made, stays: closing it is
+        :func:`exporter.instrument`'s business (at exit, or the script's ``close()``).
         """
         with self._lock:
             for handle in self._handles:
