@@ -71,9 +71,10 @@ class BackgroundLoop:
         return self._stop.wait(seconds)
 
     def _run(self) -> None:
-        wait = min(self._first_wait, threading.TIMEOUT_MAX)
+        wait = self._first_wait
         try:
-            while not self._stop.wait(wait):
+            # A wait past the platform's limit would raise and end the thread for good.
+            while not self._stop.wait(min(wait, threading.TIMEOUT_MAX)):
                 try:
                     result = self._tick()
                 except Exception as exc:  # noqa: BLE001 - the exporter must never raise
@@ -82,8 +83,6 @@ class BackgroundLoop:
                 if result is DONE:
                     return
                 wait = self.interval_s if result is None else result
-                # A wait past the platform's limit would raise and end the thread for good.
-                wait = min(wait, threading.TIMEOUT_MAX)
         finally:
             if self._final is not None:
                 try:

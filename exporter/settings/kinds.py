@@ -83,9 +83,8 @@ def seconds(
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError("not a number")
-        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
-            raise ValueError("out of range")
-        if value > maximum:
+        low = value < minimum or (value == minimum and not inclusive)
+        if not math.isfinite(value) or low or value > maximum:
             raise ValueError("out of range")
         return float(value)
 

@@ -56,7 +56,7 @@ from .names import (
     WORLD_SIZE,
 )
 from .table import SETTINGS
-from .validate import environ_of, report_invalid, resolve, setting_message
+from .validate import environ_of, report_invalid, report_unusable, resolve, setting_message
 
 
 def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
@@ -237,9 +237,8 @@ def file_sd_dir(environ: Mapping[str, str] | None = None) -> str | None:
     reason = _writable(folder) if folder else None
     if folder is None or reason is None:
         return folder
-    report_invalid(
-        SETTINGS[FILE_SD],
-        environ_of(environ).get(FILE_SD, ""),
+    report_unusable(
+        FILE_SD,
         accepted=f"a folder this process can write ({folder}: {reason})",
         instead="no file_sd target is written",
         environ=environ,
@@ -400,11 +399,10 @@ def _rank_port(caller: str, port: Any, local_rank: int, environ: Mapping[str, st
     accepted = f"a base port with port + LOCAL_RANK ({last}) <= 65535"
     if port is not None and node_ranks:
         raise ValueError(f"exporter.{caller}(port=...): expected {accepted}, got {port!r}")
-    raw = str(port) if port is not None else environ_of(environ).get(PORT, "")
     fallback = DEFAULT_PORT if DEFAULT_PORT + last <= 65535 else 0
     instead = f"using base port {fallback}" if fallback else "using a free port"
     if port is None:
-        report_invalid(SETTINGS[PORT], raw, accepted=accepted, instead=instead, environ=environ)
+        report_unusable(PORT, accepted=accepted, instead=instead, environ=environ)
     else:
         log.warning(
             "ddp-exporter: %s; %s, training goes on",
@@ -433,6 +431,5 @@ def _monitor_rank(
                 f"exporter.{caller}(monitor_rank=...)", rank, SETTINGS[MONITOR_RANK], accepted
             )
         )
-    raw = environ_of(environ).get(MONITOR_RANK, "")
-    report_invalid(SETTINGS[MONITOR_RANK], raw, accepted=accepted, environ=environ)
+    report_unusable(MONITOR_RANK, accepted=accepted, instead="using the default", environ=environ)
     return 0
