@@ -77,6 +77,25 @@ def test_generate_replaces_its_own_files_but_not_a_projects(tmp_path: Path, caps
 
 
 @pytest.mark.unit
+def test_a_write_that_fails_midway_leaves_every_file_as_it_was(tmp_path: Path, capsys) -> None:
+    """Written one by one, a failure on the last file left the others new and itself cut."""
+    assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    runbook = tmp_path / "docs/runbook.md"  # the last file written
+    runbook.unlink()
+    runbook.mkdir()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as failed:
+        main(["generate", "--out", str(tmp_path)])
+    assert failed.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"cannot write {runbook}: " in err, err
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    del before[runbook]
+    assert after == before  # nothing replaced, no staging file left
+
+
+@pytest.mark.unit
 def test_generate_fast_renders_shorter_windows(tmp_path: Path) -> None:
     assert main(["generate", "--out", str(tmp_path), "--fast"]) == 0
     rules = (tmp_path / "dashboards/prometheus/rules.yml").read_text()

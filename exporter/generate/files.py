@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +53,37 @@ def generated_files(
 
 
 def write_files(root: Path, files: dict[str, str]) -> list[Path]:
-    """Write ``files`` under ``root`` (creating folders) and return the paths written."""
-    written = []
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    """Write ``files`` under ``root`` (creating folders) and return the paths written.
+
+    Every file is staged beside its place first and moved into it only once all are staged, so
+    a write that fails (a full disk, a folder in the way) leaves the files as they were: none
+    cut short, no tree half old and half new. A file keeps its permissions; a link is followed.
+    """
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for rel, text in files.items():
+            dest = (root / rel).resolve()
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "a folder is in the way", str(dest))
+            staging = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+            staged.append((staging, dest))
+            _stage(staging, text, dest)
+        for staging, dest in staged:
+            os.replace(staging, dest)
+    finally:
+        for staging, _ in staged:
+            staging.unlink(missing_ok=True)
+    return [root / rel for rel in files]
+
+
+def _stage(staging: Path, text: str, dest: Path) -> None:
+    """Write ``text`` to ``staging`` with the mode ``dest`` has (a new file's: the umask's)."""
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(staging, stat.S_IMODE(dest.stat().st_mode))
 
 
 def foreign_files(root: Path, files: dict[str, str]) -> list[str]:
