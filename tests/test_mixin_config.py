@@ -140,3 +140,11 @@ def test_the_dashboard_refresh_is_a_duration_grafana_reads(refresh: str) -> None
     with pytest.raises(ValueError, match="^dashboard_refresh must be a duration"):
         MixinConfig(dashboard_refresh=refresh)
     assert MixinConfig(dashboard_refresh="1h").dashboard_refresh == "1h"
+
+
+@pytest.mark.parametrize("uid", ["", "a b", 'x"y', "x" * 41, "prom/1"])
+def test_the_datasource_uid_is_one_grafana_accepts(uid: str) -> None:
+    """A blank or quoted uid was written into every panel, which then found no datasource."""
+    with pytest.raises(ValueError, match="^datasource_uid must be 1 to 40 letters"):
+        MixinConfig(datasource_uid=uid)
+    assert MixinConfig(datasource_uid="my_prom-2").datasource_uid == "my_prom-2"

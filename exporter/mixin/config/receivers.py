@@ -39,7 +39,13 @@ class ReceiverConfig(Domain):
 
     def validate(self) -> None:
         """Refuse a URL, SMTP server or address a receiver could not deliver to, and a
-        dashboard refresh Grafana would not read."""
+        datasource uid or dashboard refresh Grafana would not read."""
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", self.datasource_uid):
+            # Grafana's own rule for a uid; any other makes every provisioned panel lose its data.
+            raise ValueError(
+                "datasource_uid must be 1 to 40 letters, digits, '-' or '_' (Grafana's rule for "
+                f"a uid): {self.datasource_uid!r}"
+            )
         if not re.fullmatch(r"[1-9][0-9]*[smhd]", self.dashboard_refresh):
             raise ValueError(
                 "dashboard_refresh must be a duration of one unit, such as 10s, 1m or 1h: "
