@@ -173,6 +173,13 @@ def test_rank_files_of_one_node_do_not_call_other_nodes_silent(tmp_path):
         ("rank-0.json", "{}", "not a rank's dump: no field 'rank'"),
         ("rank-0.json", '{"rank": 0, "thre', "not JSON (Unterminated string"),
         ("episode.json", "null", "not an episode: expected a JSON object, got NoneType"),
+        # Listing each missing rank of a world this large took as long as that.
+        (
+            "episode.json",
+            '{"request": {"episode": 1}, "world_size": 1000000000000}',
+            "not an episode: world_size 1000000000000 is not a job's (1 to 4194304)",
+        ),
+        ("rank-0.json", '{"rank": 9, "world_size": 4}', "not a rank's dump: rank 9 is not one"),
     ],
 )
 def test_a_folder_of_unreadable_files_is_one_line_naming_the_file(

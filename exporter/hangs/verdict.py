@@ -36,6 +36,9 @@ _T = TypeVar("_T")
 
 #: Prefix of every verdict line in the monitoring rank's log (the demo shows these lines).
 MARKER = "ddp-exporter hangs:"
+#: More ranks than any job has: a file claiming a world past it is not one a rank wrote (a rank
+#: per missing one would be listed, for as long as that takes).
+MAX_WORLD_SIZE = 1 << 22
 
 
 @dataclass
@@ -425,7 +428,7 @@ def load_episode(
     episode: Episode | None = None
     path = os.path.join(folder, "episode.json")
     if os.path.exists(path):
-        episode = _read(path, "an episode", codec.episode_from_dict, skipped)
+        episode = _read(path, "an episode", _episode, skipped)
         if episode is not None:
             summaries.update(episode.summaries or {})
     for p in sorted(glob.glob(os.path.join(folder, "rank-*.json"))):
@@ -447,9 +450,25 @@ def load_episode(
     return episode, summaries
 
 
+def _episode(m: Mapping[str, Any]) -> Episode:
+    episode = codec.episode_from_dict(m)
+    for rank in episode.summaries or {0: None}:
+        _check_world(episode.world_size, rank)
+    return episode
+
+
 def _dump_summary(m: Mapping[str, Any]) -> tuple[RankDump, Summary]:
     dump = codec.dump_from_dict(m)
+    _check_world(dump.world_size, dump.rank)
     return dump, summary_of(dump.rank, dump.state)
+
+
+def _check_world(world_size: int | None, rank: int) -> None:
+    """Refuse a world size or rank no job has (ValueError, which skips the file)."""
+    if world_size is not None and not 0 <= world_size <= MAX_WORLD_SIZE:  # 0: not known
+        raise ValueError(f"world_size {world_size} is not a job's (1 to {MAX_WORLD_SIZE})")
+    if not 0 <= rank < (world_size or MAX_WORLD_SIZE):
+        raise ValueError(f"rank {rank} is not one of the job's")
 
 
 def _read(
