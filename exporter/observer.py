@@ -31,6 +31,7 @@ from .export.server import MetricsServer
 from .log import log
 from .sources import ending, launcher
 from .sources.gpu.health import HealthSource
+from .sources.instrumentors import FirstForward
 from .sources.memory import MemorySource, cuda_memory_source
 from .sources.sections import REGISTRY as SECTIONS
 from .sources.versions import rank_info
@@ -84,7 +85,9 @@ class Observer:
         self._loader, self._optim, self._sections = hooks.loader, hooks.optim, hooks.sections
         # The first forward opens the first step, whatever source closes steps.
         self._forward_handle = (
-            model.register_forward_pre_hook(self._forward_pre) if model is not None else None
+            model.register_forward_pre_hook(FirstForward(self._forward_pre))
+            if model is not None
+            else None
         )
         if memory_source is None and self.device.type == "cuda":
             memory_source = cuda_memory_source(self.device)
@@ -256,6 +259,18 @@ class Observer:
             self._server.close()
         for close in self._gpu_closers:  # after the last scrape, which reads the GPU
             started(self.errors, "gpu", close)
+
+    def forget_after_fork(self) -> None:
+        """In a process forked from this rank (``os.fork()``, a fork-started worker): let go of
+        the rank's endpoint and never close it from here.
+
+        The child has none of the rank's threads; at its exit, closing would wait for a serving
+        thread that is not there and publish the rank's end through the rank's own store
+        connection, while the rank trains on.
+        """
+        self._closed = True
+        if self._server is not None:
+            self._server.release_after_fork()
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: a clean end unless an uncaught exception ended the program.

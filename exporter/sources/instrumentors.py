@@ -1,4 +1,5 @@
-"""Hook the DataLoader and the optimizer in place, and restore exactly what was changed.
+"""Hook the DataLoader, the optimizer and the model's first forward in place, and restore
+exactly what was changed.
 
 Nothing is copied: the user's DataLoader object gets a subclass of its own class as
 ``__class__`` (Python looks ``__iter__`` up on the type), and the optimizer gets step
@@ -8,7 +9,9 @@ call twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import typing
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +21,7 @@ from .recorder import Recorder
 
 __all__ = [
     "DataLoaderInstrumentor",
+    "FirstForward",
     "OptimizerInstrumentor",
     "TimedIterator",
     "innermost_optimizer",
@@ -39,6 +43,31 @@ def innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
             break
         optimizer = inner
     return optimizer
+
+
+class FirstForward:
+    """A forward pre-hook that calls ``callback(module, args)``; a copy of it does nothing.
+
+    The hook sits in the model's hook table, which ``copy.deepcopy(model)`` and
+    ``torch.save(model)`` copy with the model: an EMA copy made before the first forward would
+    otherwise drag in the exporter's locks and threads and fail (TypeError: cannot pickle).
+    A copy's hook is ``functools.partial(typing.cast)``: ``cast(module, args)`` returns the
+    inputs unchanged, and a saved model loads without the exporter installed.
+    """
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: Callable[[Any, Any], None]) -> None:
+        self._callback = callback
+
+    def __call__(self, module: Any, args: Any) -> None:
+        self._callback(module, args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[[Any, Any], Any]:
+        return functools.partial(typing.cast)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (functools.partial, (typing.cast,))
 
 
 class TimedIterator:
