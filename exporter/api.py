@@ -33,6 +33,22 @@ _active: Observer | None = None
 _watch: InitWatch | None = None
 
 
+def _forget_after_fork() -> None:
+    """In a process forked from a rank: let go of its endpoint, end nothing at exit."""
+    # Without the lock: another thread of the rank may have held it when fork() copied it.
+    for part in (_active, _watch):
+        try:
+            if part is not None and not part.closed:
+                part.forget_after_fork()
+        except Exception as exc:  # noqa: BLE001 - never into the user's fork()
+            log.warning(
+                "ddp-exporter: a forked child could not let go of the rank's endpoint: %r", exc
+            )
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _group() -> tuple[int, int] | None:
     """Return ``(rank, world_size)`` of the default process group, None before it exists."""
     if dist.is_available() and dist.is_initialized():

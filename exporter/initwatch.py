@@ -268,6 +268,12 @@ class InitWatch:
         """Say whether :meth:`close` ran."""
         return self._closed
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: let go of the parent's endpoint; end nothing (see Observer's)."""
+        self._closed = True
+        if not self.handed_over and self._server is not None:
+            self._server.release_after_fork()
+
     def close(self) -> None:
         """Stop the watch and its endpoint (unless it was handed over); idempotent."""
         self._closed = True

@@ -54,19 +54,19 @@ def _torch_imported(torch: ModuleType) -> None:
 
         hooks = AutoInstrumentor().instrument()
         _armed.append(hooks)
-        atexit.register(_say_if_never_stepped, hooks)
+        atexit.register(_say_if_never_stepped, hooks, os.getpid())
     except Exception as exc:  # noqa: BLE001
         sys.stderr.write(f"ddp-exporter run: not instrumented ({exc!r})\n")
 
 
-def _say_if_never_stepped(hooks: AutoInstrumentor) -> None:
+def _say_if_never_stepped(hooks: AutoInstrumentor, pid: int) -> None:
     """Say at exit what a rank that never stepped an optimizer was missing."""
     import multiprocessing
 
     from .instrumentor import say
 
-    if hooks.triggered or multiprocessing.parent_process() is not None:
-        return  # it did, or this is a DataLoader worker or another helper process
+    if hooks.triggered or multiprocessing.parent_process() is not None or os.getpid() != pid:
+        return  # it did, or this is a DataLoader worker, a child it forked, another helper
     if settings.RANK not in os.environ:
         return  # the launcher's own process, not a rank
     if not (hooks.iterated or hooks.had_process_group):

@@ -236,6 +236,17 @@ class MetricsServer:
             self._httpd.server_close()
             self._httpd = None
 
+    def release_after_fork(self) -> None:
+        """In a process forked from the serving one: close the listening socket it inherited.
+
+        Only this process's copy: the parent goes on serving. No shutdown(), which would wait
+        for a serving thread that fork() did not copy. Without this, a forked child kept the
+        port bound after the job ended, and a restarted job could not serve on it.
+        """
+        if self._httpd is not None:
+            self._httpd.socket.close()
+            self._httpd = None
+
 
 def serve(registry: CollectorRegistry, endpoint: Endpoint) -> tuple[MetricsServer, int | None]:
     """Serve ``registry`` where ``endpoint`` says (its address, port and web configuration);
