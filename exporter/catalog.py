@@ -80,6 +80,7 @@ __all__ = [
     "init_series_per_rank",
     "VERSION_LABELS",
     "SECTION_DEADLINE",
+    "SECTION_ENDED",
     "SECTION_STARTED",
     "SECTION_LAST_DURATION",
     "SECTION_RUNS",
@@ -661,6 +662,14 @@ SECTION_STARTED = MetricDef(
     ("section",),
     unit="seconds",
 )
+SECTION_ENDED = MetricDef(
+    "ddp_section_ended_timestamp_seconds",
+    "gauge",
+    "Unix end time of the section's last run that ended within its deadline: the ranks it held "
+    "up in a collective wait from then, not from the collective's start. Absent before one has.",
+    ("section",),
+    unit="seconds",
+)
 SECTION_LAST_DURATION = MetricDef(
     "ddp_section_last_duration_seconds",
     "gauge",
@@ -756,6 +765,7 @@ METRICS: tuple[MetricDef, ...] = (
     HANG_ABORTED_ATTEMPT,
     SECTION_DEADLINE,
     SECTION_STARTED,
+    SECTION_ENDED,
     SECTION_LAST_DURATION,
     SECTION_RUNS,
     JOB_DEADLINE,
@@ -844,8 +854,9 @@ def series_per_rank(
     of collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
     HSDP mesh adds the replicate group's all-reduce, 3; tensor parallelism adds an all-reduce
     on its group, and clip_grad_norm_ one per mesh dimension).
-    Opt-in: at most 4 per named section (deadline, runs, last duration once one finished, start
-    time while one runs; at most 16 names), 1 job deadline, 1 total steps; with
+    Opt-in: at most 5 per named section (deadline, runs, last duration once one finished, end
+    time once one ended within its deadline, start time while one runs; at most 16 names), 1
+    job deadline, 1 total steps; with
     ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
     per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
     culprit during an episode), the finished timestamp (in the final scrapes) and the abort
@@ -866,7 +877,7 @@ def series_per_rank(
     if monitor:
         n += min(world_size, peer_series)
         n += len(GOODPUT_CATEGORIES) + 1  # the run's goodput account and its start
-    n += 4 * sections + int(job_deadline) + int(total_steps)
+    n += 5 * sections + int(job_deadline) + int(total_steps)
     if hang_action and monitor:
         n += 2
     return n

@@ -165,11 +165,28 @@ def test_sections_entered_before_instrument_are_served_after_it(ddp) -> None:
     # Finished: no start time any more, its duration (over its deadline) is kept.
     assert not [lab for lab, _ in s.get("ddp_section_started_timestamp_seconds", [])]
     assert value(s, "ddp_section_last_duration_seconds", section="checkpoint") > 0
-    # The documented budget: 4 per section at most; here 3 each (neither is running).
+    assert value(s, "ddp_section_ended_timestamp_seconds", section="eval") > 0
+    # The documented budget: 5 per section at most; neither runs, and the checkpoint has an end
+    # time only if it ended within its deadline.
+    ended = {lab["section"] for lab, _ in s.get("ddp_section_ended_timestamp_seconds", [])}
     text = scrape_text(url)
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     expected = catalog.series_per_rank(process_groups=1, sections=2, store_heartbeat=False)
-    assert series == expected - 2
+    assert series == expected - 2 - (2 - len(ended))
+
+
+def test_only_a_run_within_its_deadline_leaves_an_end_time() -> None:
+    """The wait of the ranks a section held up counts from its end; an overdue end excuses
+    nothing after it, so it leaves none."""
+    reg = SectionRegistry()
+    before = time.time()
+    with deadline("eval", seconds=60, registry=reg):
+        pass
+    with deadline("save", seconds=0.01, registry=reg):
+        time.sleep(0.05)
+    ended = {s.name: s.ended_unix for s in reg.snapshot()}
+    assert ended["eval"] is not None and before <= ended["eval"] <= time.time()
+    assert ended["save"] is None
 
 
 def test_exporter_failures_inside_a_section_never_reach_the_user_and_are_counted() -> None:

@@ -408,6 +408,29 @@ def test_after_a_section_its_rank_has_a_stall_threshold_to_come_before_it_is_hun
 
 
 @pytest.mark.unit
+def test_a_top_started_after_a_section_counts_the_wait_from_its_published_end():
+    """A top with no earlier read (or --once) called the section's rank HUNG at its first read
+    after the section: it had no memory of the end. The rank publishes it, as the rules read it."""
+    ended = time.time()
+    stall = DEFAULT.hang_policy.stall_seconds(0.02)
+
+    def judged(t):  # two reads of a top started t s after the section's end
+        def rows():
+            zero = _row(0, 9)
+            zero.section_ended = ended
+            return [zero, _row(1, 10, age=90 + t), _row(2, 10, age=90 + t)]
+
+        first = top.diagnose(rows(), now=ended + t)
+        return top.diagnose(rows(), {r.target: r for r in first}, now=ended + t)
+
+    soon = judged(stall / 2)
+    assert not any(r.verdict for r in soon), [r.verdict for r in soon]
+    late = judged(stall + 5)
+    assert late[0].verdict.startswith("HUNG"), late[0].verdict
+    assert f"wait in for {stall + 5:.0f} s" in late[0].verdict, late[0].verdict
+
+
+@pytest.mark.unit
 def test_a_group_held_up_through_a_rank_waiting_for_a_section_is_not_stuck():
     now = time.time()
 

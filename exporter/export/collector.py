@@ -284,6 +284,8 @@ class DDPCollector(Collector):
                 fams[c.SECTION_LAST_DURATION.name].add_metric(labels, s.last_duration_s)
             if s.started_unix is not None:
                 fams[c.SECTION_STARTED.name].add_metric(labels, s.started_unix)
+            if s.ended_unix is not None:
+                fams[c.SECTION_ENDED.name].add_metric(labels, s.ended_unix)
 
     def _job_clock(self, fams: dict, base: list[str]) -> None:
         clock = self._src.job_clock

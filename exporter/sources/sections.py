@@ -69,6 +69,8 @@ class SectionState:
     last_duration_s: float | None
     #: Unix start time of the running instance due first; None when none runs.
     started_unix: float | None
+    #: Unix end time of the last run that ended within its deadline; None before one has.
+    ended_unix: float | None = None
 
 
 @dataclass
@@ -118,6 +120,7 @@ class _Section:
         self.deadline_s = deadline_s
         self.runs = 0
         self.last_duration_s: float | None = None
+        self.last_end_unix: float | None = None
         self.active: dict[int, _Run] = {}
 
 
@@ -242,6 +245,7 @@ class SectionRegistry:
                     section.last_duration_s = duration
                     if duration <= run.deadline_s:  # an overdue end excuses nothing after it
                         self._last_end = (name, now)
+                        section.last_end_unix = run.start_unix + duration
             self._tell(False, name)  # also for a run forgotten by clear(): its begin was told
             if run is None:
                 return  # cleared while running: forgotten, not an error
@@ -264,7 +268,11 @@ class SectionRegistry:
                 if s.active:
                     first = min(s.active.values(), key=lambda r: r.start_mono + r.deadline_s)
                     deadline_s, started = first.deadline_s, first.start_unix
-                out.append(SectionState(name, deadline_s, s.runs, s.last_duration_s, started))
+                out.append(
+                    SectionState(
+                        name, deadline_s, s.runs, s.last_duration_s, started, s.last_end_unix
+                    )
+                )
             return out
 
     def clear(self) -> None:

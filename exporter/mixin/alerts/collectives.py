@@ -130,11 +130,31 @@ def timeout_imminent(cfg: MixinConfig, severity: str, ratio: float) -> Alert:
     )
 
 
+def _waited(cfg: MixinConfig, ages: str) -> str:
+    """Return ``ages`` (in-flight ages of a run's collectives) counted from the run's last
+    declared section's end where the collective started before it.
+
+    While a rank is in a section, the ranks it holds up are excused; once it leaves, their
+    collective has been in flight for the whole section, and a rank that works a few seconds
+    more before it joins (a DataLoader starting its workers again) would be named at once. So
+    a wait counts from the section's end, as the hang watcher and ``top`` count it: the
+    smaller of the age and the time since the end, ``age - clamp_min(age - since_end, 0)``.
+    """
+    c = clauses(cfg)
+    ended = selector(cfg, catalog.SECTION_ENDED.name)
+    since_end = f"(time() - max {c.by('run')} ({ended}))"
+    return (
+        f"(\n  (\n    {ages}\n    - clamp_min({ages} - {c.on('run')} group_left () {since_end}, 0)"
+        f"\n  )\n  or\n  {ages}\n)"
+    )
+
+
 def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
-    """Return DDPCollectiveStalled: in flight far longer than the run's normal latency."""
+    """Return DDPCollectiveStalled: in flight far longer than the run's normal latency, counted
+    from the end of a declared section that held it up."""
     r, c = recorded(cfg), clauses(cfg)
     run_pg = c.on("run, pg")
-    inflight = selector(cfg, catalog.INFLIGHT_AGE.name)
+    per_rank = f"max {c.by('run, rank, pg')} ({selector(cfg, catalog.INFLIGHT_AGE.name)})"
     bound = (
         f"clamp_min(\n  {cfg.stall_latency_factor:g} * (max {c.by('run, pg')} "
         f"(max_over_time({r.coll_mean_run}[{cfg.baseline_window}])) > 0),\n"
@@ -146,8 +166,8 @@ def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         "warning",
         _name_ranks(
             cfg,
-            f"{r.inflight_max_run}\n> {run_pg}\n({bound})",
-            f"max {c.by('run, rank, pg')} ({inflight})\n> {run_pg} group_left ()\n({bound})",
+            f"{_waited(cfg, r.inflight_max_run)}\n> {run_pg}\n({bound})",
+            f"{_waited(cfg, per_rank)}\n> {run_pg} group_left ()\n({bound})",
         ),
         cfg.stalled_for,
         "A collective has been in flight far longer than this run's normal collective latency.",
@@ -160,7 +180,9 @@ def collective_stalled(cfg: MixinConfig = DEFAULT) -> Alert:
         + hang_location(cfg)
         + hang_network(cfg),
         "Collective latency normally stays near its recent mean; an in-flight age many times "
-        "that mean means a rank has not joined (role=behind names it) or the network stalled.",
+        "that mean means a rank has not joined (role=behind names it) or the network stalled. "
+        "A collective that a rank's declared section held up counts its age from the "
+        "section's end, when that rank is free to join.",
         "Collectives dashboard: in-flight age against the mean latency and the timeout; "
         "sequence-number lag per rank.",
         "Treat as an early DDPCollectiveTimeoutImminent: read the hang verdict "

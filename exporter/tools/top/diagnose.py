@@ -141,11 +141,19 @@ def _hangs(
     """Suspect the ranks behind a stalled collective, note who waits; return the states read.
 
     By the one definition shared with the alert rules and the hang watcher; the wait of a group
-    a section held up counts from the section's end where ``held`` remembers it.
+    a section held up counts from the section's end: the run's last one its ranks publish, as
+    the rules count it (a first read too), and where ``held`` remembers a later one.
     """
+    ended = max((r.section_ended for r in live), default=0.0)
+    since_end = now - ended if ended else float("inf")
     states = [
         SeqState(
-            r.rank, pg, seq, r.pg_age.get(pg, 0.0), r.pg_timeout.get(pg), bool(r.in_section(now))
+            r.rank,
+            pg,
+            seq,
+            min(r.pg_age.get(pg, 0.0), max(0.0, since_end)),
+            r.pg_timeout.get(pg),
+            bool(r.in_section(now)),
         )
         for r in live
         for pg, seq in r.pg_seq.items()

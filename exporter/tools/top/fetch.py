@@ -123,6 +123,8 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
         row.section_deadline[name] = v
         if name in row.sections:
             row.sections[name] = (row.sections[name][0], v)
+    elif n == c.SECTION_ENDED.name:
+        row.section_ended = max(row.section_ended, v)
     elif n == c.FINISHED.name:
         row.finished = v
     elif n == c.GPU_SM_CLOCK.name:
@@ -161,6 +163,7 @@ _PROM_NAMES = (
     c.HOST_MEM_RESIDENT.name,
     c.SECTION_DEADLINE.name,
     c.SECTION_STARTED.name,
+    c.SECTION_ENDED.name,
     c.RANK_INFO.name,
     c.HANG_ABORT_STREAK.name,
     c.HANG_ABORT_LIMIT.name,

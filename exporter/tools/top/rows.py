@@ -44,6 +44,8 @@ class RankRow:
     #: Declared sections running on the rank: name -> (Unix start, deadline seconds).
     sections: dict[str, tuple[float, float]] = field(default_factory=dict)
     section_deadline: dict[str, float] = field(default_factory=dict)
+    #: Unix end of the rank's last section run that ended within its deadline (0: none).
+    section_ended: float = 0.0
     #: Unix time the rank ended cleanly (0: it has not).
     finished: float = 0.0
     #: Its endpoint closed in the read where its peers ended cleanly, before its own end was
