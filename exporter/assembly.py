@@ -29,6 +29,7 @@ from .sources.gpu.health import HealthSource
 from .sources.gpu.nvml import nvml_source
 from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
+from .sources.joinwaits import JoinWaits
 from .sources.parallelism import compute_device, kind_of
 from .sources.recorder import Recorder, ThreadSections
 from .sources.sections import REGISTRY as SECTIONS
@@ -74,6 +75,8 @@ class StepHooks:
     optim: OptimizerInstrumentor | None
     #: Declared sections on the training thread, listened to (no step runs inside one).
     sections: ThreadSections
+    #: A rank's wait inside ``Join`` for peers with more inputs, timed as comm_wait.
+    joins: JoinWaits
 
 
 def start_gpu_health(
@@ -152,8 +155,9 @@ def hook_steps(
     # A checkpoint or evaluation in a declared section on the training thread is no step.
     sections = ThreadSections(recorder, or_main_thread(training_thread))
     SECTIONS.listen(sections)
+    joins = JoinWaits(recorder, errors, training_thread).instrument()
     return StepHooks(
-        parallelism, recorder, device, backend, inflight, timing, loader, optim, sections
+        parallelism, recorder, device, backend, inflight, timing, loader, optim, sections, joins
     )
 
 

@@ -83,6 +83,7 @@ class Observer:
         #: What times communication (exporter.sources.commtiming; benchmarks toggle it).
         self.comm_instrumentor = self._comm = timing.instrumentor
         self._loader, self._optim, self._sections = hooks.loader, hooks.optim, hooks.sections
+        self._joins = hooks.joins
         # The first forward opens the first step, whatever source closes steps.
         self._forward_handle = (
             model.register_forward_pre_hook(FirstForward(self._forward_pre))
@@ -239,7 +240,7 @@ class Observer:
         if self._forward_handle is not None:
             self._forward_handle.remove()
         SECTIONS.unlisten(self._sections)
-        for part in (self._loader, self._optim):
+        for part in (self._loader, self._optim, self._joins):
             if part is not None:
                 part.uninstrument()
         if ending.ending_cleanly() if clean is None else clean:
