@@ -37,6 +37,7 @@ __all__ = [
     "COLLECTIVE_TIMEOUT",
     "HEARTBEAT",
     "PEER_HEARTBEAT_AGE",
+    "PEERS_ENDED",
     "STORE_ROUND_TRIP",
     "GPU_MEM_ALLOCATED",
     "GPU_MEM_RESERVED",
@@ -390,6 +391,13 @@ HEARTBEAT = MetricDef(
     "gauge",
     "Unix time of this rank's last training progress (a step, a bucket, a batch).",
     unit="seconds",
+)
+PEERS_ENDED = MetricDef(
+    "ddp_peers_ended",
+    "gauge",
+    "Ranks of the run whose heartbeat carries the clean-end mark, as the monitoring rank last "
+    "read them: a rank whose endpoint is gone and is among them ended, it did not die. "
+    "Published by the monitoring rank only.",
 )
 STORE_ROUND_TRIP = MetricDef(
     "ddp_store_round_trip_seconds",
@@ -748,6 +756,7 @@ METRICS: tuple[MetricDef, ...] = (
     HEARTBEAT,
     STORE_ROUND_TRIP,
     PEER_HEARTBEAT_AGE,
+    PEERS_ENDED,
     GPU_MEM_ALLOCATED,
     GPU_MEM_RESERVED,
     GPU_MEM_PEAK,
@@ -847,8 +856,8 @@ def series_per_rank(
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 1 untimed
     + 4 in-flight gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
     gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
-    peer_series ranks: only late peers are published there), len(GOODPUT_CATEGORIES) goodput
-    categories and the account's start. The in-flight gauges cover every process
+    peer_series ranks: only late peers are published there), 1 count of the ranks that ended,
+    len(GOODPUT_CATEGORIES) goodput categories and the account's start. The in-flight gauges cover every process
     group the Flight Recorder reports; the collective histogram, bytes and untimed count cover
     each ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind
     of collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
@@ -875,7 +884,7 @@ def series_per_rank(
     if gpu:
         n += 4
     if monitor:
-        n += min(world_size, peer_series)
+        n += min(world_size, peer_series) + 1  # peer heartbeat ages; the ranks that ended
         n += len(GOODPUT_CATEGORIES) + 1  # the run's goodput account and its start
     n += 5 * sections + int(job_deadline) + int(total_steps)
     if hang_action and monitor:

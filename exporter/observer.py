@@ -112,6 +112,9 @@ class Observer:
                 inflight=self.inflight,
                 job_clock=self.job_clock,
                 peer_ages=peers,
+                peers_ended=(lambda hb=self.heartbeat: len(hb.finished_peers()))
+                if self.heartbeat and self._monitor
+                else None,
                 memory=memory_source,
                 gpu=gpu,
                 hangs=self.hangs,

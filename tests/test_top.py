@@ -340,6 +340,33 @@ def test_down_needs_two_failed_reads_and_survives_in_the_table():
     assert table.splitlines()[1].split()[0] == "1" and "1 more ranks" in table
 
 
+def _monitor(rank, seq, world, ages, ended):
+    """A monitoring rank's row: the ranks' heartbeat ages (its own too; ended ones left out)
+    and how many ended."""
+    r = _row(rank, seq)
+    r.world_size, r.peer_ages, r.peers_ended = world, dict(ages), ended
+    return r
+
+
+@pytest.mark.unit
+def test_a_rank_gone_after_its_clean_end_is_finished_not_down_on_a_first_read():
+    """A top started after rank 1 ended (rank 0 still saving) called it DOWN, with no number."""
+    gone = lambda: top.RankRow("t1", up=False)  # noqa: E731 - never read: no rank number
+    ended = lambda: [_monitor(0, 10, 2, {0: 0.1}, 1), gone()]  # noqa: E731
+    first, second = _reads(ended(), ended())
+    assert second[1].startswith("finished: ended cleanly by "), second
+    assert "the monitoring rank read its end mark" in second[1]
+    # Killed, not ended: the monitoring rank still publishes its heartbeat's age.
+    killed = lambda: [_monitor(0, 10, 2, {0: 0.1, 1: 3.0}, 0), gone()]  # noqa: E731
+    assert _reads(killed(), killed())[1][-1].startswith("DOWN"), _reads(killed(), killed())
+    # Of 4 ranks, ranks 2 and 3 are unread: one ended, one was killed. Neither is named ended.
+    mixed = lambda: [_monitor(0, 10, 4, {0: 0.1, 1: 0.5, 3: 2.0}, 1), _row(1, 10), gone()]  # noqa: E731
+    assert _reads(mixed(), mixed())[1][-1].startswith("DOWN")
+    # A larger run publishes only late peers: one left out may be alive, so nothing is inferred.
+    big = lambda: [_monitor(0, 10, 100, {0: 0.1}, 1), gone()]  # noqa: E731
+    assert _reads(big(), big())[1][-1].startswith("DOWN")
+
+
 def _in_section(row, started, deadline=600.0, name="checkpoint"):
     row.sections[name] = (started, deadline)
     row.section_deadline[name] = deadline

@@ -100,6 +100,8 @@ class RankSources:
     job_clock: JobClock
     #: The monitoring rank's ``(peer, heartbeat age)`` pairs to publish.
     peer_ages: Callable[[], list[tuple[int, float]]] | None = None
+    #: Returns how many of the run's ranks ended cleanly (the monitoring rank's heartbeat).
+    peers_ended: Callable[[], int] | None = None
     #: Returns the last store heartbeat's round trip in seconds (None before the first).
     store_round_trip: Callable[[], float | None] | None = None
     memory: MemorySource | None = None
@@ -216,6 +218,9 @@ class DDPCollector(Collector):
         trip = self._src.store_round_trip() if self._src.store_round_trip else None
         if trip is not None:
             fams[c.STORE_ROUND_TRIP.name].add_metric(base, trip)
+        ended = self._src.peers_ended
+        if ended is not None:
+            fams[c.PEERS_ENDED.name].add_metric(base, ended())
         ages = self._src.peer_ages
         if ages is None:
             return

@@ -84,6 +84,7 @@ def diagnose(
     now = time.time() if now is None else now
     for r in rows:
         _figures(r, previous.get(r.target), since.get(r.target))
+    _ended_by_mark(rows)
     live = [r for r in rows if r.up and not r.finished]
     states = _hangs(live, config, now, held)
     _stragglers(live, config)
@@ -114,6 +115,33 @@ def _ended_with_peers(rows: list[RankRow], previous: dict[str, RankRow]) -> None
             r.finished, r.with_peers = max(ended), True
 
 
+def _ended_by_mark(rows: list[RankRow]) -> None:
+    """Count a rank whose endpoint is gone as ended where the monitoring rank read its end mark.
+
+    A rank that ended cleanly leaves once its readers had their final read; a top started later
+    finds its endpoint gone while its peers train on (the last one saving a checkpoint). In a
+    run within ``peer_series`` ranks the monitoring rank publishes the heartbeat age of every
+    peer that has not ended, so a peer it leaves out ended. A rank this top never read has no
+    number: those are ended where every rank it has not read ended. A larger run, or no
+    monitoring rank read, leaves the rows as they are.
+    """
+    monitor = next((r for r in rows if r.up and r.peers_ended >= 0 and r.world_size), None)
+    if monitor is None or len(monitor.peer_ages) + monitor.peers_ended != monitor.world_size:
+        return  # not every live rank is published (itself too): one left out may be alive
+    ended = set(range(monitor.world_size)) - set(monitor.peer_ages)
+    gone = [r for r in rows if not r.up and not r.finished]
+    unread = set(range(monitor.world_size)) - {r.rank for r in rows if r.rank >= 0}
+    nameless = [r for r in gone if r.rank < 0]
+    if nameless and not (unread <= ended and len(nameless) <= len(unread)):
+        nameless = []  # some rank this top has not read has not ended: which one is unknown
+    unnamed = {id(r) for r in nameless}
+    for r in gone:
+        if r.rank in ended or id(r) in unnamed:
+            r.finished, r.ended_mark = monitor.read_at or time.time(), True
+            if r.rank < 0 and len(unread) == 1:
+                r.rank = next(iter(unread))
+
+
 def _figures(r: RankRow, p: RankRow | None, since: RankRow | None) -> None:
     """Carry over what a rank that went down no longer says (from ``p``, the last read); fill
     in its per-step figures (the increases since ``since``)."""
@@ -123,7 +151,7 @@ def _figures(r: RankRow, p: RankRow | None, since: RankRow | None) -> None:
         r.node = p.node  # a rank that went down keeps its node
     if not r.finished and p is not None and p.finished:
         r.finished = p.finished  # its clean end was in its last read before it left
-        r.with_peers = p.with_peers
+        r.with_peers, r.ended_mark = p.with_peers, p.ended_mark
     inc = _increases(r, since)
     steps = inc.get(c.STEPS.name, 0.0)
     if steps > 0:
@@ -330,7 +358,12 @@ def _verdict(r: RankRow, p: RankRow | None, top_seq: dict[str, float]) -> None:
     if r.finished:
         r.suspect = ""
         at = time.strftime("%H:%M:%S", time.localtime(r.finished))
-        r.note = f"ended with its peers at {at}" if r.with_peers else f"ended cleanly at {at}"
+        if r.ended_mark:
+            r.note = f"ended cleanly by {at} (the monitoring rank read its end mark)"
+        elif r.with_peers:
+            r.note = f"ended with its peers at {at}"
+        else:
+            r.note = f"ended cleanly at {at}"
         r.verdict = f"finished: {r.note}"
         return
     if not r.up:

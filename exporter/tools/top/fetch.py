@@ -135,7 +135,13 @@ def _apply(row: RankRow, n: str, labels: dict[str, str], v: float) -> None:
             row.gpu_slowdown.append(reason)
     elif n == c.GPU_INFO.name:
         row.gpu_index = labels.get("gpu_index", row.gpu_index)
+    elif n == c.PEER_HEARTBEAT_AGE.name and labels.get("peer_rank", "").isdigit():
+        row.peer_ages[int(labels["peer_rank"])] = v
+    elif n == c.PEERS_ENDED.name:
+        row.peers_ended = int(v)
     elif n == c.RANK_INFO.name:
+        if labels.get("world_size", "").isdigit():
+            row.world_size = int(labels["world_size"])
         row.attempt = labels.get("attempt", row.attempt)
         row.node = labels.get("node", row.node)
     elif n == c.HANG_ABORT_STREAK.name:

@@ -48,6 +48,16 @@ class RankRow:
     section_ended: float = 0.0
     #: Unix time the rank ended cleanly (0: it has not).
     finished: float = 0.0
+    #: Its clean end was read from its heartbeat's end mark by the monitoring rank (its own
+    #: final scrapes were gone before this top read it): ``finished`` is that read's time.
+    ended_mark: bool = False
+    #: The run's size, from ``ddp_rank_info`` (0: not read).
+    world_size: int = 0
+    #: On the monitoring rank: each peer's heartbeat age it publishes (peers that ended are
+    #: left out), and how many ranks ended cleanly (-1: not the monitoring rank, or no
+    #: heartbeat).
+    peer_ages: dict[int, float] = field(default_factory=dict)
+    peers_ended: int = -1
     #: Its endpoint closed in the read where its peers ended cleanly, before its own end was
     #: read: it ended with them (``finished`` is theirs).
     with_peers: bool = False
