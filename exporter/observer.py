@@ -101,7 +101,7 @@ class Observer:
         watchers = start_watchers(cfg, ctx, hooks, self._publish_abort)
         self.heartbeat, self.hangs = watchers.heartbeat, watchers.hangs
         self.goodput = start_goodput(ctx, watchers, self.end)
-        peers = self.heartbeat.published_ages if self.heartbeat and self._monitor else None
+        peers = self.heartbeat if self.heartbeat and self._monitor else None
         self.collector = DDPCollector(
             RankSources(
                 run=self.run,
@@ -111,10 +111,8 @@ class Observer:
                 recorder=self.recorder,
                 inflight=self.inflight,
                 job_clock=self.job_clock,
-                peer_ages=peers,
-                peers_ended=(lambda hb=self.heartbeat: len(hb.finished_peers()))
-                if self.heartbeat and self._monitor
-                else None,
+                peer_ages=peers.published_ages if peers else None,
+                peers_ended=peers.ended_count if peers else None,
                 memory=memory_source,
                 gpu=gpu,
                 hangs=self.hangs,
@@ -265,13 +263,9 @@ class Observer:
             started(self.errors, "gpu", close)
 
     def forget_after_fork(self) -> None:
-        """In a process forked from this rank (``os.fork()``, a fork-started worker): let go of
-        the rank's endpoint and never close it from here.
-
-        The child has none of the rank's threads; at its exit, closing would wait for a serving
-        thread that is not there and publish the rank's end through the rank's own store
-        connection, while the rank trains on.
-        """
+        """In a process forked from this rank: let go of its endpoint, never close it from here
+        (closing would wait for a serving thread fork did not copy and publish the rank's end
+        through the rank's store connection while the rank trains on)."""
         self._closed = True
         if self._server is not None:
             self._server.release_after_fork()

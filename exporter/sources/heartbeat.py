@@ -135,6 +135,10 @@ class Heartbeat:
         """Return the peers that ended cleanly, as of the last poll (monitoring rank only)."""
         return self._done
 
+    def ended_count(self) -> int:
+        """Return how many ranks ended cleanly, as of the last poll (monitoring rank only)."""
+        return len(self._done)
+
     def published_ages(self) -> list[tuple[int, float]]:
         """Return the ``(peer, age)`` pairs to publish, by peer; see the module docstring.
 
