@@ -31,8 +31,9 @@ from .sources.heartbeat import Heartbeat
 from .sources.instrumentors import DataLoaderInstrumentor, OptimizerInstrumentor
 from .sources.joinwaits import JoinWaits
 from .sources.parallelism import compute_device, kind_of
-from .sources.recorder import Recorder, ThreadSections
+from .sources.recorder import Recorder
 from .sources.sections import REGISTRY as SECTIONS
+from .sources.threadsections import ThreadSections
 from .sources.training import or_main_thread
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import catalog
 
-__all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES", "ThreadSections"]
+__all__ = ["Histogram", "CollectiveStats", "Recorder", "Snapshot", "STEP_SOURCES"]
 
 #: Where step boundaries can come from, strongest first. exporter.step() overrides them all.
 STEP_SOURCES: tuple[str, ...] = ("explicit", "optimizer", "dataloader", "comm_hook")
@@ -564,24 +564,3 @@ class Recorder:
                 row[2] += st.completed
                 row[3] = max(row[3], age)
             return [tuple(row) for row in out.values()]
-
-
-class ThreadSections:
-    """Tell a recorder of the declared sections run on one thread (the training thread) only.
-
-    A section on another thread (a background checkpoint writer) does not interrupt training.
-    """
-
-    def __init__(self, recorder: Recorder, thread_ident: int | None) -> None:
-        self._recorder = recorder
-        self._ident = thread_ident
-
-    def section_begin(self) -> None:
-        """Pause the recorder's step if called on the watched thread."""
-        if threading.get_ident() == self._ident:
-            self._recorder.section_begin()
-
-    def section_end(self) -> None:
-        """Resume it if called on the watched thread."""
-        if threading.get_ident() == self._ident:
-            self._recorder.section_end()
