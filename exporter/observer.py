@@ -205,19 +205,18 @@ class Observer:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Mark one step explicitly (loops without an optimizer, e.g. evaluation)."""
-        rec = self.recorder
+        """Mark one step explicitly (loops without an optimizer, e.g. evaluation); the
+        optimizer, DataLoader or DDP that closes the job's steps closes them again after it."""
+        rec, before = self.recorder, "explicit"
         try:
-            if rec.mode != "explicit":
-                rec.set_mode("explicit")
-            rec.open_step()
+            before = rec.block_begin()
         except Exception as exc:  # noqa: BLE001
             self.errors.record("step", exc)
         try:
             yield
         finally:
             try:
-                rec.boundary("explicit")
+                rec.block_end(before)
             except Exception as exc:  # noqa: BLE001
                 self.errors.record("step", exc)
 

@@ -209,6 +209,31 @@ def test_dataloader_marks_steps_when_no_optimizer(ddp):
     assert obs.recorder.snapshot().steps == len(loader)
 
 
+def test_evaluation_steps_between_training_leave_the_optimizer_closing_steps(ddp):
+    """The first exporter.step() took the boundaries for good: every optimizer step after an
+    evaluation of step() blocks folded into one (DDPTrainingStalled on a healthy job)."""
+    model, loader, opt = ddp
+    obs = exporter.instrument(
+        model, dataloader=loader, optimizer=opt, port=0, addr="127.0.0.1", heartbeat_s=0
+    )
+    train_epoch(model, loader, opt)
+    with torch.no_grad():
+        for x, _ in list(loader)[:3]:  # evaluation batches, each a step of its own
+            with exporter.step():
+                model(x)
+    train_epoch(model, loader, opt)
+    assert obs.recorder.snapshot().steps == 2 * len(loader) + 3
+    assert obs.recorder.mode == "optimizer"
+
+
+def test_step_blocks_over_an_instrumented_dataloader_count_each_batch_once(ddp):
+    model, loader, opt = ddp
+    obs = exporter.instrument(model, dataloader=loader, port=0, addr="127.0.0.1", heartbeat_s=0)
+    for _ in range(2):
+        train_epoch(model, loader, opt, explicit=True)
+    assert obs.recorder.snapshot().steps == 2 * len(loader)
+
+
 def test_port_in_use_logs_one_line_and_training_goes_on(ddp, caplog):
     model, loader, opt = ddp
     with socket.socket() as s:

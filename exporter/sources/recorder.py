@@ -225,10 +225,27 @@ class Recorder:
         reader = self._comm_reader
         return reader() if reader is not None else None
 
-    def set_mode(self, mode: str) -> None:
-        """Switch the step-boundary source (``exporter.step()`` switches to explicit)."""
+    def block_begin(self) -> str:
+        """Open an ``exporter.step()`` block's step; return the step source it takes over from."""
         with self.lock:
-            self.mode = mode
+            before, self.mode = self.mode, "explicit"
+        self.open_step()
+        return before
+
+    def block_end(self, before: str) -> None:
+        """Close the block's step; give the boundaries back to ``before`` where it is the
+        optimizer or DDP.
+
+        A job whose optimizer or DDP closes its steps may mark others (evaluation batches) with
+        ``exporter.step()``: each block is a step, and its own source closes steps again after
+        it. A DataLoader's fetches come between a loop's blocks (``for batch in loader: with
+        exporter.step():``): given the boundaries back, each would close a step of its own, so
+        there the blocks keep them.
+        """
+        self.boundary("explicit")
+        if before in ("optimizer", "comm_hook"):
+            with self.lock:
+                self.mode = before
 
     # -- events ------------------------------------------------------------------------------
     def section_begin(self) -> None:
