@@ -205,8 +205,8 @@ class Observer:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Mark one step explicitly (loops without an optimizer, e.g. evaluation); the
-        optimizer, DataLoader or DDP that closes the job's steps closes them again after it."""
+        """Mark one step explicitly (loops without an optimizer, e.g. evaluation); where the
+        optimizer or DDP closes the job's steps, it closes them again after the block."""
         rec, before = self.recorder, "explicit"
         try:
             before = rec.block_begin()
