@@ -854,20 +854,20 @@ def series_per_rank(
 
     Formula: 1 info + 1 steps + (len(STEP_BUCKETS)+3) step histogram + 2*4 phases
     + per process group [(len(COLLECTIVE_BUCKETS)+3) collective histogram + 1 bytes + 1 untimed
-    + 4 in-flight gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat) + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory
-    gauges on CUDA) + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
+    + 4 in-flight gauges] + 1 heartbeat (+ 1 store round trip with the store heartbeat)
+    + len(ERROR_WHERE) errors + 1 hang dumps + 1 host RSS (+ 4 GPU memory gauges on CUDA)
+    + on the monitoring rank min(world_size, peer_series) peer ages (an upper bound beyond
     peer_series ranks: only late peers are published there), 1 count of the ranks that ended,
-    len(GOODPUT_CATEGORIES) goodput categories and the account's start. The in-flight gauges cover every process
-    group the Flight Recorder reports; the collective histogram, bytes and untimed count cover
-    each ``timed_collectives`` (op, pg) pair: DDP's process group (1), or, without DDP, every kind
-    of collective per group the job calls (FSDP2: all-gather and reduce-scatter per group, 2; an
-    HSDP mesh adds the replicate group's all-reduce, 3; tensor parallelism adds an all-reduce
-    on its group, and clip_grad_norm_ one per mesh dimension).
+    len(GOODPUT_CATEGORIES) goodput categories and the account's start. The in-flight gauges
+    cover every process group the Flight Recorder reports; the collective histogram, bytes and
+    untimed count cover each ``timed_collectives`` (op, pg) pair: DDP's process group (1), or,
+    without DDP, every kind of collective per group the job calls (FSDP2: all-gather and
+    reduce-scatter per group, 2; an HSDP mesh adds the replicate group's all-reduce, 3; tensor
+    parallelism adds an all-reduce on its group, and clip_grad_norm_ one per mesh dimension).
     Opt-in: at most 5 per named section (deadline, runs, last duration once one finished, end
     time once one ended within its deadline, start time while one runs; at most 16 names), 1
-    job deadline, 1 total steps; with
-    ``on_hang="abort"`` the monitoring rank adds 2 (aborts without progress, their limit) and one
-    per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
+    job deadline, 1 total steps; with ``on_hang="abort"`` the monitoring rank adds 2 (aborts
+    without progress, their limit) and one per earlier aborted attempt of the run (at most 10). Not counted: the hang location (on a
     culprit during an episode), the finished timestamp (in the final scrapes) and the abort
     timestamp (in a leaving rank's last scrapes), an invalid setting (one series per variable
     holding a value the exporter cannot use), the hang probe's findings (on the monitoring rank
