@@ -21,7 +21,7 @@ from exporter.tools.demo import say
 
 # Batches large enough that the matrix work, not Python's per-step overhead or the scheduling of
 # three ranks on two cores, decides a step's time: the heavy shard is then clearly the slowest.
-HEAVY, BATCHES, ROWS = 1, 20, 256
+HEAVY, BATCHES, ROWS = 1, 20, 1024
 
 release = sys.argv[1]
 rank = int(os.environ[settings.RANK])
