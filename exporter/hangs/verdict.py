@@ -18,7 +18,7 @@ import glob
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -452,23 +452,23 @@ def load_episode(
 
 def _episode(m: Mapping[str, Any]) -> Episode:
     episode = codec.episode_from_dict(m)
-    for rank in episode.summaries or {0: None}:
-        _check_world(episode.world_size, rank)
+    _check_world(episode.world_size, episode.summaries or ())
     return episode
 
 
 def _dump_summary(m: Mapping[str, Any]) -> tuple[RankDump, Summary]:
     dump = codec.dump_from_dict(m)
-    _check_world(dump.world_size, dump.rank)
+    _check_world(dump.world_size, (dump.rank,))
     return dump, summary_of(dump.rank, dump.state)
 
 
-def _check_world(world_size: int | None, rank: int) -> None:
-    """Refuse a world size or rank no job has (ValueError, which skips the file)."""
+def _check_world(world_size: int | None, ranks: Iterable[int]) -> None:
+    """Refuse a world size or ranks no job has (ValueError, which skips the file)."""
     if world_size is not None and not 0 <= world_size <= MAX_WORLD_SIZE:  # 0: not known
         raise ValueError(f"world_size {world_size} is not a job's (1 to {MAX_WORLD_SIZE})")
-    if not 0 <= rank < (world_size or MAX_WORLD_SIZE):
-        raise ValueError(f"rank {rank} is not one of the job's")
+    for rank in ranks:
+        if not 0 <= rank < (world_size or MAX_WORLD_SIZE):
+            raise ValueError(f"rank {rank} is not one of the job's")
 
 
 def _read(
